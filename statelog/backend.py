@@ -1,0 +1,321 @@
+"""The keyed state backend of one operator subtask.
+
+It holds the subtask's keyed state in memory, scoped to a current key (and per state a
+namespace), captures every mutation into its changelog stream and takes checkpoints in
+two parts: :meth:`KeyedStateBackend.snapshot` seals the stream position synchronously and
+returns a :class:`PendingSnapshot`, whose :meth:`~PendingSnapshot.result` waits until
+everything up to that position is durable and returns the subtask's state handle.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from statelog.changelog.format import TIMER_STATES
+from statelog.changelog.reader import SegmentReader
+from statelog.changelog.writer import ChangelogStream
+from statelog.checkpoint import ChangelogRange, SubtaskStateHandle
+from statelog.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateInfo,
+    ValueStateDescriptor,
+)
+from statelog.errors import (
+    CheckpointAbortedError,
+    ConfigError,
+    KeyGroupError,
+    SerializationError,
+    StatelogError,
+)
+from statelog.keys import KeyCodec, KeyGroupRange, decode_key, key_group_range_for_subtask
+from statelog.state.kinds import (
+    STATE_CLASSES,
+    AggregatingState,
+    KeyedState,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from statelog.state.timers import TIMER_INFOS, TimerService
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class RestoredChanges:
+    """Change records read from checkpoint handles, grouped per state, in replay order."""
+
+    def __init__(self) -> None:
+        self.infos: dict[str, StateInfo] = {}
+        self.records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = {}
+        self.inherited: list[ChangelogRange] = []
+        self.bytes_read = 0
+        self.records_read = 0
+
+    @staticmethod
+    def read(
+        reader: SegmentReader, handles: list[SubtaskStateHandle], key_groups: KeyGroupRange
+    ) -> RestoredChanges:
+        out = RestoredChanges()
+        for h in handles:
+            for info in h.states:
+                out.infos.setdefault(info.name, info)
+            for rng in h.changelog:
+                sub = rng.restrict(key_groups)
+                if sub is None:
+                    continue
+                out.inherited.append(sub)
+                for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
+                    recs = out.records.setdefault(batch.state, [])
+                    for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
+                        recs.append((kb, nsb, op, ukey, value, exp))
+                    out.records_read += batch.table.num_rows
+        out.bytes_read = reader.bytes_read
+        return out
+
+
+class KeyedStateBackend:
+    """Keyed state of one subtask of one operator, with optional changelog."""
+
+    def __init__(
+        self,
+        *,
+        operator_uid: str,
+        subtask: int = 0,
+        parallelism: int = 1,
+        max_parallelism: int = 128,
+        stream: ChangelogStream | None = None,
+        clock: Callable[[], int] | None = None,
+        restored: RestoredChanges | None = None,
+    ) -> None:
+        self.operator_uid = operator_uid
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.max_parallelism = max_parallelism
+        self.key_groups = key_group_range_for_subtask(max_parallelism, parallelism, subtask)
+        self._kg_lo, self._kg_hi = self.key_groups.start, self.key_groups.end
+        self.clock: Callable[[], int] = clock or wall_clock_ms
+        self._codec = KeyCodec(max_parallelism)
+        self._kcache = self._codec._cache
+        self._stream = stream
+        self.changelog_enabled = stream is not None
+        self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
+        self._key: Any = None
+        self._kb: bytes = b""
+        self._kg: int = -1
+        self._states: dict[str, KeyedState] = {}
+        self._restored = restored or RestoredChanges()
+        self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
+        self._decoded_keys: dict[bytes, Any] = {}
+        sids = tuple(self._sid(info) for info in TIMER_INFOS)
+        self.timers = TimerService(self, sids)  # type: ignore[arg-type]
+        self._restore_timers()
+        self._closed = False
+
+    # -- current key ---------------------------------------------------------------------------
+
+    def set_current_key(self, key: Any) -> None:
+        """Scope all states to ``key``. The key must belong to this subtask's key groups."""
+        s = self._stream
+        if s is not None and s.throttled:
+            s.wait_writable()
+        try:
+            hit = self._kcache.get(key)
+        except TypeError:
+            hit = None
+        if hit is not None and hit[0] is type(key):
+            kb, kg = hit[1], hit[2]
+        else:
+            kb, kg = self._codec.lookup(key)
+        if kg < self._kg_lo or kg > self._kg_hi:
+            raise KeyGroupError(
+                f"key {key!r} is in key group {kg}, which operator {self.operator_uid!r} subtask "
+                f"{self.subtask} of {self.parallelism} does not own (it owns {self.key_groups}); route "
+                "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
+            )
+        self._key = key
+        self._kb = kb
+        self._kg = kg
+
+    @property
+    def current_key(self) -> Any:
+        return self._key
+
+    @property
+    def current_key_group(self) -> int:
+        return self._kg
+
+    # -- states --------------------------------------------------------------------------------
+
+    def _sid(self, info: StateInfo) -> int:
+        if self._stream is not None:
+            return self._stream.state_id(info)
+        return 0
+
+    def get_state(self, descriptor: StateDescriptor) -> Any:
+        """Create (or return the existing) state for ``descriptor``; restored state is replayed."""
+        existing = self._states.get(descriptor.name)
+        if existing is not None:
+            if existing.descriptor != descriptor:
+                raise ConfigError(
+                    f"state {descriptor.name!r} of operator {self.operator_uid!r} is already registered "
+                    "with a different descriptor"
+                )
+            return existing
+        cls = STATE_CLASSES.get(type(descriptor))
+        if cls is None:
+            raise ConfigError(f"unsupported state descriptor type {type(descriptor).__name__}")
+        stored = self._restored.infos.get(descriptor.name)
+        if stored is not None:
+            why = descriptor.compatible_with(stored)
+            if why is not None:
+                raise ConfigError(
+                    f"state {descriptor.name!r} of operator {self.operator_uid!r} cannot be restored: "
+                    f"{why}; keep the stored type or use a new state name"
+                )
+        info = StateInfo.from_descriptor(descriptor)
+        state = cls(self, descriptor, self._sid(info))
+        self._states[descriptor.name] = state
+        self._replay(state)
+        return state
+
+    def get_value_state(self, descriptor: ValueStateDescriptor) -> ValueState:
+        return self.get_state(descriptor)
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        return self.get_state(descriptor)
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        return self.get_state(descriptor)
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+        return self.get_state(descriptor)
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+        return self.get_state(descriptor)
+
+    def _decode(self, kb: bytes) -> Any:
+        key = self._decoded_keys.get(kb)
+        if key is None:
+            key = self._decoded_keys[kb] = decode_key(kb)
+        return key
+
+    def _replay(self, state: KeyedState) -> None:
+        records = self._restored.records.pop(state.name, None)
+        if not records:
+            return
+        apply = state.apply
+        dec = self._decode
+        for kb, nsb, op, ukey, value, exp in records:
+            apply(dec(kb), nsb, op, ukey, value, exp)
+
+    def _restore_timers(self) -> None:
+        for d, name in enumerate(TIMER_STATES):
+            for kb, nsb, op, _ukey, value, _exp in self._restored.records.pop(name, ()):
+                self.timers.apply(d, kb, nsb, op, value)
+
+    def state_infos(self) -> list[StateInfo]:
+        """Descriptions of all states: registered ones, restored-but-unregistered ones, timers."""
+        out = {n: s.info for n, s in self._states.items()}
+        for n, info in self._restored.infos.items():
+            out.setdefault(n, info)
+        for info in TIMER_INFOS:
+            out.setdefault(info.name, info)
+        return list(out.values())
+
+    def state_names(self) -> list[str]:
+        return list(self._states)
+
+    def entries(self, name: str) -> Iterator[tuple[Any, Any, Any]]:
+        """``(key, namespace, value)`` of every live entry of a registered state."""
+        try:
+            state = self._states[name]
+        except KeyError:
+            raise StatelogError(f"state {name!r} is not registered on operator {self.operator_uid!r}") from None
+        return state.entries()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def snapshot(self, checkpoint_id: int) -> PendingSnapshot:
+        """Synchronous part of a checkpoint: seal the changelog position (returns at once)."""
+        if self._stream is None:
+            raise StatelogError(
+                f"operator {self.operator_uid!r} runs without changelog; take a full snapshot "
+                "with statelog.snapshot.write_full_snapshot instead"
+            )
+        pos = self._stream.position
+        fut = self._stream.writer.persist(self._stream, pos)
+        return PendingSnapshot(self, checkpoint_id, pos, fut)
+
+    def _handle(self, position: int) -> SubtaskStateHandle:
+        ranges = list(self._inherited)
+        if position > 0:
+            assert self._stream is not None
+            segs = tuple(self._stream.segments_for(0, position))
+            ranges.append(ChangelogRange(self._stream.stream_id, 0, position, self.key_groups, segs))
+        return SubtaskStateHandle(
+            operator_uid=self.operator_uid,
+            subtask=self.subtask,
+            parallelism=self.parallelism,
+            key_groups=self.key_groups,
+            changelog=tuple(ranges),
+            states=tuple(self.state_infos()),
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._stream is not None:
+            self._stream.writer.close_stream(self._stream)
+
+
+def _discard(_record: tuple) -> None:
+    return None
+
+
+class PendingSnapshot:
+    """The asynchronous part of a checkpoint of one subtask."""
+
+    def __init__(self, backend: KeyedStateBackend, checkpoint_id: int, position: int, future: cf.Future[int]) -> None:
+        self.backend = backend
+        self.checkpoint_id = checkpoint_id
+        self.position = position
+        self._future = future
+        self.started = time.monotonic()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def cancel(self) -> None:
+        """Abort: stop waiting and release the pending durability request."""
+        self._future.cancel()
+
+    def result(self, timeout: float | None = None) -> SubtaskStateHandle:
+        try:
+            self._future.result(timeout)
+        except cf.CancelledError:
+            raise CheckpointAbortedError(
+                f"checkpoint {self.checkpoint_id} of operator {self.backend.operator_uid!r} was cancelled"
+            ) from None
+        except cf.TimeoutError:
+            raise CheckpointAbortedError(
+                f"checkpoint {self.checkpoint_id}: the changelog of operator {self.backend.operator_uid!r} "
+                f"subtask {self.backend.subtask} was not durable within {timeout}s"
+            ) from None
+        return self.backend._handle(self.position)
+
+
+__all__ = ["KeyedStateBackend", "PendingSnapshot", "RestoredChanges", "SerializationError"]

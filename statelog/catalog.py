@@ -1,0 +1,183 @@
+"""The job root's catalog: the job descriptor and the checkpoint metadata objects.
+
+Layout below the job root (see ``docs/format.md``)::
+
+    job.json                              job descriptor (job id, max_parallelism), write-once
+    checkpoints/chk-000000000042.json     one metadata object per completed checkpoint
+    changelog/<writer id>/<n>.seg         changelog segments
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from statelog.checkpoint import CheckpointMetadata
+from statelog.errors import (
+    CheckpointNotFoundError,
+    CorruptionError,
+    FormatVersionError,
+    JobMismatchError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism
+from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+JOB_KEY = "job.json"
+JOB_FORMAT = "statelog.job"
+JOB_VERSION = 1
+CHECKPOINT_PREFIX = "checkpoints/"
+_CHK_RE = re.compile(r"^checkpoints/chk-(\d{12})\.json$")
+
+
+def checkpoint_key(checkpoint_id: int) -> str:
+    return f"{CHECKPOINT_PREFIX}chk-{checkpoint_id:012d}.json"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    max_parallelism: int
+    created_ms: int
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "format": JOB_FORMAT,
+            "version": JOB_VERSION,
+            "job_id": self.job_id,
+            "max_parallelism": self.max_parallelism,
+            "created_ms": self.created_ms,
+        }
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes, key: str) -> JobInfo:
+        try:
+            wrapped = json.loads(data)
+            body = wrapped["body"]
+            canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+            if zlib.crc32(canon) != wrapped["crc32"]:
+                raise CorruptionError(f"job descriptor {key}: checksum mismatch; the object is corrupt", key=key)
+            if body.get("format") != JOB_FORMAT:
+                raise CorruptionError(f"{key} is not a statelog job descriptor", key=key)
+            if body.get("version") != JOB_VERSION:
+                raise FormatVersionError(
+                    f"job descriptor {key} has version {body.get('version')}, this build reads "
+                    f"version {JOB_VERSION}; upgrade statelog",
+                    key=key,
+                )
+            return JobInfo(str(body["job_id"]), int(body["max_parallelism"]), int(body["created_ms"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"job descriptor {key} is malformed: {e}", key=key) from None
+
+
+class JobCatalog:
+    """Reads and writes the job descriptor and checkpoint metadata of one job root."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def read_job(self) -> JobInfo | None:
+        try:
+            return JobInfo.from_bytes(self.store.get(JOB_KEY), JOB_KEY)
+        except ObjectNotFoundError:
+            return None
+
+    def open_job(self, max_parallelism: int | None, create: bool = True) -> JobInfo:
+        """Read the job descriptor, creating it if absent; check ``max_parallelism``."""
+        if max_parallelism is not None:
+            check_max_parallelism(max_parallelism)
+        info = self.read_job()
+        if info is None:
+            if not create:
+                raise CheckpointNotFoundError(
+                    f"{self.store.url} is not a statelog job root (no {JOB_KEY}); check the URL"
+                )
+            info = JobInfo(
+                job_id=uuid.uuid4().hex,
+                max_parallelism=max_parallelism or DEFAULT_MAX_PARALLELISM,
+                created_ms=int(time.time() * 1000),
+            )
+            try:
+                self.store.put(JOB_KEY, info.to_bytes())
+                log.info("created job %s at %s (max_parallelism=%d)", info.job_id, self.store.url, info.max_parallelism)
+            except ObjectExistsError:
+                info = self.read_job()  # another process created it first
+                assert info is not None
+        if max_parallelism is not None and info.max_parallelism != max_parallelism:
+            raise JobMismatchError(
+                f"the job at {self.store.url} was created with max_parallelism={info.max_parallelism}, "
+                f"but {max_parallelism} was requested; max_parallelism is fixed for the life of a job "
+                f"(omit it or pass {info.max_parallelism})"
+            )
+        return info
+
+    def checkpoint_ids(self) -> list[int]:
+        ids = []
+        for obj in self.store.list(CHECKPOINT_PREFIX):
+            m = _CHK_RE.match(obj.key)
+            if m:
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    def load(self, checkpoint_id: int) -> CheckpointMetadata:
+        key = checkpoint_key(checkpoint_id)
+        try:
+            data = self.store.get(key)
+        except ObjectNotFoundError:
+            ids = self.checkpoint_ids()
+            shown = ", ".join(map(str, ids[-10:])) or "none"
+            raise CheckpointNotFoundError(
+                f"checkpoint {checkpoint_id} does not exist in {self.store.url} (retained checkpoints: "
+                f"{shown}); pick one of those, e.g. with `statelog checkpoints list ROOT`"
+            ) from None
+        meta = CheckpointMetadata.from_bytes(data, key)
+        if meta.checkpoint_id != checkpoint_id:
+            raise CorruptionError(
+                f"checkpoint metadata {key} holds checkpoint {meta.checkpoint_id}", key=key
+            )
+        return meta
+
+    def latest(self) -> CheckpointMetadata | None:
+        ids = self.checkpoint_ids()
+        return self.load(ids[-1]) if ids else None
+
+    def publish(self, meta: CheckpointMetadata) -> int:
+        """Write the metadata object (the checkpoint exists from this moment). Returns its size."""
+        data = meta.to_bytes()
+        self.store.put(checkpoint_key(meta.checkpoint_id), data)
+        return len(data)
+
+    def delete(self, checkpoint_id: int) -> None:
+        self.store.delete(checkpoint_key(checkpoint_id))
+
+    def apply_retention(self, keep_last: int) -> list[int]:
+        """Delete the metadata of all but the newest ``keep_last`` checkpoints."""
+        ids = self.checkpoint_ids()
+        doomed = ids[:-keep_last] if keep_last > 0 else []
+        for cid in doomed:
+            self.delete(cid)
+        if doomed:
+            log.info("retention: removed checkpoint metadata %s", doomed)
+        return doomed
+
+
+def parse_checkpoint_id(value: Any) -> int:
+    """Parse a user-given checkpoint id, with a clear error for anything else."""
+    from statelog.errors import ConfigError
+
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise ConfigError(f"a checkpoint id is a non-negative integer, got {value!r}")

@@ -1,0 +1,301 @@
+"""Changelog segment format, version 1 (specified in ``docs/format.md``).
+
+A segment object holds the changes of every stream one writer flushed at once::
+
+    header   8s magic b"STLGSEG1" | u16 version | u16 flags(0)            12 bytes
+    blocks   zstd(Arrow IPC stream with one record batch), one per (stream, state)
+    footer   zstd(JSON index of the blocks and streams)
+    trailer  u64 footer offset | u32 footer length | u32 CRC-32 of footer | 8s b"STLGEND1"
+
+Every block and the footer carry a CRC-32 of their stored bytes; readers verify all of
+them and raise :class:`~statelog.errors.CorruptionError` naming the object. Encoding and
+decoding live side by side here so that they stay symmetric.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import zstandard
+
+from statelog.errors import CorruptionError, FormatVersionError
+from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
+
+SEGMENT_MAGIC = b"STLGSEG1"
+TRAILER_MAGIC = b"STLGEND1"
+SEGMENT_VERSION = 1
+_HEADER = struct.Struct(">8sHH")
+_TRAILER = struct.Struct(">QII8s")
+HEADER_SIZE = _HEADER.size
+TRAILER_SIZE = _TRAILER.size
+
+# Operations of change records. Never renumber: they are persisted.
+OP_PUT = 1  # value/reducing/aggregating: set the value of (key, namespace)
+OP_DELETE = 2  # any state: remove (key, namespace) entirely
+OP_LIST_APPEND = 3  # list: append the elements in ``value`` (a list)
+OP_LIST_REPLACE = 4  # list: replace the list with ``value`` (a list)
+OP_MAP_PUT = 5  # map: put ``user_key`` -> ``value``
+OP_MAP_REMOVE = 6  # map: remove ``user_key``
+OP_TIMER_ADD = 7  # timers: add the timer at timestamp ``value``
+OP_TIMER_REMOVE = 8  # timers: remove the timer at timestamp ``value``
+
+OP_NAMES = {
+    OP_PUT: "put",
+    OP_DELETE: "delete",
+    OP_LIST_APPEND: "list_append",
+    OP_LIST_REPLACE: "list_replace",
+    OP_MAP_PUT: "map_put",
+    OP_MAP_REMOVE: "map_remove",
+    OP_TIMER_ADD: "timer_add",
+    OP_TIMER_REMOVE: "timer_remove",
+}
+# Ops that replace everything earlier for the same (state, key, namespace).
+OVERWRITING_OPS = frozenset({OP_PUT, OP_DELETE, OP_LIST_REPLACE})
+
+# Pseudo-states holding timers; their value is the timer's timestamp (int64 ms).
+TIMER_STATES = ("__timers_event", "__timers_processing")
+
+# Record tuple layout in writer buffers (in memory only):
+# (state_index, key_group, key_bytes, namespace_bytes, op, user_key, value, expires_ms)
+R_SID, R_KG, R_KEY, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(8)
+
+META_STATE = b"statelog.state"
+META_VALUE_ENC = b"statelog.value_encoding"
+META_UKEY_ENC = b"statelog.user_key_encoding"
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    """Index entry of one block in a segment footer."""
+
+    stream: str
+    state: str
+    offset: int
+    length: int
+    crc32: int
+    raw_length: int
+    rows: int
+    first_seq: int
+    last_seq: int
+    kg_min: int
+    kg_max: int
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass(frozen=True)
+class StreamSpan:
+    """The seq range ``[start, end)`` of one stream flushed into a segment, and its bytes."""
+
+    stream: str
+    start: int
+    end: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class SegmentFooter:
+    writer: str
+    segment: int
+    created_ms: int
+    blocks: tuple[BlockInfo, ...]
+    streams: tuple[StreamSpan, ...]
+
+
+def block_schema(value_type: ValueType, user_key_type: ValueType | None, is_list: bool) -> pa.Schema:
+    vt = arrow_type(value_type)
+    if is_list:
+        vt = pa.list_(vt)
+    meta = {META_VALUE_ENC: b"pickle" if value_type is PICKLE else b"arrow"}
+    if user_key_type is not None:
+        meta[META_UKEY_ENC] = b"pickle" if user_key_type is PICKLE else b"arrow"
+    return pa.schema(
+        [
+            pa.field("seq", pa.int64(), nullable=False),
+            pa.field("key_group", pa.uint16(), nullable=False),
+            pa.field("op", pa.uint8(), nullable=False),
+            pa.field("key", pa.binary(), nullable=False),
+            pa.field("namespace", pa.binary(), nullable=False),
+            pa.field("user_key", pa.null() if user_key_type is None else arrow_type(user_key_type)),
+            pa.field("value", vt),
+            pa.field("expires_ms", pa.int64()),
+        ],
+        metadata=meta,
+    )
+
+
+class BlockEncoder:
+    """Encodes batches of change records into compressed, checksummed blocks."""
+
+    def __init__(self, level: int = 1) -> None:
+        self._zstd = zstandard.ZstdCompressor(level=level)
+
+    def encode(
+        self,
+        state: str,
+        value_type: ValueType,
+        user_key_type: ValueType | None,
+        is_list: bool,
+        seqs: list[int],
+        records: list[tuple],
+    ) -> tuple[bytes, int, int, int, int]:
+        """Return ``(stored_bytes, raw_length, crc32, kg_min, kg_max)``."""
+        cols = list(zip(*records, strict=True)) if records else [()] * 8
+        schema = block_schema(value_type, user_key_type, is_list)
+        schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
+        kgs = pa.array(cols[R_KG], pa.uint16())
+        if is_list:
+            values = cols[R_VALUE]
+            if value_type is PICKLE:
+                import pickle
+
+                values = [None if v is None else [pickle.dumps(x, protocol=5) for x in v] for v in values]
+            value_arr = pa.array(values, pa.list_(arrow_type(value_type)))
+        else:
+            value_arr = to_arrow(list(cols[R_VALUE]), value_type)
+        if user_key_type is None:
+            ukey_arr = pa.nulls(len(records))
+        else:
+            ukey_arr = to_arrow(list(cols[R_UKEY]), user_key_type)
+        batch = pa.record_batch(
+            [
+                pa.array(seqs, pa.int64()),
+                kgs,
+                pa.array(cols[R_OP], pa.uint8()),
+                pa.array(cols[R_KEY], pa.binary()),
+                pa.array(cols[R_NS], pa.binary()),
+                ukey_arr,
+                value_arr,
+                pa.array(cols[R_EXPIRES], pa.int64()),
+            ],
+            schema=schema,
+        )
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            w.write_batch(batch)
+        raw = sink.getvalue()
+        stored = self._zstd.compress(raw)
+        kg_min = min(cols[R_KG]) if records else 0
+        kg_max = max(cols[R_KG]) if records else -1
+        return stored, raw.size, zlib.crc32(stored), kg_min, kg_max
+
+
+def decode_block(data: bytes, info: BlockInfo, object_key: str) -> pa.Table:
+    """Verify and decode one block read back from ``object_key``."""
+    if len(data) != info.length:
+        raise CorruptionError(
+            f"changelog segment {object_key}: block at offset {info.offset} is {len(data)} bytes, "
+            f"expected {info.length}",
+            key=object_key,
+        )
+    if zlib.crc32(data) != info.crc32:
+        raise CorruptionError(
+            f"changelog segment {object_key}: checksum mismatch in block at offset {info.offset} "
+            f"(stream {info.stream}, state {info.state}); the object is corrupt",
+            key=object_key,
+        )
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(data, max_output_size=info.raw_length)
+        table = pa.ipc.open_stream(pa.py_buffer(raw)).read_all()
+    except (zstandard.ZstdError, pa.ArrowInvalid) as e:
+        raise CorruptionError(
+            f"changelog segment {object_key}: cannot decode block at offset {info.offset}: {e}",
+            key=object_key,
+        ) from None
+    if table.num_rows != info.rows:
+        raise CorruptionError(
+            f"changelog segment {object_key}: block at offset {info.offset} has {table.num_rows} rows, "
+            f"index says {info.rows}",
+            key=object_key,
+        )
+    return table
+
+
+def encode_header() -> bytes:
+    return _HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0)
+
+
+def encode_footer_and_trailer(footer: SegmentFooter, footer_offset: int) -> bytes:
+    body = {
+        "format": "statelog.changelog-segment",
+        "version": SEGMENT_VERSION,
+        "writer": footer.writer,
+        "segment": footer.segment,
+        "created_ms": footer.created_ms,
+        "blocks": [b.to_json() for b in footer.blocks],
+        "streams": [[s.stream, s.start, s.end, s.bytes] for s in footer.streams],
+    }
+    raw = zstandard.ZstdCompressor(level=3).compress(
+        json.dumps(body, separators=(",", ":")).encode("utf-8")
+    )
+    return raw + _TRAILER.pack(footer_offset, len(raw), zlib.crc32(raw), TRAILER_MAGIC)
+
+
+def check_header(data: bytes, object_key: str) -> None:
+    if len(data) < HEADER_SIZE:
+        raise CorruptionError(f"changelog segment {object_key}: truncated header", key=object_key)
+    magic, version, _flags = _HEADER.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC:
+        raise CorruptionError(f"changelog segment {object_key}: bad magic {magic!r}", key=object_key)
+    if version != SEGMENT_VERSION:
+        raise FormatVersionError(
+            f"changelog segment {object_key}: format version {version}, this build reads "
+            f"version {SEGMENT_VERSION}; upgrade statelog",
+            key=object_key,
+        )
+
+
+def parse_trailer(data: bytes, object_key: str, object_size: int) -> tuple[int, int, int]:
+    """Return ``(footer_offset, footer_length, footer_crc)`` from the last 24 bytes."""
+    if len(data) != TRAILER_SIZE:
+        raise CorruptionError(f"changelog segment {object_key}: truncated trailer", key=object_key)
+    offset, length, crc, magic = _TRAILER.unpack(data)
+    if magic != TRAILER_MAGIC:
+        raise CorruptionError(
+            f"changelog segment {object_key}: bad trailer magic {magic!r} (truncated or corrupt object)",
+            key=object_key,
+        )
+    if offset < HEADER_SIZE or offset + length + TRAILER_SIZE != object_size:
+        raise CorruptionError(
+            f"changelog segment {object_key}: footer position {offset}+{length} does not fit the "
+            f"object size {object_size}",
+            key=object_key,
+        )
+    return offset, length, crc
+
+
+def decode_footer(data: bytes, crc: int, object_key: str) -> SegmentFooter:
+    if zlib.crc32(data) != crc:
+        raise CorruptionError(
+            f"changelog segment {object_key}: footer checksum mismatch; the object is corrupt",
+            key=object_key,
+        )
+    try:
+        body = json.loads(zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30))
+        if body.get("format") != "statelog.changelog-segment":
+            raise ValueError("not a changelog segment footer")
+        if body.get("version") != SEGMENT_VERSION:
+            raise FormatVersionError(
+                f"changelog segment {object_key}: footer version {body.get('version')}, this build "
+                f"reads version {SEGMENT_VERSION}; upgrade statelog",
+                key=object_key,
+            )
+        return SegmentFooter(
+            writer=body["writer"],
+            segment=body["segment"],
+            created_ms=body["created_ms"],
+            blocks=tuple(BlockInfo(**b) for b in body["blocks"]),
+            streams=tuple(StreamSpan(*s) for s in body["streams"]),
+        )
+    except FormatVersionError:
+        raise
+    except (zstandard.ZstdError, ValueError, KeyError, TypeError) as e:
+        raise CorruptionError(
+            f"changelog segment {object_key}: cannot decode footer: {e}", key=object_key
+        ) from None

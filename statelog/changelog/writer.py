@@ -1,0 +1,435 @@
+"""The process-wide changelog writer.
+
+Every keyed backend in a process appends its change records to its own
+:class:`ChangelogStream`; one :class:`ChangelogWriter` per process and job root collects
+the buffered records of *all* streams and uploads them as one segment object per flush, so
+the number of objects stays low however many subtasks a process runs. A flush happens when
+the persist delay has passed (default 10 ms), when the buffered records exceed a threshold,
+or at once when a checkpoint asks for durability.
+
+Appending is lock-free: the task thread appends to ``stream.buf``; the flusher removes a
+prefix of known length under the stream lock. A stream's position is the number of records
+ever appended to it; the records of the stream have sequence numbers ``0, 1, 2, ...``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from statelog.changelog import format as fmt
+from statelog.descriptors import StateInfo, StateKind
+from statelog.errors import ConfigError, StatelogError, WriterFailedError
+from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+CHANGELOG_PREFIX = "changelog/"
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment holding records ``[start, end)`` of a stream (``bytes`` of its blocks)."""
+
+    name: str
+    size: int
+    start: int
+    end: int
+    bytes: int
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.size, self.start, self.end, self.bytes]
+
+    @staticmethod
+    def from_json(v: Any) -> SegmentRef:
+        name, size, start, end, nbytes = v
+        return SegmentRef(str(name), int(size), int(start), int(end), int(nbytes))
+
+
+def new_writer_id() -> str:
+    """Writer ids sort by creation time: ``<ms since epoch, 13 digits>-<random hex>``."""
+    return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}"
+
+
+class ChangelogStream:
+    """The ordered change records of one subtask attempt."""
+
+    def __init__(self, writer: ChangelogWriter, stream_id: str) -> None:
+        self.writer = writer
+        self.stream_id = stream_id
+        self.buf: list[tuple] = []
+        self.append: Callable[[tuple], None] = self.buf.append
+        self.lock = threading.Lock()
+        self.taken = 0  # records handed to the flusher
+        self.durable = 0  # every record below this seq is in an uploaded segment
+        self.throttled = False  # set when the task must wait (back-pressure or failure)
+        self.states: list[StateInfo] = []
+        self._state_ids: dict[str, int] = {}
+        self._pending: list[list[Any]] = []  # [start, end, SegmentRef | None] in seq order
+        self.segments: list[SegmentRef] = []  # uploaded, in seq order
+        self._waiters: list[tuple[int, cf.Future[int]]] = []
+        self.closed = False
+
+    def state_id(self, info: StateInfo) -> int:
+        """The index of a state in this stream (registering it on first use)."""
+        with self.lock:
+            sid = self._state_ids.get(info.name)
+            if sid is None:
+                sid = len(self.states)
+                self.states.append(info)
+                self._state_ids[info.name] = sid
+            return sid
+
+    @property
+    def position(self) -> int:
+        """The sequence number the next record will get (call from the task thread)."""
+        with self.lock:
+            return self.taken + len(self.buf)
+
+    def wait_writable(self) -> None:
+        """Block while the writer applies back-pressure; raise if it failed."""
+        self.writer._wait_writable(self)
+
+    def segments_for(self, start: int, end: int) -> list[SegmentRef]:
+        """Uploaded segments holding records of ``[start, end)`` (all must be durable)."""
+        with self.lock:
+            if end > self.durable:
+                raise StatelogError(
+                    f"stream {self.stream_id}: records up to {end} are not durable yet (durable: {self.durable})"
+                )
+            return [s for s in self.segments if s.end > start and s.start < end]
+
+
+class ChangelogWriter:
+    """Batches the streams of one process into segment objects on the store."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        writer_id: str | None = None,
+        persist_delay: float = 0.010,
+        flush_records: int = 50_000,
+        max_buffered_records: int = 500_000,
+        max_inflight_bytes: int = 64 << 20,
+        upload_threads: int = 2,
+        coalesce: bool = False,
+        compression_level: int = 1,
+    ) -> None:
+        if persist_delay < 0:
+            raise ConfigError(f"persist_delay must be >= 0 seconds, got {persist_delay!r}")
+        if max_inflight_bytes <= 0 or max_buffered_records <= 0 or flush_records <= 0:
+            raise ConfigError("max_inflight_bytes, max_buffered_records and flush_records must be positive")
+        self.store = store
+        self.writer_id = writer_id or new_writer_id()
+        self.persist_delay = persist_delay
+        self.flush_records = flush_records
+        self.max_buffered_records = max_buffered_records
+        self.max_inflight_bytes = max_inflight_bytes
+        self.coalesce = coalesce
+        self._encoder = fmt.BlockEncoder(compression_level)
+        self._streams: dict[str, ChangelogStream] = {}
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._next_segment = 0
+        self._inflight_bytes = 0
+        self._failure: BaseException | None = None
+        self._closed = False
+        self.bytes_uploaded = 0
+        self.segments_uploaded = 0
+        self._uploads = cf.ThreadPoolExecutor(upload_threads, thread_name_prefix="statelog-upload")
+        self._flusher = threading.Thread(target=self._run, name="statelog-flusher", daemon=True)
+        self._flusher.start()
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def open_stream(self, stream_id: str | None = None) -> ChangelogStream:
+        self._check_usable()
+        sid = stream_id or uuid.uuid4().hex
+        with self._lock:
+            if sid in self._streams:
+                raise ConfigError(f"changelog stream {sid!r} is already open in this writer")
+            stream = ChangelogStream(self, sid)
+            self._streams[sid] = stream
+            return stream
+
+    def close_stream(self, stream: ChangelogStream) -> None:
+        with self._lock:
+            stream.closed = True
+            self._streams.pop(stream.stream_id, None)
+            for _, fut in stream._waiters:
+                fut.cancel()
+            stream._waiters.clear()
+
+    # -- durability --------------------------------------------------------------------------
+
+    def persist(self, stream: ChangelogStream, upto: int) -> cf.Future[int]:
+        """A future resolved (with ``upto``) once records ``< upto`` of ``stream`` are durable."""
+        fut: cf.Future[int] = cf.Future()
+        with self._lock:
+            if self._failure is not None:
+                fut.set_exception(self._failed_error())
+                return fut
+            if stream.durable >= upto:
+                fut.set_result(upto)
+                return fut
+            stream._waiters.append((upto, fut))
+        self._wake.set()
+        return fut
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Make everything appended so far durable (blocks)."""
+        futs = [self.persist(s, s.position) for s in list(self._streams.values())]
+        for f in futs:
+            f.result(timeout)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failure
+
+    def close(self, flush: bool = True) -> None:
+        if self._closed:
+            return
+        if flush and self._failure is None:
+            try:
+                self.flush(timeout=60)
+            except Exception:  # noqa: BLE001 - closing must not mask the original problem
+                log.exception("changelog writer %s: final flush failed", self.writer_id)
+        self._closed = True
+        self._wake.set()
+        self._flusher.join(timeout=10)
+        self._uploads.shutdown(wait=True)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise self._failed_error()
+        if self._closed:
+            raise StatelogError("the changelog writer is closed")
+
+    def _failed_error(self) -> WriterFailedError:
+        return WriterFailedError(
+            f"changelog writer {self.writer_id} failed and cannot make changes durable: "
+            f"{self._failure}; restart the task from its latest completed checkpoint"
+        )
+
+    def _wait_writable(self, stream: ChangelogStream) -> None:
+        self._wake.set()
+        with self._cond:
+            while True:
+                if self._failure is not None:
+                    raise self._failed_error()
+                if (
+                    len(stream.buf) < self.max_buffered_records
+                    and self._inflight_bytes < self.max_inflight_bytes
+                ):
+                    stream.throttled = False
+                    return
+                self._cond.wait(0.05)
+
+    def _run(self) -> None:
+        poll = min(self.persist_delay, 0.005) if self.persist_delay > 0 else 0.001
+        last = time.monotonic()
+        while not self._closed:
+            woken = self._wake.wait(poll)
+            self._wake.clear()
+            now = time.monotonic()
+            buffered = 0
+            for s in list(self._streams.values()):
+                n = len(s.buf)
+                buffered += n
+                if n >= self.max_buffered_records:
+                    s.throttled = True
+            if not (woken or now - last >= self.persist_delay or buffered >= self.flush_records):
+                continue
+            last = now
+            try:
+                self._flush_once()
+            except BaseException as e:  # noqa: BLE001 - the writer must fail loudly, not die silently
+                log.exception("changelog writer %s: flush failed", self.writer_id)
+                self._fail(e)
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._failure is None:
+                self._failure = exc
+            waiters = []
+            for s in self._streams.values():
+                s.throttled = True
+                waiters.extend(s._waiters)
+                s._waiters.clear()
+            self._cond.notify_all()
+        err = self._failed_error()
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _flush_once(self) -> None:
+        if self._failure is not None:
+            return
+        with self._cond:
+            while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
+                for s in self._streams.values():
+                    s.throttled = True
+                self._cond.wait(0.05)
+        taken: list[tuple[ChangelogStream, int, list[tuple]]] = []
+        for s in list(self._streams.values()):
+            with s.lock:
+                n = len(s.buf)
+                if n == 0:
+                    continue
+                chunk = s.buf[:n]
+                del s.buf[:n]
+                start = s.taken
+                s.taken += n
+                s._pending.append([start, start + n, None])
+            taken.append((s, start, chunk))
+        if not taken:
+            return
+        with self._lock:
+            seg_no = self._next_segment
+            self._next_segment += 1
+        name = f"{CHANGELOG_PREFIX}{self.writer_id}/{seg_no:010d}.seg"
+        parts = [fmt.encode_header()]
+        offset = fmt.HEADER_SIZE
+        blocks: list[fmt.BlockInfo] = []
+        spans: list[fmt.StreamSpan] = []
+        for s, start, chunk in taken:
+            stream_bytes = 0
+            for sid, seqs, recs in self._group(start, chunk):
+                info = s.states[sid]
+                data, raw_len, crc, kg_min, kg_max = self._encoder.encode(
+                    info.name,
+                    info.value_type,
+                    info.user_key_type,
+                    info.kind is StateKind.LIST,
+                    seqs,
+                    recs,
+                )
+                parts.append(data)
+                blocks.append(
+                    fmt.BlockInfo(
+                        s.stream_id, info.name, offset, len(data), crc, raw_len, len(recs),
+                        seqs[0], seqs[-1], kg_min, kg_max,
+                    )
+                )
+                offset += len(data)
+                stream_bytes += len(data)
+            spans.append(fmt.StreamSpan(s.stream_id, start, start + len(chunk), stream_bytes))
+        footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
+        parts.append(fmt.encode_footer_and_trailer(footer, offset))
+        data = b"".join(parts)
+        with self._lock:
+            self._inflight_bytes += len(data)
+        fut = self._uploads.submit(self.store.put, name, data)
+        fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
+
+    def _group(self, start: int, chunk: list[tuple]) -> list[tuple[int, list[int], list[tuple]]]:
+        """Split a chunk per state, keeping seq order; coalesce overwritten records if enabled."""
+        idx: list[int] | range = range(len(chunk))
+        if self.coalesce:
+            idx = _coalesce(chunk)
+        first_sid = chunk[0][0]
+        if all(r[0] == first_sid for r in chunk):
+            if isinstance(idx, range):
+                return [(first_sid, list(range(start, start + len(chunk))), chunk)]
+            return [(first_sid, [start + i for i in idx], [chunk[i] for i in idx])]
+        groups: dict[int, tuple[list[int], list[tuple]]] = {}
+        for i in idx:
+            r = chunk[i]
+            g = groups.get(r[0])
+            if g is None:
+                g = groups[r[0]] = ([], [])
+            g[0].append(start + i)
+            g[1].append(r)
+        return [(sid, seqs, recs) for sid, (seqs, recs) in sorted(groups.items())]
+
+    def _uploaded(
+        self,
+        fut: cf.Future[None],
+        name: str,
+        size: int,
+        taken: list[tuple[ChangelogStream, int, list[tuple]]],
+        spans: list[fmt.StreamSpan],
+    ) -> None:
+        exc = fut.exception()
+        with self._cond:
+            self._inflight_bytes -= size
+            self._cond.notify_all()
+        if exc is not None:
+            log.error("changelog writer %s: upload of %s failed: %s", self.writer_id, name, exc)
+            self._fail(exc)
+            return
+        self.bytes_uploaded += size
+        self.segments_uploaded += 1
+        resolved: list[tuple[cf.Future[int], int]] = []
+        with self._lock:
+            for (s, start, _chunk), span in zip(taken, spans, strict=True):
+                with s.lock:
+                    for p in s._pending:
+                        if p[0] == start:
+                            p[2] = SegmentRef(name, size, span.start, span.end, span.bytes)
+                            break
+                    while s._pending and s._pending[0][2] is not None:
+                        p = s._pending.pop(0)
+                        s.segments.append(p[2])
+                        s.durable = p[1]
+                    if not s._pending:
+                        s.durable = s.taken if s.taken >= s.durable else s.durable
+                    keep = []
+                    for upto, w in s._waiters:
+                        if upto <= s.durable:
+                            resolved.append((w, upto))
+                        else:
+                            keep.append((upto, w))
+                    s._waiters = keep
+        for w, upto in resolved:
+            if not w.done():
+                w.set_result(upto)
+
+
+def _coalesce(chunk: list[tuple]) -> list[int]:
+    """Indexes of the records that survive coalescing, in order.
+
+    A record is dropped when a later record of the same state, key and namespace
+    overwrites the whole entry (put, delete, list replace), or, for map entries, when a
+    later put/remove of the same map key replaces it.
+    """
+    keep: list[int] = []
+    overwritten: set[tuple] = set()
+    entry_ops: set[tuple] = set()
+    overwriting = fmt.OVERWRITING_OPS
+    map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
+    for i in range(len(chunk) - 1, -1, -1):
+        r = chunk[i]
+        k = (r[0], r[2], r[3])
+        if k in overwritten:
+            continue
+        op = r[4]
+        if op in map_ops:
+            ek = (r[0], r[2], r[3], fmt.R_UKEY, _hashable(r[5]))
+            if ek in entry_ops:
+                continue
+            entry_ops.add(ek)
+        elif op in overwriting:
+            overwritten.add(k)
+        keep.append(i)
+    keep.reverse()
+    return keep
+
+
+def _hashable(v: Any) -> Any:
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return repr(v)

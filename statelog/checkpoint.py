@@ -1,0 +1,227 @@
+"""Checkpoint handles and checkpoint metadata (format ``statelog.checkpoint`` v1).
+
+A :class:`SubtaskStateHandle` says how to rebuild one subtask's keyed state: the
+materialization it builds on (none yet) plus the changelog ranges after it, each range
+restricted to a key-group range. :class:`CheckpointMetadata` combines the handles of all
+stateful subtasks with the source positions; it is published as one JSON object, written
+last, and carries a CRC-32 of its canonical body that every read verifies.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from statelog.changelog.writer import SegmentRef
+from statelog.descriptors import StateInfo
+from statelog.errors import CorruptionError, FormatVersionError
+from statelog.keys import KeyGroupRange
+
+CHECKPOINT_FORMAT = "statelog.checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ChangelogRange:
+    """Records ``[start, end)`` of one stream, restricted to ``key_groups``."""
+
+    stream: str
+    start: int
+    end: int
+    key_groups: KeyGroupRange
+    segments: tuple[SegmentRef, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.segments)
+
+    def restrict(self, kgr: KeyGroupRange) -> ChangelogRange | None:
+        inter = self.key_groups.intersect(kgr)
+        if inter.is_empty:
+            return None
+        return ChangelogRange(self.stream, self.start, self.end, inter, self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "start": self.start,
+            "end": self.end,
+            "key_groups": self.key_groups.to_json(),
+            "segments": [s.to_json() for s in self.segments],
+        }
+
+    @staticmethod
+    def from_json(obj: Any) -> ChangelogRange:
+        return ChangelogRange(
+            stream=str(obj["stream"]),
+            start=int(obj["start"]),
+            end=int(obj["end"]),
+            key_groups=KeyGroupRange.from_json(obj["key_groups"]),
+            segments=tuple(SegmentRef.from_json(s) for s in obj["segments"]),
+        )
+
+
+@dataclass(frozen=True)
+class SubtaskStateHandle:
+    """The keyed state of one subtask at one checkpoint."""
+
+    operator_uid: str
+    subtask: int
+    parallelism: int
+    key_groups: KeyGroupRange
+    changelog: tuple[ChangelogRange, ...]
+    states: tuple[StateInfo, ...]
+    materialization: str | None = None
+
+    @property
+    def changelog_bytes(self) -> int:
+        return sum(r.bytes for r in self.changelog)
+
+    def segment_names(self) -> set[str]:
+        return {s.name for r in self.changelog for s in r.segments}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operator": self.operator_uid,
+            "subtask": self.subtask,
+            "parallelism": self.parallelism,
+            "key_groups": self.key_groups.to_json(),
+            "materialization": self.materialization,
+            "changelog": [r.to_json() for r in self.changelog],
+            "states": [s.to_json() for s in self.states],
+        }
+
+    @staticmethod
+    def from_json(obj: Any) -> SubtaskStateHandle:
+        return SubtaskStateHandle(
+            operator_uid=str(obj["operator"]),
+            subtask=int(obj["subtask"]),
+            parallelism=int(obj["parallelism"]),
+            key_groups=KeyGroupRange.from_json(obj["key_groups"]),
+            changelog=tuple(ChangelogRange.from_json(r) for r in obj["changelog"]),
+            states=tuple(StateInfo.from_json(s) for s in obj["states"]),
+            materialization=obj.get("materialization"),
+        )
+
+
+@dataclass(frozen=True)
+class OperatorState:
+    """All subtask handles of one operator uid."""
+
+    uid: str
+    parallelism: int
+    subtasks: tuple[SubtaskStateHandle, ...]
+
+    @property
+    def states(self) -> dict[str, StateInfo]:
+        out: dict[str, StateInfo] = {}
+        for h in self.subtasks:
+            for s in h.states:
+                out.setdefault(s.name, s)
+        return out
+
+    @property
+    def changelog_bytes(self) -> int:
+        return sum(h.changelog_bytes for h in self.subtasks)
+
+    def handles_for(self, kgr: KeyGroupRange) -> list[SubtaskStateHandle]:
+        return [h for h in self.subtasks if not h.key_groups.intersect(kgr).is_empty]
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """One completed checkpoint: source positions and the state of every operator."""
+
+    checkpoint_id: int
+    job_id: str
+    timestamp_ms: int
+    max_parallelism: int
+    sources: dict[str, Any]
+    operators: dict[str, OperatorState]
+    stats: dict[str, Any] = field(default_factory=dict)
+    kind: str = "checkpoint"
+    materialization: str | None = None
+
+    @property
+    def changelog_bytes(self) -> int:
+        return sum(op.changelog_bytes for op in self.operators.values())
+
+    def segment_names(self) -> set[str]:
+        return {n for op in self.operators.values() for h in op.subtasks for n in h.segment_names()}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "kind": self.kind,
+            "checkpoint_id": self.checkpoint_id,
+            "job_id": self.job_id,
+            "timestamp_ms": self.timestamp_ms,
+            "max_parallelism": self.max_parallelism,
+            "materialization": self.materialization,
+            "sources": self.sources,
+            "stats": self.stats,
+            "operators": {
+                uid: {
+                    "parallelism": op.parallelism,
+                    "subtasks": [h.to_json() for h in op.subtasks],
+                }
+                for uid, op in sorted(self.operators.items())
+            },
+        }
+
+    def to_bytes(self) -> bytes:
+        body = self.body()
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        wrapped = {"crc32": zlib.crc32(canon), "body": body}
+        return json.dumps(wrapped, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    @staticmethod
+    def from_bytes(data: bytes, object_key: str) -> CheckpointMetadata:
+        try:
+            wrapped = json.loads(data)
+            body = wrapped["body"]
+            crc = wrapped["crc32"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(
+                f"checkpoint metadata {object_key} is not valid JSON of the expected shape: {e}",
+                key=object_key,
+            ) from None
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        if zlib.crc32(canon) != crc:
+            raise CorruptionError(
+                f"checkpoint metadata {object_key}: checksum mismatch; the object is corrupt",
+                key=object_key,
+            )
+        if body.get("format") != CHECKPOINT_FORMAT:
+            raise CorruptionError(f"{object_key} is not checkpoint metadata", key=object_key)
+        if body.get("version") != CHECKPOINT_VERSION:
+            raise FormatVersionError(
+                f"checkpoint metadata {object_key} has format version {body.get('version')}, this "
+                f"build reads version {CHECKPOINT_VERSION}; upgrade statelog",
+                key=object_key,
+            )
+        try:
+            operators = {
+                uid: OperatorState(
+                    uid=uid,
+                    parallelism=int(op["parallelism"]),
+                    subtasks=tuple(SubtaskStateHandle.from_json(h) for h in op["subtasks"]),
+                )
+                for uid, op in body["operators"].items()
+            }
+            return CheckpointMetadata(
+                checkpoint_id=int(body["checkpoint_id"]),
+                job_id=str(body["job_id"]),
+                timestamp_ms=int(body["timestamp_ms"]),
+                max_parallelism=int(body["max_parallelism"]),
+                sources=body["sources"],
+                operators=operators,
+                stats=body.get("stats", {}),
+                kind=body.get("kind", "checkpoint"),
+                materialization=body.get("materialization"),
+            )
+        except (KeyError, ValueError, TypeError) as e:
+            raise CorruptionError(f"checkpoint metadata {object_key} is malformed: {e}", key=object_key) from None

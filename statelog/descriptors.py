@@ -1,0 +1,230 @@
+"""State descriptors: the name, kind, value type and TTL of a keyed state.
+
+Descriptors are what an operator declares; the backend creates the state from them and
+records their description (``to_json``) in every checkpoint, so tools can read the state
+without the operator's code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, Protocol, TypeVar
+
+import pyarrow as pa
+
+from statelog.errors import ConfigError, CorruptionError
+from statelog.types import PICKLE, ValueType, check_value_type, type_from_json, type_to_json
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
+
+
+class StateKind(str, Enum):
+    VALUE = "value"
+    LIST = "list"
+    MAP = "map"
+    REDUCING = "reducing"
+    AGGREGATING = "aggregating"
+
+
+class TtlUpdate(str, Enum):
+    ON_CREATE_AND_WRITE = "on_create_and_write"
+    ON_READ_AND_WRITE = "on_read_and_write"
+
+
+@dataclass(frozen=True)
+class TtlConfig:
+    """Time-to-live of state entries, in milliseconds of the backend's clock.
+
+    Expired entries are never returned; they are dropped lazily and on restore.
+    ``update`` decides whether reads refresh the expiry (``on_read_and_write``).
+    """
+
+    ttl_ms: int
+    update: TtlUpdate = TtlUpdate.ON_CREATE_AND_WRITE
+
+    def __post_init__(self) -> None:
+        if type(self.ttl_ms) is not int or self.ttl_ms <= 0:
+            raise ConfigError(f"TtlConfig.ttl_ms must be a positive int (milliseconds), got {self.ttl_ms!r}")
+        object.__setattr__(self, "update", TtlUpdate(self.update))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ttl_ms": self.ttl_ms, "update": self.update.value}
+
+    @staticmethod
+    def from_json(obj: Any) -> TtlConfig | None:
+        if obj is None:
+            return None
+        return TtlConfig(int(obj["ttl_ms"]), TtlUpdate(obj["update"]))
+
+
+def check_state_name(name: Any) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name.startswith("__"):
+        raise ConfigError(
+            f"invalid state name {name!r}: use 1-128 characters of letters, digits, '_', '.', '-', "
+            "not starting with '__' (reserved)"
+        )
+    return name
+
+
+ACC = TypeVar("ACC")
+IN = TypeVar("IN")
+OUT = TypeVar("OUT")
+
+
+class AggregateFunction(Protocol[IN, ACC, OUT]):
+    """Flink-style aggregate function used by aggregating state."""
+
+    def create_accumulator(self) -> ACC: ...
+
+    def add(self, value: IN, accumulator: ACC) -> ACC: ...
+
+    def get_result(self, accumulator: ACC) -> OUT: ...
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """Base of all descriptors. ``value_type`` is the stored type (accumulator for aggregating)."""
+
+    name: str
+    value_type: ValueType
+    ttl: TtlConfig | None = None
+    kind: StateKind = field(default=StateKind.VALUE, init=False)
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        check_value_type(self.value_type, f"state {self.name!r}")
+
+    @property
+    def user_key_type(self) -> ValueType | None:
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind.value,
+            "value_type": type_to_json(self.value_type),
+            "ttl": None if self.ttl is None else self.ttl.to_json(),
+        }
+        if self.user_key_type is not None:
+            out["user_key_type"] = type_to_json(self.user_key_type)
+        return out
+
+    def compatible_with(self, stored: StateInfo) -> str | None:
+        """Why this descriptor cannot take over the stored state, or ``None`` if it can."""
+        if stored.kind != self.kind:
+            return f"it was stored as {stored.kind.value} state, now declared as {self.kind.value}"
+        if type_to_json(stored.value_type)["kind"] != type_to_json(self.value_type)["kind"] or (
+            stored.value_type is not PICKLE and stored.value_type != self.value_type
+        ):
+            return f"its value type was {stored.value_type}, now declared as {self.value_type}"
+        if stored.user_key_type != self.user_key_type and not (
+            stored.user_key_type is PICKLE and self.user_key_type is PICKLE
+        ):
+            return f"its map key type was {stored.user_key_type}, now declared as {self.user_key_type}"
+        return None
+
+
+@dataclass(frozen=True)
+class ValueStateDescriptor(StateDescriptor):
+    """A single value per key and namespace. ``default`` is returned when none is set."""
+
+    default: Any = None
+    kind: StateKind = field(default=StateKind.VALUE, init=False)
+
+
+@dataclass(frozen=True)
+class ListStateDescriptor(StateDescriptor):
+    """A list per key and namespace; ``value_type`` is the element type."""
+
+    kind: StateKind = field(default=StateKind.LIST, init=False)
+
+
+@dataclass(frozen=True)
+class MapStateDescriptor(StateDescriptor):
+    """A map per key and namespace from ``key_type`` to ``value_type``."""
+
+    key_type: ValueType = field(default_factory=pa.string)
+    kind: StateKind = field(default=StateKind.MAP, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_value_type(self.key_type, f"map state {self.name!r} (key type)")
+
+    @property
+    def user_key_type(self) -> ValueType | None:
+        return self.key_type
+
+
+@dataclass(frozen=True)
+class ReducingStateDescriptor(StateDescriptor):
+    """A value per key and namespace folded with ``reduce_fn(accumulated, new)``."""
+
+    reduce_fn: Callable[[Any, Any], Any] | None = None
+    kind: StateKind = field(default=StateKind.REDUCING, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not callable(self.reduce_fn):
+            raise ConfigError(f"reducing state {self.name!r} needs a callable reduce_fn(a, b)")
+
+
+@dataclass(frozen=True)
+class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
+    """An accumulator per key and namespace; ``value_type`` is the accumulator's type."""
+
+    aggregate: AggregateFunction[IN, ACC, OUT] | None = None
+    kind: StateKind = field(default=StateKind.AGGREGATING, init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        agg = self.aggregate
+        if agg is None or not all(
+            callable(getattr(agg, m, None)) for m in ("create_accumulator", "add", "get_result")
+        ):
+            raise ConfigError(
+                f"aggregating state {self.name!r} needs an aggregate function with "
+                "create_accumulator(), add(value, acc) and get_result(acc)"
+            )
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    """The stored description of a state (from checkpoint metadata), without user code."""
+
+    name: str
+    kind: StateKind
+    value_type: ValueType
+    user_key_type: ValueType | None
+    ttl: TtlConfig | None
+
+    @staticmethod
+    def from_descriptor(d: StateDescriptor) -> StateInfo:
+        return StateInfo(d.name, d.kind, d.value_type, d.user_key_type, d.ttl)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kind": self.kind.value,
+            "value_type": type_to_json(self.value_type),
+            "ttl": None if self.ttl is None else self.ttl.to_json(),
+        }
+        if self.user_key_type is not None:
+            out["user_key_type"] = type_to_json(self.user_key_type)
+        return out
+
+    @staticmethod
+    def from_json(obj: Any) -> StateInfo:
+        try:
+            ukt = obj.get("user_key_type")
+            return StateInfo(
+                name=obj["name"],
+                kind=StateKind(obj["kind"]),
+                value_type=type_from_json(obj["value_type"]),
+                user_key_type=None if ukt is None else type_from_json(ukt),
+                ttl=TtlConfig.from_json(obj.get("ttl")),
+            )
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise CorruptionError(f"invalid state description {obj!r}: {e}") from None

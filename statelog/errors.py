@@ -1,0 +1,90 @@
+"""Exception hierarchy of statelog.
+
+Every error says what was expected, what was found and what to do. Messages never
+contain secrets (credentials are redacted before they reach an exception).
+"""
+
+from __future__ import annotations
+
+
+class StatelogError(Exception):
+    """Base class of every error raised by statelog."""
+
+
+class ConfigError(StatelogError, ValueError):
+    """A configuration value, URL or option is malformed or inconsistent."""
+
+
+class StoreError(StatelogError):
+    """An object-store operation failed."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class TransientStoreError(StoreError):
+    """A store call failed in a way that may succeed when retried (timeouts, 5xx, resets)."""
+
+
+class ObjectNotFoundError(StoreError):
+    """The named object does not exist."""
+
+
+class ObjectExistsError(StoreError):
+    """A write-once put found a different object already stored under the key."""
+
+
+class BucketNotFoundError(StoreError):
+    """The S3 bucket named in the job root does not exist."""
+
+
+class AuthenticationError(StoreError):
+    """The store refused the credentials (wrong access key or secret)."""
+
+
+class CorruptionError(StatelogError):
+    """Bytes read back fail verification (checksum, magic, length or format).
+
+    The message always names the object; state is never produced from corrupt bytes.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class FormatVersionError(CorruptionError):
+    """An object was written in a format version this build cannot read."""
+
+
+class SerializationError(StatelogError, TypeError):
+    """A key or value cannot be serialized with the declared type."""
+
+
+class StateTypeError(SerializationError):
+    """A value does not match the Arrow type declared by its state descriptor."""
+
+
+class JobMismatchError(StatelogError):
+    """The job root was created with different fixed settings (e.g. max_parallelism)."""
+
+
+class CheckpointNotFoundError(StatelogError, LookupError):
+    """The requested checkpoint id does not exist (or is no longer retained)."""
+
+
+class CheckpointAbortedError(StatelogError):
+    """A checkpoint was cancelled or failed before it completed."""
+
+
+class WriterFailedError(StatelogError):
+    """The changelog writer failed permanently; the task must restart from a checkpoint."""
+
+
+class KeyGroupError(StatelogError):
+    """A key was set on a backend whose subtask does not own the key's key group."""
+
+
+class StateNotFoundError(StatelogError, LookupError):
+    """A named operator or state does not exist in the checkpoint."""

@@ -1,0 +1,271 @@
+"""The job facade: one object per job root and process.
+
+It opens the store, checks the job descriptor, owns the process-wide changelog writer,
+creates keyed backends (fresh or restored from a checkpoint), and publishes checkpoints::
+
+    job = statelog.open("file:///var/lib/myjob")
+    last = job.latest_checkpoint()
+    backend = job.backend("counter", restore=last)
+    counts = backend.get_state(ValueStateDescriptor("count", pa.int64(), default=0))
+    for offset, event in source.read_from(last.sources["events"] if last else 0):
+        backend.set_current_key(event.user)
+        counts.update(counts.value() + 1)
+        if due:
+            job.checkpoint(sources={"events": offset + 1})
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges
+from statelog.catalog import JobCatalog, parse_checkpoint_id
+from statelog.changelog.reader import SegmentReader
+from statelog.changelog.writer import ChangelogWriter
+from statelog.checkpoint import CheckpointMetadata, OperatorState, SubtaskStateHandle
+from statelog.errors import ConfigError, JobMismatchError, StatelogError
+from statelog.keys import check_parallelism, key_group_range_for_subtask
+from statelog.store import open_store
+from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+_WRITER_OPTIONS = {
+    "persist_delay",
+    "flush_records",
+    "max_buffered_records",
+    "max_inflight_bytes",
+    "upload_threads",
+    "coalesce",
+    "compression_level",
+}
+
+
+class StateJob:
+    """State storage of one job root, as seen from one process."""
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        max_parallelism: int | None = None,
+        store_options: Mapping[str, Any] | None = None,
+        store: ObjectStore | None = None,
+        retain_checkpoints: int = 5,
+        writer_options: Mapping[str, Any] | None = None,
+        create: bool = True,
+    ) -> None:
+        if type(retain_checkpoints) is not int or retain_checkpoints < 1:
+            raise ConfigError(f"retain_checkpoints must be an int >= 1, got {retain_checkpoints!r}")
+        unknown = set(writer_options or {}) - _WRITER_OPTIONS
+        if unknown:
+            raise ConfigError(
+                f"unknown changelog writer option(s) {sorted(unknown)}; valid: {sorted(_WRITER_OPTIONS)}"
+            )
+        self.store = store if store is not None else open_store(root, store_options)
+        self.root = self.store.url
+        self.catalog = JobCatalog(self.store)
+        info = self.catalog.open_job(max_parallelism, create=create)
+        self.job_id = info.job_id
+        self.max_parallelism = info.max_parallelism
+        self.retain_checkpoints = retain_checkpoints
+        self._writer_options = dict(writer_options or {})
+        self._writer: ChangelogWriter | None = None
+        self._backends: list[KeyedStateBackend] = []
+        self._last_id: int | None = None
+        self._last_bytes_uploaded = 0
+
+    # -- writer and backends -------------------------------------------------------------------
+
+    @property
+    def writer(self) -> ChangelogWriter:
+        if self._writer is None:
+            self._writer = ChangelogWriter(self.store, **self._writer_options)
+        return self._writer
+
+    def backend(
+        self,
+        operator_uid: str,
+        *,
+        subtask: int = 0,
+        parallelism: int = 1,
+        restore: CheckpointMetadata | int | str | None = None,
+        changelog: bool = True,
+        clock: Callable[[], int] | None = None,
+    ) -> KeyedStateBackend:
+        """A keyed backend for one subtask, empty or restored from a checkpoint.
+
+        ``restore`` is a checkpoint (metadata or id), ``"latest"`` (empty if none exists) or
+        ``None``. The restored state is the operator's state at that checkpoint restricted to
+        this subtask's key groups, whatever the parallelism the checkpoint was taken with.
+        """
+        if not isinstance(operator_uid, str) or not operator_uid:
+            raise ConfigError(f"operator uid must be a non-empty string, got {operator_uid!r}")
+        check_parallelism(parallelism, self.max_parallelism)
+        kgr = key_group_range_for_subtask(self.max_parallelism, parallelism, subtask)
+        restored = None
+        meta = self.resolve_checkpoint(restore)
+        if meta is not None:
+            restored = self.read_restored(meta, operator_uid, kgr)
+        stream = None
+        if changelog:
+            stream = self.writer.open_stream(f"{operator_uid}.{subtask}.{_short_id()}")
+        b = KeyedStateBackend(
+            operator_uid=operator_uid,
+            subtask=subtask,
+            parallelism=parallelism,
+            max_parallelism=self.max_parallelism,
+            stream=stream,
+            clock=clock,
+            restored=restored,
+        )
+        self._backends.append(b)
+        return b
+
+    def resolve_checkpoint(self, which: CheckpointMetadata | int | str | None) -> CheckpointMetadata | None:
+        if which is None:
+            return None
+        if isinstance(which, CheckpointMetadata):
+            meta = which
+        elif which == "latest":
+            meta = self.catalog.latest()
+            if meta is None:
+                return None
+        else:
+            meta = self.catalog.load(parse_checkpoint_id(which))
+        if meta.max_parallelism != self.max_parallelism:
+            raise JobMismatchError(
+                f"checkpoint {meta.checkpoint_id} has max_parallelism {meta.max_parallelism}, the job "
+                f"has {self.max_parallelism}"
+            )
+        return meta
+
+    def read_restored(self, meta: CheckpointMetadata, operator_uid: str, kgr: Any) -> RestoredChanges:
+        op = meta.operators.get(operator_uid)
+        handles = op.handles_for(kgr) if op is not None else []
+        t0 = time.monotonic()
+        restored = RestoredChanges.read(SegmentReader(self.store), handles, kgr)
+        log.info(
+            "restored operator %r key groups %s from checkpoint %d: %d records, %d bytes in %.3fs",
+            operator_uid, kgr, meta.checkpoint_id, restored.records_read, restored.bytes_read,
+            time.monotonic() - t0,
+        )
+        return restored
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def next_checkpoint_id(self) -> int:
+        ids = self.catalog.checkpoint_ids()
+        latest = ids[-1] if ids else 0
+        if self._last_id is not None:
+            latest = max(latest, self._last_id)
+        return latest + 1
+
+    def checkpoint(self, sources: Mapping[str, Any] | None = None, *, timeout: float = 60.0) -> CheckpointMetadata:
+        """Checkpoint every backend of this process with the given source positions (blocks).
+
+        The synchronous part seals all streams at once, so the checkpoint is consistent with
+        the source positions passed here; then it waits for durability and publishes.
+        """
+        t0 = time.monotonic()
+        cid = self.next_checkpoint_id()
+        live = [b for b in self._backends if not b._closed]
+        by_uid: dict[str, list[KeyedStateBackend]] = {}
+        for b in live:
+            by_uid.setdefault(b.operator_uid, []).append(b)
+        for uid, bs in by_uid.items():
+            subtasks = sorted(b.subtask for b in bs)
+            if subtasks != list(range(bs[0].parallelism)):
+                raise StatelogError(
+                    f"operator {uid!r} has subtasks {subtasks} of parallelism {bs[0].parallelism} in this "
+                    "process; a one-call checkpoint needs them all here (multi-process jobs publish "
+                    "handles from a coordinator with StateJob.publish_checkpoint)"
+                )
+        pending: list[PendingSnapshot] = [b.snapshot(cid) for b in live]
+        sync_ms = (time.monotonic() - t0) * 1000
+        try:
+            handles = [p.result(timeout) for p in pending]
+        except BaseException:
+            for p in pending:
+                p.cancel()
+            raise
+        async_ms = (time.monotonic() - t0) * 1000 - sync_ms
+        uploaded = self._writer.bytes_uploaded if self._writer is not None else 0
+        stats = {
+            "sync_ms": round(sync_ms, 3),
+            "async_ms": round(async_ms, 3),
+            "incremental_bytes": uploaded - self._last_bytes_uploaded,
+        }
+        self._last_bytes_uploaded = uploaded
+        meta = self.publish_checkpoint(cid, handles, dict(sources or {}), stats)
+        return meta
+
+    def publish_checkpoint(
+        self,
+        checkpoint_id: int,
+        handles: list[SubtaskStateHandle],
+        sources: Mapping[str, Any],
+        stats: Mapping[str, Any] | None = None,
+    ) -> CheckpointMetadata:
+        """Write the metadata of a checkpoint whose handles are all durable, then apply retention."""
+        operators: dict[str, OperatorState] = {}
+        grouped: dict[str, list[SubtaskStateHandle]] = {}
+        for h in handles:
+            grouped.setdefault(h.operator_uid, []).append(h)
+        for uid, hs in grouped.items():
+            hs.sort(key=lambda h: h.subtask)
+            operators[uid] = OperatorState(uid, hs[0].parallelism, tuple(hs))
+        meta = CheckpointMetadata(
+            checkpoint_id=checkpoint_id,
+            job_id=self.job_id,
+            timestamp_ms=int(time.time() * 1000),
+            max_parallelism=self.max_parallelism,
+            sources=dict(sources),
+            operators=operators,
+            stats=dict(stats or {}),
+        )
+        size = self.catalog.publish(meta)
+        self._last_id = checkpoint_id
+        log.info(
+            "checkpoint %d published (%d operators, %d bytes of metadata)", checkpoint_id, len(operators), size
+        )
+        self.catalog.apply_retention(self.retain_checkpoints)
+        return meta
+
+    def checkpoints(self) -> list[CheckpointMetadata]:
+        return [self.catalog.load(i) for i in self.catalog.checkpoint_ids()]
+
+    def load_checkpoint(self, checkpoint_id: int | str) -> CheckpointMetadata:
+        return self.catalog.load(parse_checkpoint_id(checkpoint_id))
+
+    def latest_checkpoint(self) -> CheckpointMetadata | None:
+        return self.catalog.latest()
+
+    def close(self, flush: bool = True) -> None:
+        for b in self._backends:
+            b.close()
+        self._backends.clear()
+        if self._writer is not None:
+            self._writer.close(flush=flush)
+            self._writer = None
+        self.store.close()
+
+    def __enter__(self) -> StateJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _short_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:12]
+
+
+def open_job(root: str, **kwargs: Any) -> StateJob:
+    """Open (creating if needed) the job at ``root``; see :class:`StateJob` for options."""
+    return StateJob(root, **kwargs)

@@ -1,0 +1,436 @@
+"""In-memory keyed state with change capture.
+
+Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``. Every
+mutation updates the table and appends a change record to the backend's changelog stream
+(``backend._append``; a no-op for a backend without changelog). The same ``apply`` code
+replays change records on restore, so live mutation and replay cannot drift apart.
+
+With TTL, entries are stored as ``[value, expires_ms]`` (list elements and map values
+individually); expired entries are invisible and are dropped lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from statelog.changelog.format import (
+    OP_DELETE,
+    OP_LIST_APPEND,
+    OP_LIST_REPLACE,
+    OP_MAP_PUT,
+    OP_MAP_REMOVE,
+    OP_PUT,
+)
+from statelog.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    StateInfo,
+    TtlUpdate,
+    ValueStateDescriptor,
+)
+from statelog.errors import CorruptionError, StatelogError
+from statelog.keys import decode_key, encode_key
+from statelog.types import make_validator
+
+if TYPE_CHECKING:
+    from statelog.backend import KeyedStateBackend
+
+_MISSING = object()
+NONE_NS = encode_key(None)
+
+
+class KeyedState:
+    """Common part: namespace handling, tables, iteration and replay."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
+        self._b = backend
+        self.descriptor = descriptor
+        self.info = StateInfo.from_descriptor(descriptor)
+        self.name = descriptor.name
+        self._sid = sid
+        self._check = make_validator(descriptor.value_type, descriptor.name)
+        self._ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else 0
+        self._ttl_on_read = (
+            descriptor.ttl is not None and descriptor.ttl.update is TtlUpdate.ON_READ_AND_WRITE
+        )
+        self._tables: dict[bytes, dict[Any, Any]] = {NONE_NS: {}}
+        self._namespaces: dict[bytes, Any] = {NONE_NS: None}
+        self._ns: Any = None
+        self._nsb = NONE_NS
+        self._cur: dict[Any, Any] = self._tables[NONE_NS]
+
+    # -- namespace -----------------------------------------------------------------------------
+
+    def set_namespace(self, namespace: Any) -> None:
+        """Scope further calls to ``namespace`` (e.g. a window); ``None`` is the default."""
+        if namespace is self._ns:
+            return
+        nsb = encode_key(namespace)
+        table = self._tables.get(nsb)
+        if table is None:
+            table = self._tables[nsb] = {}
+            self._namespaces[nsb] = namespace
+        self._ns, self._nsb, self._cur = namespace, nsb, table
+
+    @property
+    def namespace(self) -> Any:
+        return self._ns
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return self._b.clock()
+
+    def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
+        b = self._b
+        b._append((self._sid, b._kg, b._kb, self._nsb, op, ukey, value, expires))
+
+    def clear(self) -> None:
+        """Remove the entry of the current key and namespace."""
+        if self._cur.pop(self._b._key, _MISSING) is not _MISSING:
+            self._emit(OP_DELETE, None, None, None)
+
+    # -- iteration (snapshots, tools, tests) --------------------------------------------------
+
+    def entries(self, now: int | None = None) -> Iterator[tuple[Any, Any, Any]]:
+        """Yield ``(key, namespace, value)`` for every live entry (TTL-expired ones skipped)."""
+        if now is None:
+            now = self._now()
+        for nsb, table in self._tables.items():
+            ns = self._namespaces[nsb]
+            for key, entry in table.items():
+                v = self._visible(entry, now)
+                if v is not _MISSING:
+                    yield key, ns, v
+
+    def _visible(self, entry: Any, now: int) -> Any:
+        if not self._ttl:
+            return entry
+        return entry[0] if entry[1] > now else _MISSING
+
+    def namespaces_of_current_key(self) -> list[Any]:
+        key = self._b._key
+        return [self._namespaces[nsb] for nsb, t in self._tables.items() if key in t]
+
+    # -- replay --------------------------------------------------------------------------------
+
+    def _table_for(self, nsb: bytes) -> dict[Any, Any]:
+        table = self._tables.get(nsb)
+        if table is None:
+            table = self._tables[nsb] = {}
+            self._namespaces[nsb] = decode_key(nsb)
+        return table
+
+    def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
+        """Apply one change record (restore path)."""
+        table = self._table_for(nsb)
+        if op == OP_PUT:
+            table[key] = [value, expires] if self._ttl else value
+        elif op == OP_DELETE:
+            table.pop(key, None)
+        else:
+            raise CorruptionError(f"state {self.name!r}: operation {op} is not valid for {self.info.kind.value} state")
+
+
+class ValueState(KeyedState):
+    """One value per key and namespace."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
+        super().__init__(backend, descriptor, sid)
+        self._default = descriptor.default if isinstance(descriptor, ValueStateDescriptor) else None
+        if self._ttl:
+            self.value = self._ttl_value  # type: ignore[method-assign]
+            self.update = self._ttl_update  # type: ignore[method-assign]
+        elif not backend.changelog_enabled:
+            self.update = self._heap_update  # type: ignore[method-assign]
+
+    def value(self) -> Any:
+        return self._cur.get(self._b._key, self._default)
+
+    def update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        self._check(value)
+        b = self._b
+        self._cur[b._key] = value
+        b._append((self._sid, b._kg, b._kb, self._nsb, OP_PUT, None, value, None))
+
+    def _heap_update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        self._check(value)
+        self._cur[self._b._key] = value
+
+    def _ttl_value(self) -> Any:
+        entry = self._cur.get(self._b._key)
+        if entry is None:
+            return self._default
+        now = self._now()
+        if entry[1] <= now:
+            del self._cur[self._b._key]
+            return self._default
+        if self._ttl_on_read:
+            entry[1] = now + self._ttl
+            self._emit(OP_PUT, None, entry[0], entry[1])
+        return entry[0]
+
+    def _ttl_update(self, value: Any) -> None:
+        if value is None:
+            self.clear()
+            return
+        self._check(value)
+        exp = self._now() + self._ttl
+        self._cur[self._b._key] = [value, exp]
+        self._emit(OP_PUT, None, value, exp)
+
+
+class ReducingState(ValueState):
+    """A value folded with the descriptor's ``reduce_fn``."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
+        super().__init__(backend, descriptor, sid)
+        assert isinstance(descriptor, ReducingStateDescriptor)
+        self._reduce = descriptor.reduce_fn
+
+    def get(self) -> Any:
+        return self.value()
+
+    def add(self, value: Any) -> None:
+        cur = self.value()
+        self.update(value if cur is None else self._reduce(cur, value))  # type: ignore[misc]
+
+
+class AggregatingState(ValueState):
+    """An accumulator updated with the descriptor's aggregate function."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
+        super().__init__(backend, descriptor, sid)
+        assert isinstance(descriptor, AggregatingStateDescriptor)
+        self._agg = descriptor.aggregate
+
+    def get(self) -> Any:
+        acc = self.value()
+        return None if acc is None else self._agg.get_result(acc)  # type: ignore[union-attr]
+
+    def accumulator(self) -> Any:
+        return self.value()
+
+    def add(self, value: Any) -> None:
+        acc = self.value()
+        if acc is None:
+            acc = self._agg.create_accumulator()  # type: ignore[union-attr]
+        self.update(self._agg.add(value, acc))  # type: ignore[union-attr]
+
+
+class ListState(KeyedState):
+    """A list per key and namespace. ``get`` returns a copy; mutate through the methods."""
+
+    def get(self) -> list[Any]:
+        entry = self._cur.get(self._b._key)
+        if entry is None:
+            return []
+        if not self._ttl:
+            return list(entry)
+        now = self._now()
+        live = [e for e in entry if e[1] > now]
+        if len(live) != len(entry):
+            if live:
+                self._cur[self._b._key] = live
+            else:
+                del self._cur[self._b._key]
+        if self._ttl_on_read and live:
+            exp = now + self._ttl
+            for e in live:
+                e[1] = exp
+            self._emit(OP_LIST_REPLACE, None, [e[0] for e in live], exp)
+        return [e[0] for e in live]
+
+    def add(self, value: Any) -> None:
+        self.add_all([value])
+
+    def add_all(self, values: list[Any]) -> None:
+        values = list(values)
+        if not values:
+            return
+        for v in values:
+            if v is None:
+                raise StatelogError(f"list state {self.name!r}: None elements are not allowed")
+            self._check(v)
+        key = self._b._key
+        entry = self._cur.get(key)
+        if entry is None:
+            entry = self._cur[key] = []
+        exp = None
+        if self._ttl:
+            exp = self._now() + self._ttl
+            entry.extend([v, exp] for v in values)
+        else:
+            entry.extend(values)
+        self._emit(OP_LIST_APPEND, None, values, exp)
+
+    def update(self, values: list[Any]) -> None:
+        """Replace the list (an empty list clears it)."""
+        values = list(values)
+        if not values:
+            self.clear()
+            return
+        for v in values:
+            if v is None:
+                raise StatelogError(f"list state {self.name!r}: None elements are not allowed")
+            self._check(v)
+        exp = None
+        if self._ttl:
+            exp = self._now() + self._ttl
+            self._cur[self._b._key] = [[v, exp] for v in values]
+        else:
+            self._cur[self._b._key] = values
+        self._emit(OP_LIST_REPLACE, None, list(values), exp)
+
+    def _visible(self, entry: Any, now: int) -> Any:
+        if not self._ttl:
+            return list(entry)
+        live = [e[0] for e in entry if e[1] > now]
+        return live if live else _MISSING
+
+    def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
+        table = self._table_for(nsb)
+        if op == OP_LIST_APPEND:
+            entry = table.get(key)
+            if entry is None:
+                entry = table[key] = []
+            entry.extend([[v, expires] for v in value] if self._ttl else value)
+        elif op == OP_LIST_REPLACE:
+            table[key] = [[v, expires] for v in value] if self._ttl else list(value)
+        elif op == OP_DELETE:
+            table.pop(key, None)
+        else:
+            raise CorruptionError(f"state {self.name!r}: operation {op} is not valid for list state")
+
+
+class MapState(KeyedState):
+    """A map per key and namespace. Reads return copies; an empty map is no entry."""
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
+        super().__init__(backend, descriptor, sid)
+        assert isinstance(descriptor, MapStateDescriptor)
+        self._check_ukey = make_validator(descriptor.key_type, f"{descriptor.name} (map key)")
+
+    def _live(self) -> dict[Any, Any] | None:
+        m = self._cur.get(self._b._key)
+        if m is None or not self._ttl:
+            return m
+        now = self._now()
+        dead = [k for k, e in m.items() if e[1] <= now]
+        for k in dead:
+            del m[k]
+        if not m:
+            del self._cur[self._b._key]
+            return None
+        return m
+
+    def _read(self, m: dict[Any, Any], uk: Any) -> Any:
+        e = m[uk]
+        if not self._ttl:
+            return e
+        if self._ttl_on_read:
+            e[1] = self._now() + self._ttl
+            self._emit(OP_MAP_PUT, uk, e[0], e[1])
+        return e[0]
+
+    def get(self, user_key: Any, default: Any = None) -> Any:
+        m = self._live()
+        if m is None or user_key not in m:
+            return default
+        return self._read(m, user_key)
+
+    def contains(self, user_key: Any) -> bool:
+        m = self._live()
+        return m is not None and user_key in m
+
+    def put(self, user_key: Any, value: Any) -> None:
+        if value is None:
+            raise StatelogError(f"map state {self.name!r}: None values are not allowed; use remove()")
+        self._check_ukey(user_key)
+        self._check(value)
+        key = self._b._key
+        m = self._cur.get(key)
+        if m is None:
+            m = self._cur[key] = {}
+        exp = None
+        if self._ttl:
+            exp = self._now() + self._ttl
+            m[user_key] = [value, exp]
+        else:
+            m[user_key] = value
+        self._emit(OP_MAP_PUT, user_key, value, exp)
+
+    def put_all(self, mapping: dict[Any, Any]) -> None:
+        for k, v in mapping.items():
+            self.put(k, v)
+
+    def remove(self, user_key: Any) -> None:
+        key = self._b._key
+        m = self._cur.get(key)
+        if m is None or user_key not in m:
+            return
+        del m[user_key]
+        if not m:
+            del self._cur[key]
+        self._emit(OP_MAP_REMOVE, user_key, None, None)
+
+    def items(self) -> list[tuple[Any, Any]]:
+        m = self._live()
+        if m is None:
+            return []
+        if not self._ttl:
+            return list(m.items())
+        return [(k, self._read(m, k)) for k in list(m)]
+
+    def keys(self) -> list[Any]:
+        m = self._live()
+        return [] if m is None else list(m)
+
+    def values(self) -> list[Any]:
+        return [v for _, v in self.items()]
+
+    def is_empty(self) -> bool:
+        return self._live() is None
+
+    def _visible(self, entry: Any, now: int) -> Any:
+        if not self._ttl:
+            return dict(entry)
+        live = {k: e[0] for k, e in entry.items() if e[1] > now}
+        return live if live else _MISSING
+
+    def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
+        table = self._table_for(nsb)
+        if op == OP_MAP_PUT:
+            m = table.get(key)
+            if m is None:
+                m = table[key] = {}
+            m[ukey] = [value, expires] if self._ttl else value
+        elif op == OP_MAP_REMOVE:
+            m = table.get(key)
+            if m is not None:
+                m.pop(ukey, None)
+                if not m:
+                    del table[key]
+        elif op == OP_DELETE:
+            table.pop(key, None)
+        else:
+            raise CorruptionError(f"state {self.name!r}: operation {op} is not valid for map state")
+
+
+STATE_CLASSES: dict[type, type[KeyedState]] = {
+    ValueStateDescriptor: ValueState,
+    ListStateDescriptor: ListState,
+    MapStateDescriptor: MapState,
+    ReducingStateDescriptor: ReducingState,
+    AggregatingStateDescriptor: AggregatingState,
+}

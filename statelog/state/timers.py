@@ -1,0 +1,128 @@
+"""Per-key timers in event time and processing time, ordered and part of the state.
+
+Timers are kept in sorted sets of ``(timestamp, key_bytes, namespace_bytes)`` (so keys of
+any type order consistently) and deduplicated per (timestamp, key, namespace), as in
+Flink. Adding and removing a timer -- including removal when it fires -- is a change record
+of the pseudo-states ``__timers_event`` / ``__timers_processing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from sortedcontainers import SortedSet
+
+from statelog.changelog.format import OP_TIMER_ADD, OP_TIMER_REMOVE, TIMER_STATES
+from statelog.descriptors import StateInfo, StateKind
+from statelog.errors import CorruptionError, StateTypeError
+from statelog.keys import decode_key, encode_key
+
+if TYPE_CHECKING:
+    from statelog.backend import KeyedStateBackend
+
+EVENT_TIME = "event"
+PROCESSING_TIME = "processing"
+TIMER_INFOS = tuple(StateInfo(name, StateKind.VALUE, pa.int64(), None, None) for name in TIMER_STATES)
+
+
+@dataclass(frozen=True)
+class Timer:
+    timestamp: int
+    key: Any
+    namespace: Any
+    domain: str  # "event" or "processing"
+
+
+class TimerService:
+    """Timers of one keyed backend, scoped to the backend's current key."""
+
+    def __init__(self, backend: KeyedStateBackend, sids: tuple[int, int]) -> None:
+        self._b = backend
+        self._sets = (SortedSet(), SortedSet())
+        self._sids = sids
+        self.current_watermark: int | None = None
+
+    def _domain(self, domain: str) -> int:
+        if domain == EVENT_TIME:
+            return 0
+        if domain == PROCESSING_TIME:
+            return 1
+        raise ValueError(f"timer domain must be 'event' or 'processing', got {domain!r}")
+
+    def _add(self, d: int, timestamp: int, namespace: Any) -> None:
+        if type(timestamp) is not int:
+            raise StateTypeError(f"timer timestamps are int milliseconds, got {type(timestamp).__name__}")
+        b = self._b
+        entry = (timestamp, b._kb, encode_key(namespace))
+        s = self._sets[d]
+        if entry in s:
+            return
+        s.add(entry)
+        b._append((self._sids[d], b._kg, b._kb, entry[2], OP_TIMER_ADD, None, timestamp, None))
+
+    def _delete(self, d: int, timestamp: int, namespace: Any) -> None:
+        b = self._b
+        entry = (timestamp, b._kb, encode_key(namespace))
+        s = self._sets[d]
+        if entry not in s:
+            return
+        s.remove(entry)
+        b._append((self._sids[d], b._kg, b._kb, entry[2], OP_TIMER_REMOVE, None, timestamp, None))
+
+    def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._add(0, timestamp, namespace)
+
+    def delete_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._delete(0, timestamp, namespace)
+
+    def register_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._add(1, timestamp, namespace)
+
+    def delete_processing_time_timer(self, timestamp: int, namespace: Any = None) -> None:
+        self._delete(1, timestamp, namespace)
+
+    def next_timestamp(self, domain: str = EVENT_TIME) -> int | None:
+        s = self._sets[self._domain(domain)]
+        return s[0][0] if s else None
+
+    def _fire(self, d: int, upto: int, domain: str) -> Iterator[Timer]:
+        s = self._sets[d]
+        b = self._b
+        while s and s[0][0] <= upto:
+            ts, kb, nsb = s.pop(0)
+            key = decode_key(kb)
+            b.set_current_key(key)
+            b._append((self._sids[d], b._kg, kb, nsb, OP_TIMER_REMOVE, None, ts, None))
+            yield Timer(ts, key, decode_key(nsb), domain)
+
+    def advance_watermark(self, watermark: int) -> Iterator[Timer]:
+        """Remove and yield event-time timers ``<= watermark`` in order, setting the current key."""
+        if self.current_watermark is None or watermark > self.current_watermark:
+            self.current_watermark = watermark
+        return self._fire(0, watermark, EVENT_TIME)
+
+    def advance_processing_time(self, now: int) -> Iterator[Timer]:
+        """Remove and yield processing-time timers ``<= now`` in order, setting the current key."""
+        return self._fire(1, now, PROCESSING_TIME)
+
+    def timers(self, domain: str = EVENT_TIME) -> list[Timer]:
+        """All pending timers of a domain, in firing order."""
+        return [
+            Timer(ts, decode_key(kb), decode_key(nsb), domain)
+            for ts, kb, nsb in self._sets[self._domain(domain)]
+        ]
+
+    def __len__(self) -> int:
+        return len(self._sets[0]) + len(self._sets[1])
+
+    def apply(self, d: int, kb: bytes, nsb: bytes, op: int, timestamp: int) -> None:
+        entry = (timestamp, kb, nsb)
+        if op == OP_TIMER_ADD:
+            self._sets[d].add(entry)
+        elif op == OP_TIMER_REMOVE:
+            self._sets[d].discard(entry)
+        else:
+            raise CorruptionError(f"timers: operation {op} is not a timer operation")

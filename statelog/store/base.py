@@ -1,0 +1,74 @@
+"""The narrow object-store interface every persisted byte goes through.
+
+Implementations: :mod:`statelog.store.local` (``file://``, the embedded default) and
+:mod:`statelog.store.s3` (``s3://bucket/prefix`` through the minio SDK). Callers obtain a
+store with :func:`statelog.store.open_store` and never import an implementation. Tests
+wrap a real store with :class:`statelog.store.faulty.FaultInjectingStore`.
+
+Keys are relative, ``/``-separated paths below the store's root (no leading ``/``, no
+``..`` segments, no empty segments).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime: float  # seconds since the epoch (last modification / upload time)
+
+
+class ObjectStore(abc.ABC):
+    """Write-once object storage below one root URL."""
+
+    url: str  # the root URL with any credentials removed (safe to log)
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``, durably, write-once.
+
+        If an object already exists under ``key`` with identical bytes, this is a
+        no-op (so retries are idempotent); with different bytes it raises
+        :class:`~statelog.errors.ObjectExistsError`. When it returns, the object is durable.
+        """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """Return the whole object; :class:`~statelog.errors.ObjectNotFoundError` if absent."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Return ``length`` bytes from ``offset`` (fewer only at the end of the object).
+
+        A negative ``offset`` counts from the end (``offset=-n, length=n`` reads the last
+        ``n`` bytes).
+        """
+
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """Return the object's info, or ``None`` if it does not exist."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield every object whose key starts with ``prefix``, in key order."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete the object; deleting a missing object is not an error."""
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and threads."""
+
+    def __enter__(self) -> ObjectStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
