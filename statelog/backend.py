@@ -35,7 +35,13 @@ from statelog.errors import (
     SerializationError,
     StatelogError,
 )
-from statelog.keys import KeyCodec, KeyGroupRange, decode_key, key_group_range_for_subtask
+from statelog.keys import (
+    KeyGroupRange,
+    decode_key,
+    encode_key,
+    key_group_of_bytes,
+    key_group_range_for_subtask,
+)
 from statelog.state.kinds import (
     STATE_CLASSES,
     AggregatingState,
@@ -107,14 +113,15 @@ class KeyedStateBackend:
         self.key_groups = key_group_range_for_subtask(max_parallelism, parallelism, subtask)
         self._kg_lo, self._kg_hi = self.key_groups.start, self.key_groups.end
         self.clock: Callable[[], int] = clock or wall_clock_ms
-        self._codec = KeyCodec(max_parallelism)
-        self._kcache = self._codec._cache
+        self._kcache: dict[Any, tuple[type, bytes, int]] = {}
+        self._kcache_limit = 1 << 20
         self._stream = stream
         self.changelog_enabled = stream is not None
         self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
+        if stream is not None:
+            stream.owner = self
         self._key: Any = None
-        self._kb: bytes = b""
-        self._kg: int = -1
+        self._kinfo: tuple[type, bytes, int] = (type(None), b"", -1)
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
@@ -128,26 +135,38 @@ class KeyedStateBackend:
 
     def set_current_key(self, key: Any) -> None:
         """Scope all states to ``key``. The key must belong to this subtask's key groups."""
-        s = self._stream
-        if s is not None and s.throttled:
-            s.wait_writable()
         try:
-            hit = self._kcache.get(key)
+            hit = self._kcache[key]
+            if hit[0] is type(key):
+                self._key = key
+                self._kinfo = hit
+                return
+        except KeyError:
+            pass
         except TypeError:
-            hit = None
-        if hit is not None and hit[0] is type(key):
-            kb, kg = hit[1], hit[2]
-        else:
-            kb, kg = self._codec.lookup(key)
+            raise SerializationError(
+                f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, bool, "
+                "int, float, str, bytes, tuples of these, or types registered with register_key_type"
+            ) from None
+        self._set_key_slow(key)
+
+    def _set_key_slow(self, key: Any) -> None:
+        kb = encode_key(key)
+        kg = key_group_of_bytes(kb, self.max_parallelism)
         if kg < self._kg_lo or kg > self._kg_hi:
             raise KeyGroupError(
                 f"key {key!r} is in key group {kg}, which operator {self.operator_uid!r} subtask "
                 f"{self.subtask} of {self.parallelism} does not own (it owns {self.key_groups}); route "
                 "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
             )
+        info = (type(key), kb, kg)
+        cache = self._kcache
+        if len(cache) >= self._kcache_limit:
+            cache.clear()
+        if key not in cache:  # keys equal across types (1, True) keep the first type cached
+            cache[key] = info
         self._key = key
-        self._kb = kb
-        self._kg = kg
+        self._kinfo = info
 
     @property
     def current_key(self) -> Any:
@@ -155,7 +174,7 @@ class KeyedStateBackend:
 
     @property
     def current_key_group(self) -> int:
-        return self._kg
+        return self._kinfo[2]
 
     # -- states --------------------------------------------------------------------------------
 

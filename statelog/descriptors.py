@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from statelog.types import PICKLE, ValueType, check_value_type, type_from_json, 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
 
 
-class StateKind(str, Enum):
+class StateKind(StrEnum):
     VALUE = "value"
     LIST = "list"
     MAP = "map"
@@ -29,7 +29,7 @@ class StateKind(str, Enum):
     AGGREGATING = "aggregating"
 
 
-class TtlUpdate(str, Enum):
+class TtlUpdate(StrEnum):
     ON_CREATE_AND_WRITE = "on_create_and_write"
     ON_READ_AND_WRITE = "on_read_and_write"
 

@@ -15,12 +15,15 @@ decoding live side by side here so that they stay symmetric.
 from __future__ import annotations
 
 import json
+import pickle
 import struct
 import zlib
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import zstandard
 
 from statelog.errors import CorruptionError, FormatVersionError
@@ -60,9 +63,11 @@ OVERWRITING_OPS = frozenset({OP_PUT, OP_DELETE, OP_LIST_REPLACE})
 # Pseudo-states holding timers; their value is the timer's timestamp (int64 ms).
 TIMER_STATES = ("__timers_event", "__timers_processing")
 
-# Record tuple layout in writer buffers (in memory only):
-# (state_index, key_group, key_bytes, namespace_bytes, op, user_key, value, expires_ms)
-R_SID, R_KG, R_KEY, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(8)
+# Record layout in writer buffers (in memory only): each record is RECORD_WIDTH consecutive
+# items of a flat list: state index, key info ``(key type, key bytes, key group)``,
+# namespace bytes, op, user key, value, expiry (ms) or None.
+R_SID, R_KINFO, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(7)
+RECORD_WIDTH = 7
 
 META_STATE = b"statelog.state"
 META_VALUE_ENC = b"statelog.value_encoding"
@@ -142,33 +147,39 @@ class BlockEncoder:
         value_type: ValueType,
         user_key_type: ValueType | None,
         is_list: bool,
-        seqs: list[int],
-        records: list[tuple],
+        seqs: list[int] | tuple[int, int],
+        cols: list[list[Any]],
     ) -> tuple[bytes, int, int, int, int]:
-        """Return ``(stored_bytes, raw_length, crc32, kg_min, kg_max)``."""
-        cols = list(zip(*records, strict=True)) if records else [()] * 8
+        """Encode records given as columns (indexed by the ``R_*`` constants).
+
+        ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones.
+        Returns ``(stored_bytes, raw_length, crc32, kg_min, kg_max)``.
+        """
+        kinfos = cols[R_KINFO]
+        n = len(kinfos)
         schema = block_schema(value_type, user_key_type, is_list)
         schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
-        kgs = pa.array(cols[R_KG], pa.uint16())
+        if isinstance(seqs, tuple):
+            first, count = seqs
+            seq_arr = pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), count)), first - 1)
+        else:
+            seq_arr = pa.array(seqs, pa.int64())
+        kgs = pa.array(list(map(_KG, kinfos)), pa.uint16())
+        values = cols[R_VALUE]
         if is_list:
-            values = cols[R_VALUE]
             if value_type is PICKLE:
-                import pickle
-
-                values = [None if v is None else [pickle.dumps(x, protocol=5) for x in v] for v in values]
+                dumps = pickle.dumps
+                values = [None if v is None else [dumps(x, protocol=5) for x in v] for v in values]
             value_arr = pa.array(values, pa.list_(arrow_type(value_type)))
         else:
-            value_arr = to_arrow(list(cols[R_VALUE]), value_type)
-        if user_key_type is None:
-            ukey_arr = pa.nulls(len(records))
-        else:
-            ukey_arr = to_arrow(list(cols[R_UKEY]), user_key_type)
+            value_arr = to_arrow(values, value_type)
+        ukey_arr = pa.nulls(n) if user_key_type is None else to_arrow(cols[R_UKEY], user_key_type)
         batch = pa.record_batch(
             [
-                pa.array(seqs, pa.int64()),
+                seq_arr,
                 kgs,
                 pa.array(cols[R_OP], pa.uint8()),
-                pa.array(cols[R_KEY], pa.binary()),
+                pa.array(list(map(_KB, kinfos)), pa.binary()),
                 pa.array(cols[R_NS], pa.binary()),
                 ukey_arr,
                 value_arr,
@@ -181,9 +192,14 @@ class BlockEncoder:
             w.write_batch(batch)
         raw = sink.getvalue()
         stored = self._zstd.compress(raw)
-        kg_min = min(cols[R_KG]) if records else 0
-        kg_max = max(cols[R_KG]) if records else -1
+        mm = pc.min_max(kgs)
+        kg_min = mm["min"].as_py() if n else 0
+        kg_max = mm["max"].as_py() if n else -1
         return stored, raw.size, zlib.crc32(stored), kg_min, kg_max
+
+
+_KB = itemgetter(1)
+_KG = itemgetter(2)
 
 
 def decode_block(data: bytes, info: BlockInfo, object_key: str) -> pa.Table:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog.changelog import format as fmt
+from statelog.changelog.format import RECORD_WIDTH as W
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
 from statelog.store.base import ObjectStore
@@ -63,8 +64,9 @@ class ChangelogStream:
     def __init__(self, writer: ChangelogWriter, stream_id: str) -> None:
         self.writer = writer
         self.stream_id = stream_id
-        self.buf: list[tuple] = []
-        self.append: Callable[[tuple], None] = self.buf.append
+        self.buf: list[Any] = []  # flat: RECORD_WIDTH items per record
+        self.append: Callable[[tuple], None] = self.buf.extend
+        self.owner: Any = None  # the backend writing to this stream (its ``_append`` is swapped)
         self.lock = threading.Lock()
         self.taken = 0  # records handed to the flusher
         self.durable = 0  # every record below this seq is in an uploaded segment
@@ -90,7 +92,18 @@ class ChangelogStream:
     def position(self) -> int:
         """The sequence number the next record will get (call from the task thread)."""
         with self.lock:
-            return self.taken + len(self.buf)
+            return self.taken + len(self.buf) // W
+
+    def set_throttled(self, throttled: bool) -> None:
+        """Route the owner's appends through a blocking path while back-pressure applies."""
+        self.throttled = throttled
+        owner = self.owner
+        if owner is not None:
+            owner._append = self._throttled_append if throttled else self.append
+
+    def _throttled_append(self, record: tuple) -> None:
+        self.writer._wait_writable(self)
+        self.buf.extend(record)
 
     def wait_writable(self) -> None:
         """Block while the writer applies back-pressure; raise if it failed."""
@@ -228,10 +241,10 @@ class ChangelogWriter:
                 if self._failure is not None:
                     raise self._failed_error()
                 if (
-                    len(stream.buf) < self.max_buffered_records
+                    len(stream.buf) < self.max_buffered_records * W
                     and self._inflight_bytes < self.max_inflight_bytes
                 ):
-                    stream.throttled = False
+                    stream.set_throttled(False)
                     return
                 self._cond.wait(0.05)
 
@@ -239,15 +252,19 @@ class ChangelogWriter:
         poll = min(self.persist_delay, 0.005) if self.persist_delay > 0 else 0.001
         last = time.monotonic()
         while not self._closed:
-            woken = self._wake.wait(poll)
-            self._wake.clear()
+            self._wake.wait(poll)
+            woken = self._wake.is_set()
+            if woken:
+                self._wake.clear()
             now = time.monotonic()
             buffered = 0
             for s in list(self._streams.values()):
-                n = len(s.buf)
+                n = len(s.buf) // W
                 buffered += n
-                if n >= self.max_buffered_records:
-                    s.throttled = True
+                if n >= self.max_buffered_records and not s.throttled:
+                    s.set_throttled(True)
+                if n and s._waiters:  # a checkpoint waits for records not yet taken
+                    woken = True
             if not (woken or now - last >= self.persist_delay or buffered >= self.flush_records):
                 continue
             last = now
@@ -264,7 +281,7 @@ class ChangelogWriter:
                 self._failure = exc
             waiters = []
             for s in self._streams.values():
-                s.throttled = True
+                s.set_throttled(True)
                 waiters.extend(s._waiters)
                 s._waiters.clear()
             self._cond.notify_all()
@@ -279,9 +296,10 @@ class ChangelogWriter:
         with self._cond:
             while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
                 for s in self._streams.values():
-                    s.throttled = True
+                    if not s.throttled:
+                        s.set_throttled(True)
                 self._cond.wait(0.05)
-        taken: list[tuple[ChangelogStream, int, list[tuple]]] = []
+        taken: list[tuple[ChangelogStream, int, list[Any]]] = []
         for s in list(self._streams.values()):
             with s.lock:
                 n = len(s.buf)
@@ -290,8 +308,8 @@ class ChangelogWriter:
                 chunk = s.buf[:n]
                 del s.buf[:n]
                 start = s.taken
-                s.taken += n
-                s._pending.append([start, start + n, None])
+                s.taken += n // W
+                s._pending.append([start, s.taken, None])
             taken.append((s, start, chunk))
         if not taken:
             return
@@ -305,7 +323,7 @@ class ChangelogWriter:
         spans: list[fmt.StreamSpan] = []
         for s, start, chunk in taken:
             stream_bytes = 0
-            for sid, seqs, recs in self._group(start, chunk):
+            for sid, seqs, cols in self._group(start, chunk):
                 info = s.states[sid]
                 data, raw_len, crc, kg_min, kg_max = self._encoder.encode(
                     info.name,
@@ -313,18 +331,23 @@ class ChangelogWriter:
                     info.user_key_type,
                     info.kind is StateKind.LIST,
                     seqs,
-                    recs,
+                    cols,
                 )
+                if isinstance(seqs, tuple):
+                    first, rows = seqs
+                    last = first + rows - 1
+                else:
+                    first, last, rows = seqs[0], seqs[-1], len(seqs)
                 parts.append(data)
                 blocks.append(
                     fmt.BlockInfo(
-                        s.stream_id, info.name, offset, len(data), crc, raw_len, len(recs),
-                        seqs[0], seqs[-1], kg_min, kg_max,
+                        s.stream_id, info.name, offset, len(data), crc, raw_len, rows,
+                        first, last, kg_min, kg_max,
                     )
                 )
                 offset += len(data)
                 stream_bytes += len(data)
-            spans.append(fmt.StreamSpan(s.stream_id, start, start + len(chunk), stream_bytes))
+            spans.append(fmt.StreamSpan(s.stream_id, start, start + len(chunk) // W, stream_bytes))
         footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
         parts.append(fmt.encode_footer_and_trailer(footer, offset))
         data = b"".join(parts)
@@ -333,32 +356,56 @@ class ChangelogWriter:
         fut = self._uploads.submit(self.store.put, name, data)
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
 
-    def _group(self, start: int, chunk: list[tuple]) -> list[tuple[int, list[int], list[tuple]]]:
-        """Split a chunk per state, keeping seq order; coalesce overwritten records if enabled."""
-        idx: list[int] | range = range(len(chunk))
+    def _group(
+        self, start: int, chunk: list[Any]
+    ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
+        """Split a flat chunk per state into columns, keeping seq order.
+
+        Returns ``(state index, seqs, columns)`` per state; ``seqs`` is ``(first, count)``
+        when contiguous. Overwritten records are dropped first if coalescing is enabled.
+        """
+        n = len(chunk) // W
         if self.coalesce:
-            idx = _coalesce(chunk)
-        first_sid = chunk[0][0]
-        if all(r[0] == first_sid for r in chunk):
-            if isinstance(idx, range):
-                return [(first_sid, list(range(start, start + len(chunk))), chunk)]
-            return [(first_sid, [start + i for i in idx], [chunk[i] for i in idx])]
-        groups: dict[int, tuple[list[int], list[tuple]]] = {}
-        for i in idx:
-            r = chunk[i]
-            g = groups.get(r[0])
+            keep = _coalesce(chunk)
+            if len(keep) < n:
+                chunk = [x for i in keep for x in chunk[i * W : (i + 1) * W]]
+                return self._group_indexed(start, chunk, keep)
+        cols = [chunk[i::W] for i in range(W)]
+        sids = cols[fmt.R_SID]
+        if sids.count(sids[0]) == n:
+            return [(sids[0], (start, n), cols)]
+        return self._split(cols, [start + i for i in range(n)])
+
+    def _group_indexed(
+        self, start: int, chunk: list[Any], keep: list[int]
+    ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
+        cols = [chunk[i::W] for i in range(W)]
+        return self._split(cols, [start + i for i in keep])
+
+    @staticmethod
+    def _split(
+        cols: list[list[Any]], seqs: list[int]
+    ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
+        groups: dict[int, list[int]] = {}
+        for i, sid in enumerate(cols[fmt.R_SID]):
+            g = groups.get(sid)
             if g is None:
-                g = groups[r[0]] = ([], [])
-            g[0].append(start + i)
-            g[1].append(r)
-        return [(sid, seqs, recs) for sid, (seqs, recs) in sorted(groups.items())]
+                g = groups[sid] = []
+            g.append(i)
+        out: list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]] = []
+        for sid, idx in sorted(groups.items()):
+            if len(idx) == len(seqs):
+                out.append((sid, seqs, cols))
+            else:
+                out.append((sid, [seqs[i] for i in idx], [[c[i] for i in idx] for c in cols]))
+        return out
 
     def _uploaded(
         self,
         fut: cf.Future[None],
         name: str,
         size: int,
-        taken: list[tuple[ChangelogStream, int, list[tuple]]],
+        taken: list[tuple[ChangelogStream, int, list[Any]]],
         spans: list[fmt.StreamSpan],
     ) -> None:
         exc = fut.exception()
@@ -397,8 +444,8 @@ class ChangelogWriter:
                 w.set_result(upto)
 
 
-def _coalesce(chunk: list[tuple]) -> list[int]:
-    """Indexes of the records that survive coalescing, in order.
+def _coalesce(chunk: list[Any]) -> list[int]:
+    """Indexes of the records (of a flat chunk) that survive coalescing, in order.
 
     A record is dropped when a later record of the same state, key and namespace
     overwrites the whole entry (put, delete, list replace), or, for map entries, when a
@@ -409,14 +456,14 @@ def _coalesce(chunk: list[tuple]) -> list[int]:
     entry_ops: set[tuple] = set()
     overwriting = fmt.OVERWRITING_OPS
     map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
-    for i in range(len(chunk) - 1, -1, -1):
-        r = chunk[i]
-        k = (r[0], r[2], r[3])
+    for i in range(len(chunk) // W - 1, -1, -1):
+        base = i * W
+        k = (chunk[base], chunk[base + fmt.R_KINFO][1], chunk[base + fmt.R_NS])
         if k in overwritten:
             continue
-        op = r[4]
+        op = chunk[base + fmt.R_OP]
         if op in map_ops:
-            ek = (r[0], r[2], r[3], fmt.R_UKEY, _hashable(r[5]))
+            ek = (*k, _hashable(chunk[base + fmt.R_UKEY]))
             if ek in entry_ops:
                 continue
             entry_ops.add(ek)

@@ -87,7 +87,7 @@ class KeyedState:
 
     def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
         b = self._b
-        b._append((self._sid, b._kg, b._kb, self._nsb, op, ukey, value, expires))
+        b._append((self._sid, b._kinfo, self._nsb, op, ukey, value, expires))
 
     def clear(self) -> None:
         """Remove the entry of the current key and namespace."""
@@ -158,7 +158,7 @@ class ValueState(KeyedState):
         self._check(value)
         b = self._b
         self._cur[b._key] = value
-        b._append((self._sid, b._kg, b._kb, self._nsb, OP_PUT, None, value, None))
+        b._append((self._sid, b._kinfo, self._nsb, OP_PUT, None, value, None))
 
     def _heap_update(self, value: Any) -> None:
         if value is None:

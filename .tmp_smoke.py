@@ -1,0 +1,28 @@
+import time, pyarrow as pa, statelog, shutil
+from statelog import *
+shutil.rmtree("/tmp/sm", ignore_errors=True)
+job = statelog.open("file:///tmp/sm")
+b = job.backend("counter")
+cnt = b.get_state(ValueStateDescriptor("count", pa.int64(), default=0))
+lst = b.get_state(ListStateDescriptor("events", pa.string()))
+mp = b.get_state(MapStateDescriptor("m", pa.int64(), key_type=pa.string()))
+for i in range(1000):
+    b.set_current_key(f"u{i%37}")
+    cnt.update(cnt.value()+1)
+    lst.add(f"e{i}")
+    mp.put(f"k{i%5}", i)
+    if i % 100 == 0: b.timers.register_event_time_timer(i)
+m1 = job.checkpoint(sources={"p": 1000})
+print(m1.checkpoint_id, m1.changelog_bytes, m1.stats)
+for i in range(50):
+    b.set_current_key(f"u{i%37}")
+    cnt.update(1000)
+job.close()
+job = statelog.open("file:///tmp/sm")
+b2 = job.backend("counter", restore=m1.checkpoint_id)
+cnt2 = b2.get_state(ValueStateDescriptor("count", pa.int64(), default=0))
+lst2 = b2.get_state(ListStateDescriptor("events", pa.string()))
+mp2 = b2.get_state(MapStateDescriptor("m", pa.int64(), key_type=pa.string()))
+print(sorted(cnt2.entries())[:3], sum(v for _,_,v in cnt2.entries()))
+b2.set_current_key("u1"); print(lst2.get()[:3], mp2.items())
+print(len(b2.timers), b2.timers.timers()[:2])

@@ -1,0 +1,1 @@
+"""Example applications on statelog."""

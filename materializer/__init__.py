@@ -1,0 +1,1 @@
+"""Background materializer: compacts the changelog into Parquet state tables (issue #3)."""

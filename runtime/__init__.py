@@ -1,0 +1,1 @@
+"""Streaming runtime with barrier checkpoints hosting the statelog backend (issue #5)."""

@@ -1,0 +1,52 @@
+"""Shared fixtures: job roots on the local filesystem and on a real S3 server (SeaweedFS).
+
+* ``s3_server`` (session): the running :class:`tests.s3server.S3Server`.
+* ``s3_root`` / ``file_root`` (function): a fresh, empty :class:`tests.s3server.RootSpec`.
+* ``store_root`` (function, parametrized ``file`` / ``s3``): the same test on both stores.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.s3server import RootSpec, S3Server, start_seaweedfs
+
+logger = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A SeaweedFS S3 server on loopback with bucket ``statelog-test``, for the session."""
+    try:
+        server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    logger.info("SeaweedFS startup took %.2fs", server.startup_seconds)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_root(s3_server: S3Server) -> RootSpec:
+    """A unique, empty ``s3://statelog-test/<uuid>`` root with options for ``open_store``."""
+    return RootSpec(f"s3://{s3_server.bucket}/{uuid.uuid4().hex}", s3_server.options())
+
+
+@pytest.fixture
+def file_root(tmp_path: Path) -> RootSpec:
+    """A fresh ``file://`` root below ``tmp_path`` (the directory does not exist yet)."""
+    return RootSpec((tmp_path / "root").as_uri(), {})
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def store_root(request: pytest.FixtureRequest) -> RootSpec:
+    """A fresh job root on each store: the local filesystem, then SeaweedFS."""
+    name = "file_root" if request.param == "file" else "s3_root"
+    return request.getfixturevalue(name)

@@ -1,0 +1,1 @@
+"""Command-line tools and Spark jobs over a statelog job root."""
