@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from statelog.changelog.format import TIMER_STATES
+from statelog.changelog.format import RECORD_WIDTH, TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogStream
 from statelog.checkpoint import ChangelogRange, SubtaskStateHandle
@@ -118,6 +118,10 @@ class KeyedStateBackend:
         self._stream = stream
         self.changelog_enabled = stream is not None
         self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
+        self._buf: list[Any] = stream.buf if stream is not None else []
+        self._buf_limit = (
+            stream.writer.max_buffered_records * RECORD_WIDTH if stream is not None else 1 << 62
+        )
         if stream is not None:
             stream.owner = self
         self._key: Any = None
@@ -140,6 +144,8 @@ class KeyedStateBackend:
             if hit[0] is type(key):
                 self._key = key
                 self._kinfo = hit
+                if len(self._buf) >= self._buf_limit:
+                    self._stream.wait_drained()  # type: ignore[union-attr]
                 return
         except KeyError:
             pass
@@ -167,6 +173,8 @@ class KeyedStateBackend:
             cache[key] = info
         self._key = key
         self._kinfo = info
+        if len(self._buf) >= self._buf_limit:
+            self._stream.wait_drained()  # type: ignore[union-attr]
 
     @property
     def current_key(self) -> Any:

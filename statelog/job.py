@@ -41,6 +41,7 @@ _WRITER_OPTIONS = {
     "upload_threads",
     "coalesce",
     "compression_level",
+    "retry",
 }
 
 

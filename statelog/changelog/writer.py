@@ -28,6 +28,7 @@ from statelog.changelog.format import RECORD_WIDTH as W
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
 from statelog.store.base import ObjectStore
+from statelog.store.retry import RetryPolicy, call_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,10 @@ class ChangelogStream:
         """Block while the writer applies back-pressure; raise if it failed."""
         self.writer._wait_writable(self)
 
+    def wait_drained(self) -> None:
+        """Called by the task when its buffer reached the limit: wait for the flusher."""
+        self.writer._wait_drained(self)
+
     def segments_for(self, start: int, end: int) -> list[SegmentRef]:
         """Uploaded segments holding records of ``[start, end)`` (all must be durable)."""
         with self.lock:
@@ -134,6 +139,7 @@ class ChangelogWriter:
         upload_threads: int = 2,
         coalesce: bool = False,
         compression_level: int = 1,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if persist_delay < 0:
             raise ConfigError(f"persist_delay must be >= 0 seconds, got {persist_delay!r}")
@@ -146,6 +152,7 @@ class ChangelogWriter:
         self.max_buffered_records = max_buffered_records
         self.max_inflight_bytes = max_inflight_bytes
         self.coalesce = coalesce
+        self.retry = retry or RetryPolicy()
         self._encoder = fmt.BlockEncoder(compression_level)
         self._streams: dict[str, ChangelogStream] = {}
         self._lock = threading.Lock()
@@ -235,18 +242,44 @@ class ChangelogWriter:
         )
 
     def _wait_writable(self, stream: ChangelogStream) -> None:
+        """Called by a throttled task: wait until the flusher lifts back-pressure."""
         self._wake.set()
         with self._cond:
             while True:
                 if self._failure is not None:
                     raise self._failed_error()
-                if (
-                    len(stream.buf) < self.max_buffered_records * W
-                    and self._inflight_bytes < self.max_inflight_bytes
-                ):
-                    stream.set_throttled(False)
+                if not stream.throttled or stream.closed:
                     return
-                self._cond.wait(0.05)
+                if not self._cond.wait(0.05):
+                    self._update_throttle_locked()
+
+    def _wait_drained(self, stream: ChangelogStream) -> None:
+        limit = self.max_buffered_records * W
+        self._wake.set()
+        with self._cond:
+            while len(stream.buf) >= limit:
+                if self._failure is not None:
+                    raise self._failed_error()
+                if stream.closed:
+                    return
+                self._wake.set()
+                self._cond.wait(0.01)
+
+    def _update_throttle_locked(self) -> None:
+        """Throttle streams with too many buffered records, or all while uploads are over the cap."""
+        over = self._inflight_bytes >= self.max_inflight_bytes or self._failure is not None
+        changed = False
+        for s in self._streams.values():
+            should = over or len(s.buf) >= self.max_buffered_records * W
+            if should != s.throttled:
+                s.set_throttled(should)
+                changed = True
+        if changed:
+            self._cond.notify_all()
+
+    def _update_throttle(self) -> None:
+        with self._cond:
+            self._update_throttle_locked()
 
     def _run(self) -> None:
         poll = min(self.persist_delay, 0.005) if self.persist_delay > 0 else 0.001
@@ -258,11 +291,10 @@ class ChangelogWriter:
                 self._wake.clear()
             now = time.monotonic()
             buffered = 0
+            self._update_throttle()
             for s in list(self._streams.values()):
                 n = len(s.buf) // W
                 buffered += n
-                if n >= self.max_buffered_records and not s.throttled:
-                    s.set_throttled(True)
                 if n and s._waiters:  # a checkpoint waits for records not yet taken
                     woken = True
             if not (woken or now - last >= self.persist_delay or buffered >= self.flush_records):
@@ -295,9 +327,7 @@ class ChangelogWriter:
             return
         with self._cond:
             while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
-                for s in self._streams.values():
-                    if not s.throttled:
-                        s.set_throttled(True)
+                self._update_throttle_locked()
                 self._cond.wait(0.05)
         taken: list[tuple[ChangelogStream, int, list[Any]]] = []
         for s in list(self._streams.values()):
@@ -313,6 +343,8 @@ class ChangelogWriter:
             taken.append((s, start, chunk))
         if not taken:
             return
+        with self._cond:
+            self._cond.notify_all()  # tasks waiting for their buffer to drain
         with self._lock:
             seg_no = self._next_segment
             self._next_segment += 1
@@ -351,9 +383,12 @@ class ChangelogWriter:
         footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
         parts.append(fmt.encode_footer_and_trailer(footer, offset))
         data = b"".join(parts)
-        with self._lock:
+        with self._cond:
             self._inflight_bytes += len(data)
-        fut = self._uploads.submit(self.store.put, name, data)
+            self._update_throttle_locked()
+        fut = self._uploads.submit(
+            call_with_retry, self.retry, lambda: self.store.put(name, data), f"upload of {name}"
+        )
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
 
     def _group(
@@ -411,6 +446,7 @@ class ChangelogWriter:
         exc = fut.exception()
         with self._cond:
             self._inflight_bytes -= size
+            self._update_throttle_locked()
             self._cond.notify_all()
         if exc is not None:
             log.error("changelog writer %s: upload of %s failed: %s", self.writer_id, name, exc)

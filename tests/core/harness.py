@@ -1,0 +1,232 @@
+"""A reference model of keyed state and a driver applying the same operations to a backend.
+
+The model is deliberately naive (plain dicts, no key groups, no changelog) so that it can
+serve as the oracle for property, crash and rescale tests.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from statelog import (
+    PICKLE,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    TtlConfig,
+    ValueStateDescriptor,
+)
+from statelog.keys import encode_key
+
+TTL_MS = 50
+
+
+class AvgAgg:
+    """Average as an aggregate function with a pickled (sum, count) accumulator."""
+
+    def create_accumulator(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def add(self, value: int, acc: tuple[int, int]) -> tuple[int, int]:
+        return (acc[0] + value, acc[1] + 1)
+
+    def get_result(self, acc: tuple[int, int]) -> float:
+        return acc[0] / acc[1] if acc[1] else 0.0
+
+
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+DESCRIPTORS = {
+    "value": ValueStateDescriptor("value", pa.int64()),
+    "text": ValueStateDescriptor("text", pa.string()),
+    "list": ListStateDescriptor("list", pa.string()),
+    "map": MapStateDescriptor("map", pa.int64(), key_type=pa.string()),
+    "sum": ReducingStateDescriptor("sum", pa.int64(), reduce_fn=_add),
+    "avg": AggregatingStateDescriptor("avg", PICKLE, aggregate=AvgAgg()),
+    "ttl": ValueStateDescriptor("ttl", pa.int64(), ttl=TtlConfig(TTL_MS)),
+    "obj": ValueStateDescriptor("obj", PICKLE),
+}
+
+
+class Clock:
+    def __init__(self, now: int = 1_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@dataclass
+class Model:
+    """Plain-dict model: ``tables[state][(key, ns)]`` and timers ``{(domain, ts, key, ns)}``."""
+
+    tables: dict[str, dict[tuple[Any, Any], Any]] = field(
+        default_factory=lambda: {name: {} for name in DESCRIPTORS}
+    )
+    timers: set[tuple[str, int, Any, Any]] = field(default_factory=set)
+
+    def copy(self) -> Model:
+        return Model(copy.deepcopy(self.tables), set(self.timers))
+
+    def visible(self, now: int) -> dict[str, dict[tuple[Any, Any], Any]]:
+        out = {}
+        for name, table in self.tables.items():
+            if name == "ttl":
+                out[name] = {k: v for k, (v, exp) in table.items() if exp > now}
+            elif name == "avg":
+                out[name] = dict(table)
+            else:
+                out[name] = {k: copy.deepcopy(v) for k, v in table.items()}
+        return out
+
+
+def backend_view(backend: Any, states: dict[str, Any]) -> dict[str, dict[tuple[Any, Any], Any]]:
+    out = {}
+    for name, st in states.items():
+        out[name] = {(k, ns): v for k, ns, v in st.entries()}
+    return out
+
+
+def backend_timers(backend: Any) -> set[tuple[str, int, Any, Any]]:
+    return {
+        (t.domain, t.timestamp, t.key, t.namespace)
+        for domain in ("event", "processing")
+        for t in backend.timers.timers(domain)
+    }
+
+
+def register_all(backend: Any) -> dict[str, Any]:
+    return {name: backend.get_state(d) for name, d in DESCRIPTORS.items()}
+
+
+class Driver:
+    """Applies one operation to a backend and to the model, asserting read results agree."""
+
+    def __init__(self, backend: Any, model: Model, clock: Clock) -> None:
+        self.backend = backend
+        self.states = register_all(backend)
+        self.model = model
+        self.clock = clock
+        self.key: Any = None
+        self.ns: Any = None
+
+    def set_key(self, key: Any) -> None:
+        self.key = key
+        self.backend.set_current_key(key)
+
+    def set_ns(self, ns: Any) -> None:
+        self.ns = ns
+        for st in self.states.values():
+            st.set_namespace(ns)
+
+    def apply(self, op: tuple) -> None:  # noqa: C901 - one branch per operation
+        kind = op[0]
+        m = self.model.tables
+        k = (self.key, self.ns)
+        s = self.states
+        if kind == "key":
+            self.set_key(op[1])
+        elif kind == "ns":
+            self.set_ns(op[1])
+        elif kind == "value_rmw":
+            cur = s["value"].value()
+            assert cur == m["value"].get(k), (cur, m["value"].get(k))
+            new = (cur or 0) + op[1]
+            s["value"].update(new)
+            m["value"][k] = new
+        elif kind == "value_clear":
+            s["value"].clear()
+            m["value"].pop(k, None)
+        elif kind == "text":
+            s["text"].update(op[1])
+            m["text"][k] = op[1]
+        elif kind == "list_add":
+            s["list"].add(op[1])
+            m["list"].setdefault(k, []).append(op[1])
+        elif kind == "list_update":
+            s["list"].update(op[1])
+            if op[1]:
+                m["list"][k] = list(op[1])
+            else:
+                m["list"].pop(k, None)
+        elif kind == "list_get":
+            assert s["list"].get() == m["list"].get(k, [])
+        elif kind == "list_clear":
+            s["list"].clear()
+            m["list"].pop(k, None)
+        elif kind == "map_put":
+            s["map"].put(op[1], op[2])
+            m["map"].setdefault(k, {})[op[1]] = op[2]
+        elif kind == "map_remove":
+            s["map"].remove(op[1])
+            d = m["map"].get(k)
+            if d is not None:
+                d.pop(op[1], None)
+                if not d:
+                    del m["map"][k]
+        elif kind == "map_get":
+            assert s["map"].get(op[1]) == m["map"].get(k, {}).get(op[1])
+        elif kind == "sum":
+            s["sum"].add(op[1])
+            m["sum"][k] = m["sum"].get(k, 0) + op[1]
+        elif kind == "avg":
+            s["avg"].add(op[1])
+            a = m["avg"].get(k, (0, 0))
+            m["avg"][k] = (a[0] + op[1], a[1] + 1)
+        elif kind == "ttl_put":
+            s["ttl"].update(op[1])
+            m["ttl"][k] = (op[1], self.clock.now + TTL_MS)
+        elif kind == "ttl_get":
+            entry = m["ttl"].get(k)
+            expect = entry[0] if entry is not None and entry[1] > self.clock.now else None
+            assert s["ttl"].value() == expect
+        elif kind == "obj":
+            s["obj"].update(op[1])
+            m["obj"][k] = op[1]
+        elif kind == "tick":
+            self.clock.now += op[1]
+        elif kind == "timer_add":
+            domain, ts = op[1], op[2]
+            if domain == "event":
+                self.backend.timers.register_event_time_timer(ts, self.ns)
+            else:
+                self.backend.timers.register_processing_time_timer(ts, self.ns)
+            self.model.timers.add((domain, ts, self.key, self.ns))
+        elif kind == "timer_del":
+            domain, ts = op[1], op[2]
+            if domain == "event":
+                self.backend.timers.delete_event_time_timer(ts, self.ns)
+            else:
+                self.backend.timers.delete_processing_time_timer(ts, self.ns)
+            self.model.timers.discard((domain, ts, self.key, self.ns))
+        elif kind == "fire":
+            wm = op[1]
+            fired = [(t.domain, t.timestamp, t.key, t.namespace) for t in self.backend.timers.advance_watermark(wm)]
+            due = sorted(
+                (t for t in self.model.timers if t[0] == "event" and t[1] <= wm),
+                key=lambda t: (t[1], encode_key(t[2]), encode_key(t[3])),
+            )
+            assert fired == due, (fired, due)
+            self.model.timers -= set(due)
+            if self.key is not None:
+                self.backend.set_current_key(self.key)
+        else:
+            raise AssertionError(f"unknown op {op!r}")
+
+    def check_equal(self) -> None:
+        assert_state_equal(self.backend, self.states, self.model, self.clock.now)
+
+
+def assert_state_equal(backend: Any, states: dict[str, Any], model: Model, now: int) -> None:
+    got = backend_view(backend, states)
+    want = model.visible(now)
+    for name in DESCRIPTORS:
+        assert got[name] == want[name], f"state {name!r} differs:\n got={got[name]}\nwant={want[name]}"
+    assert backend_timers(backend) == model.timers
