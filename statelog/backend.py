@@ -247,6 +247,7 @@ class KeyedStateBackend:
         dec = self._decode
         for kb, nsb, op, ukey, value, exp in records:
             apply(dec(kb), nsb, op, ukey, value, exp)
+        state.compact()
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):

@@ -24,6 +24,7 @@ from statelog.errors import (
     CorruptionError,
     FormatVersionError,
     JobMismatchError,
+    JobNotFoundError,
     ObjectExistsError,
     ObjectNotFoundError,
 )
@@ -100,7 +101,7 @@ class JobCatalog:
         info = self.read_job()
         if info is None:
             if not create:
-                raise CheckpointNotFoundError(
+                raise JobNotFoundError(
                     f"{self.store.url} is not a statelog job root (no {JOB_KEY}); check the URL"
                 )
             info = JobInfo(
@@ -136,7 +137,9 @@ class JobCatalog:
             data = self.store.get(key)
         except ObjectNotFoundError:
             ids = self.checkpoint_ids()
-            shown = ", ".join(map(str, ids[-10:])) or "none"
+            shown = ", ".join(map(str, ids[-20:])) or "none"
+            if len(ids) > 20:
+                shown = f"{len(ids)} in all, the newest: {shown}"
             raise CheckpointNotFoundError(
                 f"checkpoint {checkpoint_id} does not exist in {self.store.url} (retained checkpoints: "
                 f"{shown}); pick one of those, e.g. with `statelog checkpoints list ROOT`"

@@ -223,5 +223,9 @@ class CheckpointMetadata:
                 kind=body.get("kind", "checkpoint"),
                 materialization=body.get("materialization"),
             )
-        except (KeyError, ValueError, TypeError) as e:
+        except CorruptionError as e:
+            if e.key is not None:
+                raise
+            raise CorruptionError(f"checkpoint metadata {object_key} is malformed: {e}", key=object_key) from None
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
             raise CorruptionError(f"checkpoint metadata {object_key} is malformed: {e}", key=object_key) from None

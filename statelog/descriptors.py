@@ -96,6 +96,11 @@ class StateDescriptor:
     def __post_init__(self) -> None:
         check_state_name(self.name)
         check_value_type(self.value_type, f"state {self.name!r}")
+        if self.ttl is not None and not isinstance(self.ttl, TtlConfig):
+            raise ConfigError(
+                f"state {self.name!r}: ttl must be a statelog.TtlConfig or None, got {self.ttl!r} "
+                "(pass other options by keyword, e.g. key_type=...)"
+            )
 
     @property
     def user_key_type(self) -> ValueType | None:

@@ -70,6 +70,10 @@ class JobMismatchError(StatelogError):
     """The job root was created with different fixed settings (e.g. max_parallelism)."""
 
 
+class JobNotFoundError(StatelogError, LookupError):
+    """The root URL does not hold a statelog job (no job descriptor)."""
+
+
 class CheckpointNotFoundError(StatelogError, LookupError):
     """The requested checkpoint id does not exist (or is no longer retained)."""
 

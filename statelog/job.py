@@ -66,10 +66,16 @@ class StateJob:
             raise ConfigError(
                 f"unknown changelog writer option(s) {sorted(unknown)}; valid: {sorted(_WRITER_OPTIONS)}"
             )
+        own_store = store is None
         self.store = store if store is not None else open_store(root, store_options)
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
-        info = self.catalog.open_job(max_parallelism, create=create)
+        try:
+            info = self.catalog.open_job(max_parallelism, create=create)
+        except BaseException:
+            if own_store:
+                self.store.close()
+            raise
         self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints

@@ -332,15 +332,17 @@ class ChangelogWriter:
         taken: list[tuple[ChangelogStream, int, list[Any]]] = []
         for s in list(self._streams.values()):
             with s.lock:
-                n = len(s.buf)
+                buf = s.buf
+                n = len(buf)
                 if n == 0:
                     continue
-                chunk = s.buf[:n]
-                del s.buf[:n]
+                # the task only appends past n, so slicing the live list is safe
+                cols = [buf[i:n:W] for i in range(W)]
+                del buf[:n]
                 start = s.taken
                 s.taken += n // W
                 s._pending.append([start, s.taken, None])
-            taken.append((s, start, chunk))
+            taken.append((s, start, cols))
         if not taken:
             return
         with self._cond:
@@ -379,7 +381,7 @@ class ChangelogWriter:
                 )
                 offset += len(data)
                 stream_bytes += len(data)
-            spans.append(fmt.StreamSpan(s.stream_id, start, start + len(chunk) // W, stream_bytes))
+            spans.append(fmt.StreamSpan(s.stream_id, start, start + len(chunk[0]), stream_bytes))
         footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
         parts.append(fmt.encode_footer_and_trailer(footer, offset))
         data = b"".join(parts)
@@ -392,30 +394,23 @@ class ChangelogWriter:
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
 
     def _group(
-        self, start: int, chunk: list[Any]
+        self, start: int, cols: list[list[Any]]
     ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
-        """Split a flat chunk per state into columns, keeping seq order.
+        """Split a chunk (given as columns) per state, keeping seq order.
 
         Returns ``(state index, seqs, columns)`` per state; ``seqs`` is ``(first, count)``
         when contiguous. Overwritten records are dropped first if coalescing is enabled.
         """
-        n = len(chunk) // W
+        n = len(cols[0])
         if self.coalesce:
-            keep = _coalesce(chunk)
+            keep = _coalesce(cols)
             if len(keep) < n:
-                chunk = [x for i in keep for x in chunk[i * W : (i + 1) * W]]
-                return self._group_indexed(start, chunk, keep)
-        cols = [chunk[i::W] for i in range(W)]
+                cols = [[c[i] for i in keep] for c in cols]
+                return self._split(cols, [start + i for i in keep])
         sids = cols[fmt.R_SID]
         if sids.count(sids[0]) == n:
             return [(sids[0], (start, n), cols)]
         return self._split(cols, [start + i for i in range(n)])
-
-    def _group_indexed(
-        self, start: int, chunk: list[Any], keep: list[int]
-    ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
-        cols = [chunk[i::W] for i in range(W)]
-        return self._split(cols, [start + i for i in keep])
 
     @staticmethod
     def _split(
@@ -480,8 +475,8 @@ class ChangelogWriter:
                 w.set_result(upto)
 
 
-def _coalesce(chunk: list[Any]) -> list[int]:
-    """Indexes of the records (of a flat chunk) that survive coalescing, in order.
+def _coalesce(cols: list[list[Any]]) -> list[int]:
+    """Indexes of the records (of a chunk given as columns) that survive coalescing, in order.
 
     A record is dropped when a later record of the same state, key and namespace
     overwrites the whole entry (put, delete, list replace), or, for map entries, when a
@@ -492,14 +487,16 @@ def _coalesce(chunk: list[Any]) -> list[int]:
     entry_ops: set[tuple] = set()
     overwriting = fmt.OVERWRITING_OPS
     map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
-    for i in range(len(chunk) // W - 1, -1, -1):
-        base = i * W
-        k = (chunk[base], chunk[base + fmt.R_KINFO][1], chunk[base + fmt.R_NS])
+    sids, kinfos, nss, ops, ukeys = (
+        cols[fmt.R_SID], cols[fmt.R_KINFO], cols[fmt.R_NS], cols[fmt.R_OP], cols[fmt.R_UKEY]
+    )
+    for i in range(len(sids) - 1, -1, -1):
+        k = (sids[i], kinfos[i][1], nss[i])
         if k in overwritten:
             continue
-        op = chunk[base + fmt.R_OP]
+        op = ops[i]
         if op in map_ops:
-            ek = (*k, _hashable(chunk[base + fmt.R_UKEY]))
+            ek = (*k, _hashable(ukeys[i]))
             if ek in entry_ops:
                 continue
             entry_ops.add(ek)

@@ -69,6 +69,9 @@ class KeyedState:
         """Scope further calls to ``namespace`` (e.g. a window); ``None`` is the default."""
         if namespace is self._ns:
             return
+        if not self._cur and self._nsb != NONE_NS:  # drop emptied namespaces (old windows)
+            del self._tables[self._nsb]
+            del self._namespaces[self._nsb]
         nsb = encode_key(namespace)
         table = self._tables.get(nsb)
         if table is None:
@@ -111,6 +114,12 @@ class KeyedState:
         if not self._ttl:
             return entry
         return entry[0] if entry[1] > now else _MISSING
+
+    def compact(self) -> None:
+        """Drop tables of namespaces that hold no entries (after replay)."""
+        for nsb in [n for n, t in self._tables.items() if not t and n != NONE_NS and n != self._nsb]:
+            del self._tables[nsb]
+            del self._namespaces[nsb]
 
     def namespaces_of_current_key(self) -> list[Any]:
         key = self._b._key

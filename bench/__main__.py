@@ -1,0 +1,36 @@
+"""Benchmarks: ``python -m bench NAME [--json] [options]``.
+
+Each benchmark measures the compared variants side by side in one run and prints ratios
+plus absolute figures. Results and commands are recorded in ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+BENCHMARKS = {"backend": "bench.backend"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark to run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="small sizes (smoke test, not for results)")
+    parser.add_argument("--root", default=None, help="job root URL to use (default: a temp directory)")
+    args = parser.parse_args(argv)
+    module = importlib.import_module(BENCHMARKS[args.name])
+    result = module.run(quick=args.quick, root=args.root, progress=not args.json)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        width = max(len(k) for k in result)
+        for k, v in result.items():
+            print(f"{k:<{width}}  {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
