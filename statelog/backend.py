@@ -125,11 +125,13 @@ class KeyedStateBackend:
         if stream is not None:
             stream.owner = self
         self._key: Any = None
-        self._kinfo: tuple[type, bytes, int] = (type(None), b"", -1)
+        self._kb: bytes = b""
+        self._kg: int = -1
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
         self._decoded_keys: dict[bytes, Any] = {}
+        self._install_set_key()
         sids = tuple(self._sid(info) for info in TIMER_INFOS)
         self.timers = TimerService(self, sids)  # type: ignore[arg-type]
         self._restore_timers()
@@ -143,7 +145,8 @@ class KeyedStateBackend:
             hit = self._kcache[key]
             if hit[0] is type(key):
                 self._key = key
-                self._kinfo = hit
+                self._kb = hit[1]
+                self._kg = hit[2]
                 if len(self._buf) >= self._buf_limit:
                     self._stream.wait_drained()  # type: ignore[union-attr]
                 return
@@ -155,6 +158,33 @@ class KeyedStateBackend:
                 "int, float, str, bytes, tuples of these, or types registered with register_key_type"
             ) from None
         self._set_key_slow(key)
+
+    def _install_set_key(self) -> None:
+        """Replace ``set_current_key`` by a closure (it runs once per record)."""
+        me, cache, slow = self, self._kcache, self._set_key_slow
+        buf, limit, stream = self._buf, self._buf_limit, self._stream
+
+        def set_current_key(key: Any) -> None:
+            try:
+                hit = cache[key]
+            except KeyError:
+                return slow(key)
+            except TypeError:
+                raise SerializationError(
+                    f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, "
+                    "bool, int, float, str, bytes, tuples of these, or types registered with "
+                    "register_key_type"
+                ) from None
+            if hit[0] is key.__class__:
+                me._key = key
+                me._kb = hit[1]
+                me._kg = hit[2]
+                if len(buf) >= limit:
+                    stream.wait_drained()  # type: ignore[union-attr]
+                return None
+            return slow(key)
+
+        self.set_current_key = set_current_key  # type: ignore[method-assign]
 
     def _set_key_slow(self, key: Any) -> None:
         kb = encode_key(key)
@@ -172,7 +202,8 @@ class KeyedStateBackend:
         if key not in cache:  # keys equal across types (1, True) keep the first type cached
             cache[key] = info
         self._key = key
-        self._kinfo = info
+        self._kb = kb
+        self._kg = kg
         if len(self._buf) >= self._buf_limit:
             self._stream.wait_drained()  # type: ignore[union-attr]
 
@@ -182,7 +213,7 @@ class KeyedStateBackend:
 
     @property
     def current_key_group(self) -> int:
-        return self._kinfo[2]
+        return self._kg
 
     # -- states --------------------------------------------------------------------------------
 

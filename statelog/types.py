@@ -146,6 +146,26 @@ def make_validator(value_type: ValueType, state: str) -> Callable[[Any], None]:
     return check_generic
 
 
+def fast_check(value_type: ValueType) -> tuple[type, int | None, int | None] | None:
+    """``(python type, lo, hi)`` such that ``type(v) is python_type`` (and ``lo <= v <= hi``
+    for ints) proves ``v`` valid; ``None`` when no such shortcut exists."""
+    if value_type is PICKLE:
+        return None
+    t = value_type
+    if t in _INT_BOUNDS:
+        lo, hi = _INT_BOUNDS[t]
+        return int, lo, hi
+    if pa.types.is_floating(t):
+        return float, None, None
+    if pa.types.is_boolean(t):
+        return bool, None, None
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return str, None, None
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return bytes, None, None
+    return None
+
+
 def to_arrow(values: list[Any], value_type: ValueType) -> pa.Array:
     """Convert Python values (``None`` allowed) to an Arrow array of the stored type."""
     if value_type is PICKLE:

@@ -19,7 +19,6 @@ import pickle
 import struct
 import zlib
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -64,10 +63,10 @@ OVERWRITING_OPS = frozenset({OP_PUT, OP_DELETE, OP_LIST_REPLACE})
 TIMER_STATES = ("__timers_event", "__timers_processing")
 
 # Record layout in writer buffers (in memory only): each record is RECORD_WIDTH consecutive
-# items of a flat list: state index, key info ``(key type, key bytes, key group)``,
-# namespace bytes, op, user key, value, expiry (ms) or None.
-R_SID, R_KINFO, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(7)
-RECORD_WIDTH = 7
+# items of a flat list: state index, key bytes, key group, namespace bytes, op, user key,
+# value, expiry (ms) or None.
+R_SID, R_KEY, R_KG, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(8)
+RECORD_WIDTH = 8
 
 META_STATE = b"statelog.state"
 META_VALUE_ENC = b"statelog.value_encoding"
@@ -157,8 +156,7 @@ class BlockEncoder:
         ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones.
         Returns ``(stored_bytes, raw_length, crc32, kg_min, kg_max)``.
         """
-        kinfos = cols[R_KINFO]
-        n = len(kinfos)
+        n = len(cols[R_KEY])
         schema = block_schema(value_type, user_key_type, is_list)
         schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
         if isinstance(seqs, tuple):
@@ -166,7 +164,7 @@ class BlockEncoder:
             seq_arr = pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), count)), first - 1)
         else:
             seq_arr = pa.array(seqs, pa.int64())
-        kgs = pa.array(list(map(_KG, kinfos)), pa.uint16())
+        kgs = pa.array(cols[R_KG], pa.uint16())
         values = cols[R_VALUE]
         if is_list:
             if value_type is PICKLE:
@@ -181,7 +179,7 @@ class BlockEncoder:
                 seq_arr,
                 kgs,
                 _column(cols[R_OP], pa.uint8()),
-                pa.array(list(map(_KB, kinfos)), pa.binary()),
+                pa.array(cols[R_KEY], pa.binary()),
                 _column(cols[R_NS], pa.binary()),
                 ukey_arr,
                 value_arr,
@@ -206,9 +204,6 @@ def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
         return pa.repeat(pa.scalar(values[0], type_), n)
     return pa.array(values, type_)
 
-
-_KB = itemgetter(1)
-_KG = itemgetter(2)
 
 
 def decode_block(data: bytes, info: BlockInfo, object_key: str) -> pa.Table:

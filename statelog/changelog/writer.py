@@ -487,11 +487,11 @@ def _coalesce(cols: list[list[Any]]) -> list[int]:
     entry_ops: set[tuple] = set()
     overwriting = fmt.OVERWRITING_OPS
     map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
-    sids, kinfos, nss, ops, ukeys = (
-        cols[fmt.R_SID], cols[fmt.R_KINFO], cols[fmt.R_NS], cols[fmt.R_OP], cols[fmt.R_UKEY]
+    sids, kbs, nss, ops, ukeys = (
+        cols[fmt.R_SID], cols[fmt.R_KEY], cols[fmt.R_NS], cols[fmt.R_OP], cols[fmt.R_UKEY]
     )
     for i in range(len(sids) - 1, -1, -1):
-        k = (sids[i], kinfos[i][1], nss[i])
+        k = (sids[i], kbs[i], nss[i])
         if k in overwritten:
             continue
         op = ops[i]

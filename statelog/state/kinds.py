@@ -34,7 +34,7 @@ from statelog.descriptors import (
 )
 from statelog.errors import CorruptionError, StatelogError
 from statelog.keys import decode_key, encode_key
-from statelog.types import make_validator
+from statelog.types import fast_check, make_validator
 
 if TYPE_CHECKING:
     from statelog.backend import KeyedStateBackend
@@ -90,7 +90,7 @@ class KeyedState:
 
     def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
         b = self._b
-        b._append((self._sid, b._kinfo, self._nsb, op, ukey, value, expires))
+        b._append((self._sid, b._kb, b._kg, self._nsb, op, ukey, value, expires))
 
     def clear(self) -> None:
         """Remove the entry of the current key and namespace."""
@@ -156,6 +156,35 @@ class ValueState(KeyedState):
             self.update = self._ttl_update  # type: ignore[method-assign]
         elif not backend.changelog_enabled:
             self.update = self._heap_update  # type: ignore[method-assign]
+        if not self._ttl:
+            self._install_fast_paths()
+
+    def _install_fast_paths(self) -> None:
+        """Replace ``value``/``update`` by closures: the per-record hot path of most jobs."""
+        state, b, sid, default = self, self._b, self._sid, self._default
+        check, clear = self._check, self.clear
+
+        def value() -> Any:
+            return state._cur.get(b._key, default)
+
+        self.value = value  # type: ignore[method-assign]
+        fast = fast_check(self.descriptor.value_type)
+        if fast is None:
+            return
+        pytype, lo, hi = fast
+        logged = b.changelog_enabled
+
+        def update(v: Any) -> None:
+            if v.__class__ is not pytype or (lo is not None and not lo <= v <= hi):  # type: ignore[operator]
+                if v is None:
+                    clear()
+                    return
+                check(v)
+            state._cur[b._key] = v
+            if logged:
+                b._append((sid, b._kb, b._kg, state._nsb, OP_PUT, None, v, None))
+
+        self.update = update  # type: ignore[method-assign]
 
     def value(self) -> Any:
         return self._cur.get(self._b._key, self._default)
@@ -167,7 +196,7 @@ class ValueState(KeyedState):
         self._check(value)
         b = self._b
         self._cur[b._key] = value
-        b._append((self._sid, b._kinfo, self._nsb, OP_PUT, None, value, None))
+        b._append((self._sid, b._kb, b._kg, self._nsb, OP_PUT, None, value, None))
 
     def _heap_update(self, value: Any) -> None:
         if value is None:

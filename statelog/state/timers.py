@@ -56,21 +56,21 @@ class TimerService:
         if type(timestamp) is not int:
             raise StateTypeError(f"timer timestamps are int milliseconds, got {type(timestamp).__name__}")
         b = self._b
-        entry = (timestamp, b._kinfo[1], encode_key(namespace))
+        entry = (timestamp, b._kb, encode_key(namespace))
         s = self._sets[d]
         if entry in s:
             return
         s.add(entry)
-        b._append((self._sids[d], b._kinfo, entry[2], OP_TIMER_ADD, None, timestamp, None))
+        b._append((self._sids[d], b._kb, b._kg, entry[2], OP_TIMER_ADD, None, timestamp, None))
 
     def _delete(self, d: int, timestamp: int, namespace: Any) -> None:
         b = self._b
-        entry = (timestamp, b._kinfo[1], encode_key(namespace))
+        entry = (timestamp, b._kb, encode_key(namespace))
         s = self._sets[d]
         if entry not in s:
             return
         s.remove(entry)
-        b._append((self._sids[d], b._kinfo, entry[2], OP_TIMER_REMOVE, None, timestamp, None))
+        b._append((self._sids[d], b._kb, b._kg, entry[2], OP_TIMER_REMOVE, None, timestamp, None))
 
     def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
         self._add(0, timestamp, namespace)
@@ -95,7 +95,7 @@ class TimerService:
             ts, kb, nsb = s.pop(0)
             key = decode_key(kb)
             b.set_current_key(key)
-            b._append((self._sids[d], b._kinfo, nsb, OP_TIMER_REMOVE, None, ts, None))
+            b._append((self._sids[d], b._kb, b._kg, nsb, OP_TIMER_REMOVE, None, ts, None))
             yield Timer(ts, key, decode_key(nsb), domain)
 
     def advance_watermark(self, watermark: int) -> Iterator[Timer]:
