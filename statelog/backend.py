@@ -31,6 +31,7 @@ from statelog.descriptors import (
 from statelog.errors import (
     CheckpointAbortedError,
     ConfigError,
+    FormatVersionError,
     KeyGroupError,
     SerializationError,
     StatelogError,
@@ -76,6 +77,12 @@ class RestoredChanges:
     ) -> RestoredChanges:
         out = RestoredChanges()
         for h in handles:
+            if h.materialization is not None:
+                raise FormatVersionError(
+                    f"the state of operator {h.operator_uid!r} subtask {h.subtask} builds on "
+                    f"materialization {h.materialization!r}, which this build cannot read; "
+                    "upgrade statelog"
+                )
             for info in h.states:
                 out.infos.setdefault(info.name, info)
             for rng in h.changelog:

@@ -37,7 +37,7 @@ JOB_KEY = "job.json"
 JOB_FORMAT = "statelog.job"
 JOB_VERSION = 1
 CHECKPOINT_PREFIX = "checkpoints/"
-_CHK_RE = re.compile(r"^checkpoints/chk-(\d{12})\.json$")
+_CHK_RE = re.compile(r"^checkpoints/chk-(\d{12,})\.json$")
 
 
 def checkpoint_key(checkpoint_id: int) -> str:
@@ -66,6 +66,8 @@ class JobInfo:
         try:
             wrapped = json.loads(data)
             body = wrapped["body"]
+            if not isinstance(body, dict):
+                raise TypeError("body is not a JSON object")
             canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
             if zlib.crc32(canon) != wrapped["crc32"]:
                 raise CorruptionError(f"job descriptor {key}: checksum mismatch; the object is corrupt", key=key)

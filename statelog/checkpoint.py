@@ -184,6 +184,8 @@ class CheckpointMetadata:
             wrapped = json.loads(data)
             body = wrapped["body"]
             crc = wrapped["crc32"]
+            if not isinstance(body, dict):
+                raise TypeError("body is not a JSON object")
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptionError(
                 f"checkpoint metadata {object_key} is not valid JSON of the expected shape: {e}",

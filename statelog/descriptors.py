@@ -38,7 +38,8 @@ class TtlUpdate(StrEnum):
 class TtlConfig:
     """Time-to-live of state entries, in milliseconds of the backend's clock.
 
-    Expired entries are never returned; they are dropped lazily and on restore.
+    Expired entries are never returned; they are dropped lazily when read (a restore keeps
+    them with their expiry, so they stay invisible).
     ``update`` decides whether reads refresh the expiry (``on_read_and_write``).
     """
 

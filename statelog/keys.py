@@ -209,7 +209,10 @@ def _decode_at(buf: bytes, pos: int) -> tuple[Any, int]:
 
 def decode_key(buf: bytes) -> Any:
     """Inverse of :func:`encode_key`."""
-    obj, pos = _decode_at(buf, 0)
+    try:
+        obj, pos = _decode_at(buf, 0)
+    except (struct.error, UnicodeDecodeError, IndexError) as e:
+        raise CorruptionError(f"malformed serialized key {bytes(buf[:32]).hex()}: {e}") from None
     if pos != len(buf):
         raise CorruptionError(f"{len(buf) - pos} trailing bytes after serialized key")
     return obj

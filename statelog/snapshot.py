@@ -2,11 +2,13 @@
 
 This is what a checkpoint costs without a changelog (Flink's full snapshots of the heap
 backend); the benchmarks compare it with changelog checkpoints on the same state.
-Format ``statelog.full-snapshot`` v1: an Arrow IPC stream (zstd body compression) with
-one record batch per state, columns ``key_group``, ``key``, ``namespace``, ``value``
-(``binary``: pickled for non-Arrow values, Arrow-typed otherwise), and the state name in
-the batch's schema metadata; the object's CRC-32 is stored in a 12-byte trailer
-``u32 crc | 8s b"STLGFUL1"``.
+Format ``statelog.full-snapshot`` v1 (``docs/format.md``): for each registered state, a
+``u64`` length followed by an Arrow IPC stream (zstd body compression) holding one record
+batch with columns ``key_group``, ``key``, ``namespace``, ``value`` and the state name in
+the schema metadata (``value`` is Arrow-typed for value-like states with Arrow types and
+pickled ``binary`` for list, map and pickled states); then a 12-byte trailer
+``u32 CRC-32 of everything before | 8s b"STLGFUL1"``. Timers and TTL expiries are not
+included: it is a benchmark baseline, not a restore format.
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ _TRAILER = struct.Struct(">I8s")
 def encode_full_snapshot(backend: KeyedStateBackend) -> bytes:
     sink = pa.BufferOutputStream()
     opts = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
-    schema = None
-    writer = None
     cache = backend._kcache
     maxp = backend.max_parallelism
     for name in backend.state_names():
@@ -79,7 +79,6 @@ def encode_full_snapshot(backend: KeyedStateBackend) -> bytes:
         data = part.getvalue().to_pybytes()
         sink.write(struct.pack(">Q", len(data)))
         sink.write(data)
-    del schema, writer
     body = sink.getvalue().to_pybytes()
     return body + _TRAILER.pack(zlib.crc32(body), MAGIC)
 

@@ -194,7 +194,7 @@ class BlockEncoder:
         mm = pc.min_max(kgs)
         kg_min = mm["min"].as_py() if n else 0
         kg_max = mm["max"].as_py() if n else -1
-        return stored, len(stored), zlib.crc32(stored), kg_min, kg_max
+        return stored, batch.nbytes, zlib.crc32(stored), kg_min, kg_max
 
 
 def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
@@ -259,7 +259,7 @@ def encode_footer_and_trailer(footer: SegmentFooter, footer_offset: int) -> byte
 def check_header(data: bytes, object_key: str) -> None:
     if len(data) < HEADER_SIZE:
         raise CorruptionError(f"changelog segment {object_key}: truncated header", key=object_key)
-    magic, version, _flags = _HEADER.unpack_from(data, 0)
+    magic, version, flags = _HEADER.unpack_from(data, 0)
     if magic != SEGMENT_MAGIC:
         raise CorruptionError(f"changelog segment {object_key}: bad magic {magic!r}", key=object_key)
     if version != SEGMENT_VERSION:
@@ -267,6 +267,10 @@ def check_header(data: bytes, object_key: str) -> None:
             f"changelog segment {object_key}: format version {version}, this build reads "
             f"version {SEGMENT_VERSION}; upgrade statelog",
             key=object_key,
+        )
+    if flags != 0:
+        raise CorruptionError(
+            f"changelog segment {object_key}: unknown header flags 0x{flags:04x}", key=object_key
         )
 
 
@@ -297,6 +301,8 @@ def decode_footer(data: bytes, crc: int, object_key: str) -> SegmentFooter:
         )
     try:
         body = json.loads(zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 30))
+        if not isinstance(body, dict):
+            raise ValueError("the footer is not a JSON object")
         if body.get("format") != "statelog.changelog-segment":
             raise ValueError("not a changelog segment footer")
         if body.get("version") != SEGMENT_VERSION:
@@ -314,7 +320,7 @@ def decode_footer(data: bytes, crc: int, object_key: str) -> SegmentFooter:
         )
     except FormatVersionError:
         raise
-    except (zstandard.ZstdError, ValueError, KeyError, TypeError) as e:
+    except (zstandard.ZstdError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptionError(
             f"changelog segment {object_key}: cannot decode footer: {e}", key=object_key
         ) from None

@@ -77,6 +77,7 @@ class ChangelogStream:
         self._pending: list[list[Any]] = []  # [start, end, SegmentRef | None] in seq order
         self.segments: list[SegmentRef] = []  # uploaded, in seq order
         self._waiters: list[tuple[int, cf.Future[int]]] = []
+        self.seals: list[int] = []  # sealed positions not yet taken: coalescing never crosses them
         self.closed = False
 
     def state_id(self, info: StateInfo) -> int:
@@ -201,6 +202,9 @@ class ChangelogWriter:
                 fut.set_result(upto)
                 return fut
             stream._waiters.append((upto, fut))
+            with stream.lock:
+                if upto > stream.taken and upto not in stream.seals:
+                    stream.seals.append(upto)
         self._wake.set()
         return fut
 
@@ -329,7 +333,7 @@ class ChangelogWriter:
             while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
                 self._update_throttle_locked()
                 self._cond.wait(0.05)
-        taken: list[tuple[ChangelogStream, int, list[Any]]] = []
+        taken: list[tuple[ChangelogStream, int, list[Any], list[int]]] = []
         for s in list(self._streams.values()):
             with s.lock:
                 buf = s.buf
@@ -342,7 +346,9 @@ class ChangelogWriter:
                 start = s.taken
                 s.taken += n // W
                 s._pending.append([start, s.taken, None])
-            taken.append((s, start, cols))
+                seals = sorted(p - start for p in s.seals if start < p < s.taken)
+                s.seals = [p for p in s.seals if p > s.taken]
+            taken.append((s, start, cols, seals))
         if not taken:
             return
         with self._cond:
@@ -355,9 +361,9 @@ class ChangelogWriter:
         offset = fmt.HEADER_SIZE
         blocks: list[fmt.BlockInfo] = []
         spans: list[fmt.StreamSpan] = []
-        for s, start, chunk in taken:
+        for s, start, chunk, seals in taken:
             stream_bytes = 0
-            for sid, seqs, cols in self._group(start, chunk):
+            for sid, seqs, cols in self._group(start, chunk, seals):
                 info = s.states[sid]
                 data, raw_len, crc, kg_min, kg_max = self._encoder.encode(
                     info.name,
@@ -394,7 +400,7 @@ class ChangelogWriter:
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
 
     def _group(
-        self, start: int, cols: list[list[Any]]
+        self, start: int, cols: list[list[Any]], seals: list[int]
     ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
         """Split a chunk (given as columns) per state, keeping seq order.
 
@@ -403,7 +409,11 @@ class ChangelogWriter:
         """
         n = len(cols[0])
         if self.coalesce:
-            keep = _coalesce(cols)
+            # never across a sealed checkpoint position: records before it must stay visible
+            keep = []
+            bounds = [0, *seals, n]
+            for lo, hi in zip(bounds, bounds[1:], strict=False):
+                keep.extend(lo + i for i in _coalesce([c[lo:hi] for c in cols]))
             if len(keep) < n:
                 cols = [[c[i] for i in keep] for c in cols]
                 return self._split(cols, [start + i for i in keep])
@@ -435,7 +445,7 @@ class ChangelogWriter:
         fut: cf.Future[None],
         name: str,
         size: int,
-        taken: list[tuple[ChangelogStream, int, list[Any]]],
+        taken: list[tuple[ChangelogStream, int, list[Any], list[int]]],
         spans: list[fmt.StreamSpan],
     ) -> None:
         exc = fut.exception()
@@ -451,7 +461,7 @@ class ChangelogWriter:
         self.segments_uploaded += 1
         resolved: list[tuple[cf.Future[int], int]] = []
         with self._lock:
-            for (s, start, _chunk), span in zip(taken, spans, strict=True):
+            for (s, start, _chunk, _seals), span in zip(taken, spans, strict=True):
                 with s.lock:
                     for p in s._pending:
                         if p[0] == start:

@@ -255,3 +255,20 @@ def test_concurrent_writers_in_threads_keep_their_streams_apart(tmp_path):
     r = job.backend("op", restore=meta)  # parallelism 1 reads both subtasks' ranges
     assert {k: v for k, _, v in r.get_state(COUNT).entries()} == {k: k for k in range(20_000)}
     job.close()
+
+
+def test_coalescing_never_crosses_a_sealed_checkpoint_position(tmp_path):
+    job = statelog.open(tmp_path.as_uri(), writer_options={"coalesce": True})
+    b = job.backend("op")
+    _stop_flusher(job.writer)
+    count = b.get_state(COUNT)
+    b.set_current_key("k")
+    count.update(1)
+    snap = b.snapshot(1)  # sealed at position 1
+    count.update(99)  # overwrites the same key after the seal, in the same flush
+    job.writer._flush_once()
+    job.publish_checkpoint(1, [snap.result(10)], {})
+    job.close(flush=False)
+    r = statelog.open(tmp_path.as_uri()).backend("op", restore=1)
+    r.set_current_key("k")
+    assert r.get_state(COUNT).value() == 1
