@@ -1,0 +1,108 @@
+"""Opening job roots read-only for the command line (store options, metadata loading)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from statelog.catalog import JobCatalog, JobInfo, checkpoint_key, parse_checkpoint_id
+from statelog.checkpoint import CheckpointMetadata
+from statelog.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    CorruptionError,
+)
+from statelog.store import open_store, redact_url
+
+log = logging.getLogger("tools.cli")
+
+SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token"})
+
+# -- store options and roots ---------------------------------------------------------------------
+
+
+def parse_store_options(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to an options mapping; ``retry.FIELD=N`` builds the retry dict.
+
+    Error messages name the key at most, never a value (values may be secrets).
+    """
+    options: dict[str, Any] = {}
+    for n, item in enumerate(items, 1):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"--store-option #{n} is not of the form KEY=VALUE (e.g. endpoint=http://host:8333)"
+            )
+        target, name = options, key
+        if key.startswith("retry."):
+            target, name = options.setdefault("retry", {}), key.split(".", 1)[1]
+            value = _number(value, key)
+        if name in target or not isinstance(target, dict):
+            raise ConfigError(f"--store-option {key} is given twice; give each option once")
+        target[name] = value
+    return options
+
+
+def _number(value: str, key: str) -> int | float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"--store-option {key} needs a number, got {value!r}") from None
+    return int(number) if number.is_integer() and "." not in value else number
+
+
+def redacted_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: "***" if k in SECRET_OPTIONS else v for k, v in options.items()}
+
+
+@dataclass
+class Root:
+    """An opened job root (read-only use): its URL without credentials, and its catalog."""
+
+    url: str
+    catalog: JobCatalog
+
+    def require_job(self) -> JobInfo:
+        """The job descriptor; a root without one is an error (it is never created here)."""
+        return self.catalog.open_job(None, create=False)
+
+
+@contextlib.contextmanager
+def open_root(url: str, options: dict[str, Any]) -> Iterator[Root]:
+    log.info("opening %s with store options %s", redact_url(url), redacted_options(options))
+    store = open_store(url, options)
+    try:
+        yield Root(store.url, JobCatalog(store))
+    finally:
+        store.close()
+
+
+def load_metadata(root: Root, cid: int) -> CheckpointMetadata:
+    """``catalog.load``, making sure every corruption error names the metadata object."""
+    try:
+        return root.catalog.load(cid)
+    except CorruptionError as e:
+        if e.key is not None:
+            raise
+        key = checkpoint_key(cid)  # nested decoders raise without the object's name
+        raise CorruptionError(f"checkpoint metadata {key} is malformed: {e}", key=key) from e
+
+
+def resolve_checkpoint_id(root: Root, which: str) -> int:
+    """The retained checkpoint named by ``which`` (an id or ``latest``); errors list them."""
+    ids = root.catalog.checkpoint_ids()
+    if which.strip().lower() == "latest":
+        if not ids:
+            raise CheckpointNotFoundError(f"{root.url} has no retained checkpoint yet")
+        return ids[-1]
+    cid = parse_checkpoint_id(which)
+    if cid not in ids:
+        raise CheckpointNotFoundError(
+            f"checkpoint {cid} does not exist in {root.url}; retained checkpoints: "
+            f"{', '.join(map(str, ids)) or 'none'} (see `statelog checkpoints list ROOT`)"
+        )
+    return cid
