@@ -126,9 +126,12 @@ class KeyedStateBackend:
         self.changelog_enabled = stream is not None
         self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
         self._buf: list[Any] = stream.buf if stream is not None else []
-        self._buf_limit = (
-            stream.writer.max_buffered_records * RECORD_WIDTH if stream is not None else 1 << 62
-        )
+        if stream is None:
+            self._buf_limit = 1 << 62
+        elif stream.writer.encode_in_task:
+            self._buf_limit = stream.writer.encode_batch_records * RECORD_WIDTH
+        else:
+            self._buf_limit = stream.writer.max_buffered_records * RECORD_WIDTH
         if stream is not None:
             stream.owner = self
         self._key: Any = None
@@ -155,7 +158,7 @@ class KeyedStateBackend:
                 self._kb = hit[1]
                 self._kg = hit[2]
                 if len(self._buf) >= self._buf_limit:
-                    self._stream.wait_drained()  # type: ignore[union-attr]
+                    self._stream.on_buffer_full()  # type: ignore[union-attr]
                 return
         except KeyError:
             pass
@@ -187,7 +190,7 @@ class KeyedStateBackend:
                 me._kb = hit[1]
                 me._kg = hit[2]
                 if len(buf) >= limit:
-                    stream.wait_drained()  # type: ignore[union-attr]
+                    stream.on_buffer_full()  # type: ignore[union-attr]
                 return None
             return slow(key)
 
@@ -212,7 +215,7 @@ class KeyedStateBackend:
         self._kb = kb
         self._kg = kg
         if len(self._buf) >= self._buf_limit:
-            self._stream.wait_drained()  # type: ignore[union-attr]
+            self._stream.on_buffer_full()  # type: ignore[union-attr]
 
     @property
     def current_key(self) -> Any:

@@ -42,6 +42,8 @@ _WRITER_OPTIONS = {
     "coalesce",
     "compression_level",
     "retry",
+    "encode_in_task",
+    "encode_batch_records",
 }
 
 

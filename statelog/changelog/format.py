@@ -69,6 +69,7 @@ R_SID, R_KEY, R_KG, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(8)
 RECORD_WIDTH = 8
 
 META_STATE = b"statelog.state"
+COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without zstd body compression
 META_VALUE_ENC = b"statelog.value_encoding"
 META_UKEY_ENC = b"statelog.user_key_encoding"
 
@@ -141,8 +142,9 @@ class BlockEncoder:
         # Arrow's own IPC body compression runs in C++ without holding the GIL, so the
         # flusher's compression overlaps with the task thread on another core.
         self._ipc_options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=level))
+        self._schemas: dict[tuple, Any] = {}
 
-    def encode(
+    def encode_batch(
         self,
         state: str,
         value_type: ValueType,
@@ -150,20 +152,27 @@ class BlockEncoder:
         is_list: bool,
         seqs: list[int] | tuple[int, int],
         cols: list[list[Any]],
-    ) -> tuple[bytes, int, int, int, int]:
-        """Encode records given as columns (indexed by the ``R_*`` constants).
+    ) -> EncodedBatch:
+        """Convert records given as columns (indexed by the ``R_*`` constants) to Arrow.
 
         ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones.
-        Returns ``(stored_bytes, raw_length, crc32, kg_min, kg_max)``.
         """
         n = len(cols[R_KEY])
-        schema = block_schema(value_type, user_key_type, is_list)
-        schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
+        skey = (state, id(value_type), id(user_key_type), is_list)
+        schema = self._schemas.get(skey)
+        if schema is None:
+            schema = block_schema(value_type, user_key_type, is_list)
+            schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
+            self._schemas[skey] = (schema, value_type, user_key_type)  # keep the types alive
+        else:
+            schema = schema[0]
         if isinstance(seqs, tuple):
             first, count = seqs
-            seq_arr = pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), count)), first - 1)
+            seq_arr = pc.add(_iota(count), pa.scalar(first, pa.int64()))
+            last = first + count - 1
         else:
             seq_arr = pa.array(seqs, pa.int64())
+            first, last = seqs[0], seqs[-1]
         kgs = pa.array(cols[R_KG], pa.uint16())
         values = cols[R_VALUE]
         if is_list:
@@ -187,21 +196,63 @@ class BlockEncoder:
             ],
             schema=schema,
         )
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, schema, options=self._ipc_options) as w:
-            w.write_batch(batch)
-        stored = sink.getvalue().to_pybytes()
         mm = pc.min_max(kgs)
-        kg_min = mm["min"].as_py() if n else 0
-        kg_max = mm["max"].as_py() if n else -1
-        return stored, batch.nbytes, zlib.crc32(stored), kg_min, kg_max
+        return EncodedBatch(batch, first, last, mm["min"].as_py(), mm["max"].as_py())
+
+    def write_block(self, batches: list[EncodedBatch]) -> tuple[bytes, int, int]:
+        """Serialize the batches of one (stream, state) as one block.
+
+        Returns ``(stored_bytes, uncompressed_data_bytes, crc32)``.
+        """
+        schema = batches[0].batch.schema
+        rows = sum(b.batch.num_rows for b in batches)
+        # zstd has a fixed cost per buffer; small blocks are stored uncompressed
+        compress = rows >= COMPRESS_MIN_ROWS
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema, options=self._ipc_options if compress else None) as w:
+            for b in batches:
+                w.write_batch(b.batch)
+        stored = sink.getvalue().to_pybytes()
+        raw = sum(b.batch.nbytes for b in batches) if compress else len(stored)
+        return stored, raw, zlib.crc32(stored)
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Change records of one state converted to Arrow, waiting to be written into a block."""
+
+    batch: pa.RecordBatch
+    first_seq: int
+    last_seq: int
+    kg_min: int
+    kg_max: int
+
+
+_IOTA: list[pa.Array] = [pa.array(range(1 << 16), pa.int64())]
+_CONSTANTS: dict[tuple[Any, Any], pa.Array] = {}
+
+
+def _iota(n: int) -> pa.Array:
+    """``[0, 1, ..., n-1]`` as int64 (a zero-copy slice of a cached array)."""
+    if n > len(_IOTA[0]):
+        _IOTA[0] = pa.array(range(max(n, 2 * len(_IOTA[0]))), pa.int64())
+    return _IOTA[0].slice(0, n)
 
 
 def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
-    """An Arrow array of ``values``; constant columns (the common case) are built in C."""
+    """An Arrow array of ``values``; constant columns (the common case) are cached slices."""
     n = len(values)
     if n and values.count(values[0]) == n:
-        return pa.repeat(pa.scalar(values[0], type_), n)
+        v = values[0]
+        if v is None:
+            return pa.nulls(n, type_)
+        key = (v, type_)
+        const = _CONSTANTS.get(key)
+        if const is None or len(const) < n:
+            const = pa.repeat(pa.scalar(v, type_), max(n, 1 << 16))
+            if len(_CONSTANTS) < 256:
+                _CONSTANTS[key] = const
+        return const.slice(0, n)
     return pa.array(values, type_)
 
 

@@ -14,6 +14,7 @@ ever appended to it; the records of the stream have sequence numbers ``0, 1, 2, 
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as cf
 import logging
 import threading
@@ -78,6 +79,9 @@ class ChangelogStream:
         self.segments: list[SegmentRef] = []  # uploaded, in seq order
         self._waiters: list[tuple[int, cf.Future[int]]] = []
         self.seals: list[int] = []  # sealed positions not yet taken: coalescing never crosses them
+        # records already converted to Arrow by the task thread, not yet taken by the flusher
+        self.encoded: list[tuple[int, int, list[tuple[int, fmt.EncodedBatch]]]] = []
+        self.encoded_records = 0
         self.closed = False
 
     def state_id(self, info: StateInfo) -> int:
@@ -94,7 +98,46 @@ class ChangelogStream:
     def position(self) -> int:
         """The sequence number the next record will get (call from the task thread)."""
         with self.lock:
-            return self.taken + len(self.buf) // W
+            return self.taken + self.encoded_records + len(self.buf) // W
+
+    @property
+    def buffered(self) -> int:
+        """Records appended but not yet taken by the flusher."""
+        return self.encoded_records + len(self.buf) // W
+
+    def on_buffer_full(self) -> None:
+        """Called by the task thread when its buffer reached the batch size or the limit.
+
+        Converts the buffered records to Arrow here, while they are hot in this thread's
+        cache (cheaper than converting them later in the flusher), then waits if the
+        flusher is behind by more than ``max_buffered_records``.
+        """
+        w = self.writer
+        if w.encode_in_task:
+            self.encode_buffer()
+        if self.buffered >= w.max_buffered_records:
+            w._wait_drained(self)
+
+    def encode_buffer(self) -> None:
+        w = self.writer
+        with self.lock:
+            buf = self.buf
+            n = len(buf)
+            if n == 0:
+                return
+            cols = [buf[i:n:W] for i in range(W)]
+            del buf[:n]
+            start = self.taken + self.encoded_records
+            count = n // W
+            seals = sorted(p - start for p in self.seals if start < p < start + count)
+            self.seals = [p for p in self.seals if p > start + count]
+            try:
+                batches = w._encode_groups(self, start, cols, seals)
+            except BaseException as e:
+                w._fail(e)
+                raise w._failed_error() from e
+            self.encoded.append((start, count, batches))
+            self.encoded_records += count
 
     def set_throttled(self, throttled: bool) -> None:
         """Route the owner's appends through a blocking path while back-pressure applies."""
@@ -141,6 +184,8 @@ class ChangelogWriter:
         coalesce: bool = False,
         compression_level: int = 1,
         retry: RetryPolicy | None = None,
+        encode_in_task: bool = True,
+        encode_batch_records: int = 4096,
     ) -> None:
         if persist_delay < 0:
             raise ConfigError(f"persist_delay must be >= 0 seconds, got {persist_delay!r}")
@@ -153,6 +198,8 @@ class ChangelogWriter:
         self.max_buffered_records = max_buffered_records
         self.max_inflight_bytes = max_inflight_bytes
         self.coalesce = coalesce
+        self.encode_in_task = encode_in_task
+        self.encode_batch_records = max(1, min(encode_batch_records, max_buffered_records))
         self.retry = retry or RetryPolicy()
         self._encoder = fmt.BlockEncoder(compression_level)
         self._streams: dict[str, ChangelogStream] = {}
@@ -168,6 +215,9 @@ class ChangelogWriter:
         self._uploads = cf.ThreadPoolExecutor(upload_threads, thread_name_prefix="statelog-upload")
         self._flusher = threading.Thread(target=self._run, name="statelog-flusher", daemon=True)
         self._flusher.start()
+        # a writer left open at interpreter exit stops quietly (its unreferenced tail is
+        # garbage either way: only published checkpoints make records count)
+        atexit.register(self._stop_at_exit)
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -230,6 +280,13 @@ class ChangelogWriter:
         self._wake.set()
         self._flusher.join(timeout=10)
         self._uploads.shutdown(wait=True)
+        atexit.unregister(self._stop_at_exit)
+
+    def _stop_at_exit(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._wake.set()
+            self._flusher.join(timeout=5)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -258,10 +315,10 @@ class ChangelogWriter:
                     self._update_throttle_locked()
 
     def _wait_drained(self, stream: ChangelogStream) -> None:
-        limit = self.max_buffered_records * W
+        limit = self.max_buffered_records
         self._wake.set()
         with self._cond:
-            while len(stream.buf) >= limit:
+            while stream.buffered >= limit:
                 if self._failure is not None:
                     raise self._failed_error()
                 if stream.closed:
@@ -274,7 +331,7 @@ class ChangelogWriter:
         over = self._inflight_bytes >= self.max_inflight_bytes or self._failure is not None
         changed = False
         for s in self._streams.values():
-            should = over or len(s.buf) >= self.max_buffered_records * W
+            should = over or s.buffered >= self.max_buffered_records
             if should != s.throttled:
                 s.set_throttled(should)
                 changed = True
@@ -297,7 +354,7 @@ class ChangelogWriter:
             buffered = 0
             self._update_throttle()
             for s in list(self._streams.values()):
-                n = len(s.buf) // W
+                n = s.buffered
                 buffered += n
                 if n and s._waiters:  # a checkpoint waits for records not yet taken
                     woken = True
@@ -333,26 +390,34 @@ class ChangelogWriter:
             while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
                 self._update_throttle_locked()
                 self._cond.wait(0.05)
-        taken: list[tuple[ChangelogStream, int, list[Any], list[int]]] = []
+        taken: list[tuple[ChangelogStream, int, int, list[tuple[int, fmt.EncodedBatch]]]] = []
+        raw: list[tuple[ChangelogStream, int, list[list[Any]] | None, list[int]]] = []
         for s in list(self._streams.values()):
             with s.lock:
                 buf = s.buf
                 n = len(buf)
-                if n == 0:
+                if n == 0 and not s.encoded:
                     continue
                 # the task only appends past n, so slicing the live list is safe
-                cols = [buf[i:n:W] for i in range(W)]
+                cols = [buf[i:n:W] for i in range(W)] if n else None
                 del buf[:n]
+                encoded, s.encoded = s.encoded, []
                 start = s.taken
-                s.taken += n // W
+                raw_start = start + s.encoded_records
+                s.encoded_records = 0
+                s.taken = raw_start + n // W
                 s._pending.append([start, s.taken, None])
-                seals = sorted(p - start for p in s.seals if start < p < s.taken)
+                seals = sorted(p - raw_start for p in s.seals if raw_start < p < s.taken)
                 s.seals = [p for p in s.seals if p > s.taken]
-            taken.append((s, start, cols, seals))
+            taken.append((s, start, s.taken, [b for _, _, bs in encoded for b in bs]))
+            raw.append((s, raw_start, cols, seals))
         if not taken:
             return
         with self._cond:
             self._cond.notify_all()  # tasks waiting for their buffer to drain
+        for (s, _start, _end, batches), (_s, raw_start, cols, seals) in zip(taken, raw, strict=True):
+            if cols is not None:
+                batches.extend(self._encode_groups(s, raw_start, cols, seals))
         with self._lock:
             seg_no = self._next_segment
             self._next_segment += 1
@@ -361,33 +426,25 @@ class ChangelogWriter:
         offset = fmt.HEADER_SIZE
         blocks: list[fmt.BlockInfo] = []
         spans: list[fmt.StreamSpan] = []
-        for s, start, chunk, seals in taken:
+        for s, start, end, batches in taken:
             stream_bytes = 0
-            for sid, seqs, cols in self._group(start, chunk, seals):
+            per_state: dict[int, list[fmt.EncodedBatch]] = {}
+            for sid, batch in batches:
+                per_state.setdefault(sid, []).append(batch)
+            for sid, bs in sorted(per_state.items()):
                 info = s.states[sid]
-                data, raw_len, crc, kg_min, kg_max = self._encoder.encode(
-                    info.name,
-                    info.value_type,
-                    info.user_key_type,
-                    info.kind is StateKind.LIST,
-                    seqs,
-                    cols,
-                )
-                if isinstance(seqs, tuple):
-                    first, rows = seqs
-                    last = first + rows - 1
-                else:
-                    first, last, rows = seqs[0], seqs[-1], len(seqs)
+                data, raw_len, crc = self._encoder.write_block(bs)
                 parts.append(data)
                 blocks.append(
                     fmt.BlockInfo(
-                        s.stream_id, info.name, offset, len(data), crc, raw_len, rows,
-                        first, last, kg_min, kg_max,
+                        s.stream_id, info.name, offset, len(data), crc, raw_len,
+                        sum(b.batch.num_rows for b in bs), bs[0].first_seq, bs[-1].last_seq,
+                        min(b.kg_min for b in bs), max(b.kg_max for b in bs),
                     )
                 )
                 offset += len(data)
                 stream_bytes += len(data)
-            spans.append(fmt.StreamSpan(s.stream_id, start, start + len(chunk[0]), stream_bytes))
+            spans.append(fmt.StreamSpan(s.stream_id, start, end, stream_bytes))
         footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
         parts.append(fmt.encode_footer_and_trailer(footer, offset))
         data = b"".join(parts)
@@ -398,6 +455,23 @@ class ChangelogWriter:
             call_with_retry, self.retry, lambda: self.store.put(name, data), f"upload of {name}"
         )
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
+
+    def _encode_groups(
+        self, stream: ChangelogStream, start: int, cols: list[list[Any]], seals: list[int]
+    ) -> list[tuple[int, fmt.EncodedBatch]]:
+        out = []
+        for sid, seqs, gcols in self._group(start, cols, seals):
+            info = stream.states[sid]
+            out.append(
+                (
+                    sid,
+                    self._encoder.encode_batch(
+                        info.name, info.value_type, info.user_key_type,
+                        info.kind is StateKind.LIST, seqs, gcols,
+                    ),
+                )
+            )
+        return out
 
     def _group(
         self, start: int, cols: list[list[Any]], seals: list[int]
@@ -445,7 +519,7 @@ class ChangelogWriter:
         fut: cf.Future[None],
         name: str,
         size: int,
-        taken: list[tuple[ChangelogStream, int, list[Any], list[int]]],
+        taken: list[tuple[ChangelogStream, int, int, list[tuple[int, fmt.EncodedBatch]]]],
         spans: list[fmt.StreamSpan],
     ) -> None:
         exc = fut.exception()
@@ -461,7 +535,7 @@ class ChangelogWriter:
         self.segments_uploaded += 1
         resolved: list[tuple[cf.Future[int], int]] = []
         with self._lock:
-            for (s, start, _chunk, _seals), span in zip(taken, spans, strict=True):
+            for (s, start, _end, _batches), span in zip(taken, spans, strict=True):
                 with s.lock:
                     for p in s._pending:
                         if p[0] == start:

@@ -115,10 +115,12 @@ class Driver:
         self.model = model
         self.clock = clock
         self.key: Any = None
+        self.key_set = False
         self.ns: Any = None
 
     def set_key(self, key: Any) -> None:
         self.key = key
+        self.key_set = True
         self.backend.set_current_key(key)
 
     def set_ns(self, ns: Any) -> None:
@@ -215,7 +217,7 @@ class Driver:
             )
             assert fired == due, (fired, due)
             self.model.timers -= set(due)
-            if self.key is not None:
+            if self.key_set:
                 self.backend.set_current_key(self.key)
         else:
             raise AssertionError(f"unknown op {op!r}")
@@ -229,4 +231,7 @@ def assert_state_equal(backend: Any, states: dict[str, Any], model: Model, now: 
     want = model.visible(now)
     for name in DESCRIPTORS:
         assert got[name] == want[name], f"state {name!r} differs:\n got={got[name]}\nwant={want[name]}"
-    assert backend_timers(backend) == model.timers
+    got_timers = backend_timers(backend)
+    assert got_timers == model.timers, (
+        f"timers differ: only restored={got_timers - model.timers}, only model={model.timers - got_timers}"
+    )
