@@ -82,6 +82,7 @@ class ChangelogStream:
         # records already converted to Arrow by the task thread, not yet taken by the flusher
         self.encoded: list[tuple[int, int, list[tuple[int, fmt.EncodedBatch]]]] = []
         self.encoded_records = 0
+        self.last_encode = time.monotonic()  # when the task thread last converted a batch
         self.closed = False
 
     def state_id(self, info: StateInfo) -> int:
@@ -138,6 +139,7 @@ class ChangelogStream:
                 raise w._failed_error() from e
             self.encoded.append((start, count, batches))
             self.encoded_records += count
+            self.last_encode = time.monotonic()
 
     def set_throttled(self, throttled: bool) -> None:
         """Route the owner's appends through a blocking path while back-pressure applies."""
@@ -392,10 +394,21 @@ class ChangelogWriter:
                 self._cond.wait(0.05)
         taken: list[tuple[ChangelogStream, int, int, list[tuple[int, fmt.EncodedBatch]]]] = []
         raw: list[tuple[ChangelogStream, int, list[list[Any]] | None, list[int]]] = []
+        now = time.monotonic()
         for s in list(self._streams.values()):
             with s.lock:
                 buf = s.buf
                 n = len(buf)
+                # A busy task converts its records itself, batch by batch: ship those and leave
+                # the partial batch to it, unless a checkpoint waits for it or the task has not
+                # completed a batch within the persist delay (a slow stream).
+                if (
+                    self.encode_in_task
+                    and s.encoded
+                    and not s._waiters
+                    and now - s.last_encode < self.persist_delay
+                ):
+                    n = 0
                 if n == 0 and not s.encoded:
                     continue
                 # the task only appends past n, so slicing the live list is safe
