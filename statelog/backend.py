@@ -12,12 +12,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from statelog.changelog.format import RECORD_WIDTH, TIMER_STATES
+from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
-from statelog.changelog.writer import ChangelogStream
+from statelog.changelog.writer import ChangelogStream, ChangelogWriter
 from statelog.checkpoint import ChangelogRange, SubtaskStateHandle
 from statelog.descriptors import (
     AggregatingStateDescriptor,
@@ -26,6 +27,7 @@ from statelog.descriptors import (
     ReducingStateDescriptor,
     StateDescriptor,
     StateInfo,
+    StateKind,
     ValueStateDescriptor,
 )
 from statelog.errors import (
@@ -109,7 +111,8 @@ class KeyedStateBackend:
         subtask: int = 0,
         parallelism: int = 1,
         max_parallelism: int = 128,
-        stream: ChangelogStream | None = None,
+        writer: ChangelogWriter | None = None,
+        stream_prefix: str | None = None,
         clock: Callable[[], int] | None = None,
         restored: RestoredChanges | None = None,
     ) -> None:
@@ -122,18 +125,10 @@ class KeyedStateBackend:
         self.clock: Callable[[], int] = clock or wall_clock_ms
         self._kcache: dict[Any, tuple[type, bytes, int]] = {}
         self._kcache_limit = 1 << 20
-        self._stream = stream
-        self.changelog_enabled = stream is not None
-        self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
-        self._buf: list[Any] = stream.buf if stream is not None else []
-        if stream is None:
-            self._buf_limit = 1 << 62
-        elif stream.writer.encode_in_task:
-            self._buf_limit = stream.writer.encode_batch_records * RECORD_WIDTH
-        else:
-            self._buf_limit = stream.writer.max_buffered_records * RECORD_WIDTH
-        if stream is not None:
-            stream.owner = self
+        self._writer = writer
+        self._stream_prefix = stream_prefix or f"{operator_uid}.{subtask}.{uuid.uuid4().hex[:12]}"
+        self.changelog_enabled = writer is not None
+        self._streams: dict[str, ChangelogStream] = {}
         self._key: Any = None
         self._kb: bytes = b""
         self._kg: int = -1
@@ -142,37 +137,21 @@ class KeyedStateBackend:
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
         self._decoded_keys: dict[bytes, Any] = {}
         self._install_set_key()
-        sids = tuple(self._sid(info) for info in TIMER_INFOS)
-        self.timers = TimerService(self, sids)  # type: ignore[arg-type]
+        self.timers = TimerService(
+            self, (self._open_stream(TIMER_INFOS[0], True), self._open_stream(TIMER_INFOS[1], True))
+        )
         self._restore_timers()
         self._closed = False
 
     # -- current key ---------------------------------------------------------------------------
 
-    def set_current_key(self, key: Any) -> None:
+    def set_current_key(self, key: Any) -> None:  # replaced per instance by _install_set_key
         """Scope all states to ``key``. The key must belong to this subtask's key groups."""
-        try:
-            hit = self._kcache[key]
-            if hit[0] is type(key):
-                self._key = key
-                self._kb = hit[1]
-                self._kg = hit[2]
-                if len(self._buf) >= self._buf_limit:
-                    self._stream.on_buffer_full()  # type: ignore[union-attr]
-                return
-        except KeyError:
-            pass
-        except TypeError:
-            raise SerializationError(
-                f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, bool, "
-                "int, float, str, bytes, tuples of these, or types registered with register_key_type"
-            ) from None
         self._set_key_slow(key)
 
     def _install_set_key(self) -> None:
         """Replace ``set_current_key`` by a closure (it runs once per record)."""
         me, cache, slow = self, self._kcache, self._set_key_slow
-        buf, limit, stream = self._buf, self._buf_limit, self._stream
 
         def set_current_key(key: Any) -> None:
             try:
@@ -189,8 +168,6 @@ class KeyedStateBackend:
                 me._key = key
                 me._kb = hit[1]
                 me._kg = hit[2]
-                if len(buf) >= limit:
-                    stream.on_buffer_full()  # type: ignore[union-attr]
                 return None
             return slow(key)
 
@@ -214,8 +191,6 @@ class KeyedStateBackend:
         self._key = key
         self._kb = kb
         self._kg = kg
-        if len(self._buf) >= self._buf_limit:
-            self._stream.on_buffer_full()  # type: ignore[union-attr]
 
     @property
     def current_key(self) -> Any:
@@ -227,10 +202,13 @@ class KeyedStateBackend:
 
     # -- states --------------------------------------------------------------------------------
 
-    def _sid(self, info: StateInfo) -> int:
-        if self._stream is not None:
-            return self._stream.state_id(info)
-        return 0
+    def _open_stream(self, info: StateInfo, compact: bool) -> ChangelogStream | None:
+        """The changelog stream of one state (``None`` without changelog)."""
+        if self._writer is None:
+            return None
+        stream = self._writer.open_stream(f"{self._stream_prefix}/{info.name}", info, compact)
+        self._streams[info.name] = stream
+        return stream
 
     def get_state(self, descriptor: StateDescriptor) -> Any:
         """Create (or return the existing) state for ``descriptor``; restored state is replayed."""
@@ -254,7 +232,10 @@ class KeyedStateBackend:
                     f"{why}; keep the stored type or use a new state name"
                 )
         info = StateInfo.from_descriptor(descriptor)
-        state = cls(self, descriptor, self._sid(info))
+        compact = info.ttl is None and info.kind in (
+            StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING
+        )
+        state = cls(self, descriptor, self._open_stream(info, compact))
         self._states[descriptor.name] = state
         self._replay(state)
         return state
@@ -318,22 +299,22 @@ class KeyedStateBackend:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def snapshot(self, checkpoint_id: int) -> PendingSnapshot:
-        """Synchronous part of a checkpoint: seal the changelog position (returns at once)."""
-        if self._stream is None:
+        """Synchronous part of a checkpoint: seal every state's changelog position (returns at once)."""
+        if self._writer is None:
             raise StatelogError(
                 f"operator {self.operator_uid!r} runs without changelog; take a full snapshot "
                 "with statelog.snapshot.write_full_snapshot instead"
             )
-        pos = self._stream.position
-        fut = self._stream.writer.persist(self._stream, pos)
-        return PendingSnapshot(self, checkpoint_id, pos, fut)
+        sealed = [(s, s.position) for s in self._streams.values()]
+        futures = [self._writer.persist(s, pos) for s, pos in sealed]
+        return PendingSnapshot(self, checkpoint_id, sealed, futures)
 
-    def _handle(self, position: int) -> SubtaskStateHandle:
+    def _handle(self, sealed: list[tuple[ChangelogStream, int]]) -> SubtaskStateHandle:
         ranges = list(self._inherited)
-        if position > 0:
-            assert self._stream is not None
-            segs = tuple(self._stream.segments_for(0, position))
-            ranges.append(ChangelogRange(self._stream.stream_id, 0, position, self.key_groups, segs))
+        for stream, pos in sealed:
+            if pos > 0:
+                segs = tuple(stream.segments_for(0, pos))
+                ranges.append(ChangelogRange(stream.stream_id, 0, pos, self.key_groups, segs))
         return SubtaskStateHandle(
             operator_uid=self.operator_uid,
             subtask=self.subtask,
@@ -347,8 +328,9 @@ class KeyedStateBackend:
         if self._closed:
             return
         self._closed = True
-        if self._stream is not None:
-            self._stream.writer.close_stream(self._stream)
+        if self._writer is not None:
+            for stream in self._streams.values():
+                self._writer.close_stream(stream)
 
 
 def _discard(_record: tuple) -> None:
@@ -358,23 +340,37 @@ def _discard(_record: tuple) -> None:
 class PendingSnapshot:
     """The asynchronous part of a checkpoint of one subtask."""
 
-    def __init__(self, backend: KeyedStateBackend, checkpoint_id: int, position: int, future: cf.Future[int]) -> None:
+    def __init__(
+        self,
+        backend: KeyedStateBackend,
+        checkpoint_id: int,
+        sealed: list[tuple[ChangelogStream, int]],
+        futures: list[cf.Future[int]],
+    ) -> None:
         self.backend = backend
         self.checkpoint_id = checkpoint_id
-        self.position = position
-        self._future = future
+        self.sealed = sealed
+        self._futures = futures
         self.started = time.monotonic()
 
+    @property
+    def position(self) -> int:
+        """Records sealed into this checkpoint, over all states of the subtask."""
+        return sum(pos for _, pos in self.sealed)
+
     def done(self) -> bool:
-        return self._future.done()
+        return all(f.done() for f in self._futures)
 
     def cancel(self) -> None:
-        """Abort: stop waiting and release the pending durability request."""
-        self._future.cancel()
+        """Abort: stop waiting and release the pending durability requests."""
+        for f in self._futures:
+            f.cancel()
 
     def result(self, timeout: float | None = None) -> SubtaskStateHandle:
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            self._future.result(timeout)
+            for f in self._futures:
+                f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except cf.CancelledError:
             raise CheckpointAbortedError(
                 f"checkpoint {self.checkpoint_id} of operator {self.backend.operator_uid!r} was cancelled"
@@ -384,7 +380,7 @@ class PendingSnapshot:
                 f"checkpoint {self.checkpoint_id}: the changelog of operator {self.backend.operator_uid!r} "
                 f"subtask {self.backend.subtask} was not durable within {timeout}s"
             ) from None
-        return self.backend._handle(self.position)
+        return self.backend._handle(self.sealed)
 
 
 __all__ = ["KeyedStateBackend", "PendingSnapshot", "RestoredChanges", "SerializationError"]

@@ -119,15 +119,13 @@ class StateJob:
         meta = self.resolve_checkpoint(restore)
         if meta is not None:
             restored = self.read_restored(meta, operator_uid, kgr)
-        stream = None
-        if changelog:
-            stream = self.writer.open_stream(f"{operator_uid}.{subtask}.{_short_id()}")
         b = KeyedStateBackend(
             operator_uid=operator_uid,
             subtask=subtask,
             parallelism=parallelism,
             max_parallelism=self.max_parallelism,
-            stream=stream,
+            writer=self.writer if changelog else None,
+            stream_prefix=f"{operator_uid}.{subtask}.{_short_id()}",
             clock=clock,
             restored=restored,
         )

@@ -62,11 +62,17 @@ OVERWRITING_OPS = frozenset({OP_PUT, OP_DELETE, OP_LIST_REPLACE})
 # Pseudo-states holding timers; their value is the timer's timestamp (int64 ms).
 TIMER_STATES = ("__timers_event", "__timers_processing")
 
-# Record layout in writer buffers (in memory only): each record is RECORD_WIDTH consecutive
-# items of a flat list: state index, key bytes, key group, namespace bytes, op, user key,
-# value, expiry (ms) or None.
-R_SID, R_KEY, R_KG, R_NS, R_OP, R_UKEY, R_VALUE, R_EXPIRES = range(8)
-RECORD_WIDTH = 8
+# Record layouts in writer buffers (in memory only). A stream holds the records of one
+# state of one subtask attempt, as a flat list of fixed-width records:
+#   compact (value, reducing and aggregating state without TTL; timers):
+#       key bytes, key group, namespace bytes, op, value
+#   full (list and map state, any state with TTL):
+#       key bytes, key group, namespace bytes, op, user key, value, expiry (ms) or None
+C_KEY, C_KG, C_NS, C_OP = range(4)
+C_VALUE = 4  # compact layout
+F_UKEY, F_VALUE, F_EXPIRES = 4, 5, 6  # full layout
+COMPACT_WIDTH = 5
+FULL_WIDTH = 7
 
 META_STATE = b"statelog.state"
 COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without zstd body compression
@@ -153,19 +159,20 @@ class BlockEncoder:
         seqs: list[int] | tuple[int, int],
         cols: list[list[Any]],
     ) -> EncodedBatch:
-        """Convert records given as columns (indexed by the ``R_*`` constants) to Arrow.
+        """Convert records given as columns (compact or full layout) to Arrow.
 
         ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones.
         """
-        n = len(cols[R_KEY])
+        n = len(cols[C_KEY])
+        compact = len(cols) == COMPACT_WIDTH
         skey = (state, id(value_type), id(user_key_type), is_list)
-        schema = self._schemas.get(skey)
-        if schema is None:
+        cached = self._schemas.get(skey)
+        if cached is None:
             schema = block_schema(value_type, user_key_type, is_list)
             schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
             self._schemas[skey] = (schema, value_type, user_key_type)  # keep the types alive
         else:
-            schema = schema[0]
+            schema = cached[0]
         if isinstance(seqs, tuple):
             first, count = seqs
             seq_arr = pc.add(_iota(count), pa.scalar(first, pa.int64()))
@@ -173,8 +180,8 @@ class BlockEncoder:
         else:
             seq_arr = pa.array(seqs, pa.int64())
             first, last = seqs[0], seqs[-1]
-        kgs = pa.array(cols[R_KG], pa.uint16())
-        values = cols[R_VALUE]
+        kgs = pa.array(cols[C_KG], pa.uint16())
+        values = cols[C_VALUE if compact else F_VALUE]
         if is_list:
             if value_type is PICKLE:
                 dumps = pickle.dumps
@@ -182,17 +189,20 @@ class BlockEncoder:
             value_arr = pa.array(values, pa.list_(arrow_type(value_type)))
         else:
             value_arr = to_arrow(values, value_type)
-        ukey_arr = pa.nulls(n) if user_key_type is None else to_arrow(cols[R_UKEY], user_key_type)
+        if user_key_type is None or compact:
+            ukey_arr = pa.nulls(n, schema.field("user_key").type)
+        else:
+            ukey_arr = to_arrow(cols[F_UKEY], user_key_type)
         batch = pa.record_batch(
             [
                 seq_arr,
                 kgs,
-                _column(cols[R_OP], pa.uint8()),
-                pa.array(cols[R_KEY], pa.binary()),
-                _column(cols[R_NS], pa.binary()),
+                _column(cols[C_OP], pa.uint8()),
+                pa.array(cols[C_KEY], pa.binary()),
+                _column(cols[C_NS], pa.binary()),
                 ukey_arr,
                 value_arr,
-                _column(cols[R_EXPIRES], pa.int64()),
+                pa.nulls(n, pa.int64()) if compact else _column(cols[F_EXPIRES], pa.int64()),
             ],
             schema=schema,
         )

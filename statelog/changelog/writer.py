@@ -1,15 +1,19 @@
 """The process-wide changelog writer.
 
-Every keyed backend in a process appends its change records to its own
-:class:`ChangelogStream`; one :class:`ChangelogWriter` per process and job root collects
-the buffered records of *all* streams and uploads them as one segment object per flush, so
-the number of objects stays low however many subtasks a process runs. A flush happens when
+Every state of every keyed backend in a process appends its change records to its own
+:class:`ChangelogStream` (one per state and subtask attempt); one :class:`ChangelogWriter`
+per process and job root collects the buffered records of *all* streams and uploads them as
+one segment object per flush, so the number of objects stays low however many subtasks and
+states a process runs. A flush happens when
 the persist delay has passed (default 10 ms), when the buffered records exceed a threshold,
 or at once when a checkpoint asks for durability.
 
-Appending is lock-free: the task thread appends to ``stream.buf``; the flusher removes a
-prefix of known length under the stream lock. A stream's position is the number of records
-ever appended to it; the records of the stream have sequence numbers ``0, 1, 2, ...``.
+Appending is lock-free: the task thread extends ``stream.buf`` by one fixed-width record
+(layouts in :mod:`statelog.changelog.format`); every ``encode_batch_records`` records it
+converts its buffer to Arrow itself (while the records are hot in its cache), and the
+flusher ships the converted batches, taking raw records only from slow streams or when a
+checkpoint waits for them. A stream's position is the number of records ever appended to
+it; the records of the stream have sequence numbers ``0, 1, 2, ...``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog.changelog import format as fmt
-from statelog.changelog.format import RECORD_WIDTH as W
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
 from statelog.store.base import ObjectStore
@@ -61,50 +64,45 @@ def new_writer_id() -> str:
 
 
 class ChangelogStream:
-    """The ordered change records of one subtask attempt."""
+    """The ordered change records of one state of one subtask attempt."""
 
-    def __init__(self, writer: ChangelogWriter, stream_id: str) -> None:
+    def __init__(self, writer: ChangelogWriter, stream_id: str, info: StateInfo, compact: bool) -> None:
         self.writer = writer
         self.stream_id = stream_id
-        self.buf: list[Any] = []  # flat: RECORD_WIDTH items per record
+        self.info = info
+        self.compact = compact
+        self.width = fmt.COMPACT_WIDTH if compact else fmt.FULL_WIDTH
+        self.buf: list[Any] = []  # flat: ``width`` items per record
         self.append: Callable[[tuple], None] = self.buf.extend
-        self.owner: Any = None  # the backend writing to this stream (its ``_append`` is swapped)
+        self.owner: Any = None  # the state writing to this stream (its ``_append`` is swapped)
         self.lock = threading.Lock()
         self.taken = 0  # records handed to the flusher
         self.durable = 0  # every record below this seq is in an uploaded segment
         self.throttled = False  # set when the task must wait (back-pressure or failure)
-        self.states: list[StateInfo] = []
-        self._state_ids: dict[str, int] = {}
         self._pending: list[list[Any]] = []  # [start, end, SegmentRef | None] in seq order
         self.segments: list[SegmentRef] = []  # uploaded, in seq order
         self._waiters: list[tuple[int, cf.Future[int]]] = []
         self.seals: list[int] = []  # sealed positions not yet taken: coalescing never crosses them
         # records already converted to Arrow by the task thread, not yet taken by the flusher
-        self.encoded: list[tuple[int, int, list[tuple[int, fmt.EncodedBatch]]]] = []
+        self.encoded: list[tuple[int, int, list[fmt.EncodedBatch]]] = []
         self.encoded_records = 0
         self.last_encode = time.monotonic()  # when the task thread last converted a batch
         self.closed = False
-
-    def state_id(self, info: StateInfo) -> int:
-        """The index of a state in this stream (registering it on first use)."""
-        with self.lock:
-            sid = self._state_ids.get(info.name)
-            if sid is None:
-                sid = len(self.states)
-                self.states.append(info)
-                self._state_ids[info.name] = sid
-            return sid
+        if writer.encode_in_task:
+            self.buf_limit = writer.encode_batch_records * self.width
+        else:
+            self.buf_limit = writer.max_buffered_records * self.width
 
     @property
     def position(self) -> int:
         """The sequence number the next record will get (call from the task thread)."""
         with self.lock:
-            return self.taken + self.encoded_records + len(self.buf) // W
+            return self.taken + self.encoded_records + len(self.buf) // self.width
 
     @property
     def buffered(self) -> int:
         """Records appended but not yet taken by the flusher."""
-        return self.encoded_records + len(self.buf) // W
+        return self.encoded_records + len(self.buf) // self.width
 
     def on_buffer_full(self) -> None:
         """Called by the task thread when its buffer reached the batch size or the limit.
@@ -126,14 +124,15 @@ class ChangelogStream:
             n = len(buf)
             if n == 0:
                 return
-            cols = [buf[i:n:W] for i in range(W)]
+            width = self.width
+            cols = [buf[i:n:width] for i in range(width)]
             del buf[:n]
             start = self.taken + self.encoded_records
-            count = n // W
+            count = n // width
             seals = sorted(p - start for p in self.seals if start < p < start + count)
             self.seals = [p for p in self.seals if p > start + count]
             try:
-                batches = w._encode_groups(self, start, cols, seals)
+                batches = w._encode(self, start, cols, seals)
             except BaseException as e:
                 w._fail(e)
                 raise w._failed_error() from e
@@ -223,13 +222,14 @@ class ChangelogWriter:
 
     # -- streams ---------------------------------------------------------------------------
 
-    def open_stream(self, stream_id: str | None = None) -> ChangelogStream:
+    def open_stream(self, stream_id: str, info: StateInfo, compact: bool = False) -> ChangelogStream:
+        """A new stream for one state; ``compact`` records carry no user key and no expiry."""
         self._check_usable()
-        sid = stream_id or uuid.uuid4().hex
+        sid = stream_id
         with self._lock:
             if sid in self._streams:
                 raise ConfigError(f"changelog stream {sid!r} is already open in this writer")
-            stream = ChangelogStream(self, sid)
+            stream = ChangelogStream(self, sid, info, compact)
             self._streams[sid] = stream
             return stream
 
@@ -392,8 +392,8 @@ class ChangelogWriter:
             while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
                 self._update_throttle_locked()
                 self._cond.wait(0.05)
-        taken: list[tuple[ChangelogStream, int, int, list[tuple[int, fmt.EncodedBatch]]]] = []
-        raw: list[tuple[ChangelogStream, int, list[list[Any]] | None, list[int]]] = []
+        taken: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]] = []
+        raw: list[tuple[int, list[list[Any]] | None, list[int]]] = []
         now = time.monotonic()
         for s in list(self._streams.values()):
             with s.lock:
@@ -411,26 +411,27 @@ class ChangelogWriter:
                     n = 0
                 if n == 0 and not s.encoded:
                     continue
+                width = s.width
                 # the task only appends past n, so slicing the live list is safe
-                cols = [buf[i:n:W] for i in range(W)] if n else None
+                cols = [buf[i:n:width] for i in range(width)] if n else None
                 del buf[:n]
                 encoded, s.encoded = s.encoded, []
                 start = s.taken
                 raw_start = start + s.encoded_records
                 s.encoded_records = 0
-                s.taken = raw_start + n // W
+                s.taken = raw_start + n // width
                 s._pending.append([start, s.taken, None])
                 seals = sorted(p - raw_start for p in s.seals if raw_start < p < s.taken)
                 s.seals = [p for p in s.seals if p > s.taken]
             taken.append((s, start, s.taken, [b for _, _, bs in encoded for b in bs]))
-            raw.append((s, raw_start, cols, seals))
+            raw.append((raw_start, cols, seals))
         if not taken:
             return
         with self._cond:
             self._cond.notify_all()  # tasks waiting for their buffer to drain
-        for (s, _start, _end, batches), (_s, raw_start, cols, seals) in zip(taken, raw, strict=True):
+        for (s, _start, _end, batches), (raw_start, cols, seals) in zip(taken, raw, strict=True):
             if cols is not None:
-                batches.extend(self._encode_groups(s, raw_start, cols, seals))
+                batches.extend(self._encode(s, raw_start, cols, seals))
         with self._lock:
             seg_no = self._next_segment
             self._next_segment += 1
@@ -440,24 +441,21 @@ class ChangelogWriter:
         blocks: list[fmt.BlockInfo] = []
         spans: list[fmt.StreamSpan] = []
         for s, start, end, batches in taken:
-            stream_bytes = 0
-            per_state: dict[int, list[fmt.EncodedBatch]] = {}
-            for sid, batch in batches:
-                per_state.setdefault(sid, []).append(batch)
-            for sid, bs in sorted(per_state.items()):
-                info = s.states[sid]
-                data, raw_len, crc = self._encoder.write_block(bs)
+            size = 0
+            if batches:
+                data, raw_len, crc = self._encoder.write_block(batches)
                 parts.append(data)
                 blocks.append(
                     fmt.BlockInfo(
-                        s.stream_id, info.name, offset, len(data), crc, raw_len,
-                        sum(b.batch.num_rows for b in bs), bs[0].first_seq, bs[-1].last_seq,
-                        min(b.kg_min for b in bs), max(b.kg_max for b in bs),
+                        s.stream_id, s.info.name, offset, len(data), crc, raw_len,
+                        sum(b.batch.num_rows for b in batches), batches[0].first_seq,
+                        batches[-1].last_seq, min(b.kg_min for b in batches),
+                        max(b.kg_max for b in batches),
                     )
                 )
                 offset += len(data)
-                stream_bytes += len(data)
-            spans.append(fmt.StreamSpan(s.stream_id, start, end, stream_bytes))
+                size = len(data)
+            spans.append(fmt.StreamSpan(s.stream_id, start, end, size))
         footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
         parts.append(fmt.encode_footer_and_trailer(footer, offset))
         data = b"".join(parts)
@@ -469,70 +467,38 @@ class ChangelogWriter:
         )
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
 
-    def _encode_groups(
+    def _encode(
         self, stream: ChangelogStream, start: int, cols: list[list[Any]], seals: list[int]
-    ) -> list[tuple[int, fmt.EncodedBatch]]:
-        out = []
-        for sid, seqs, gcols in self._group(start, cols, seals):
-            info = stream.states[sid]
-            out.append(
-                (
-                    sid,
-                    self._encoder.encode_batch(
-                        info.name, info.value_type, info.user_key_type,
-                        info.kind is StateKind.LIST, seqs, gcols,
-                    ),
-                )
-            )
-        return out
+    ) -> list[fmt.EncodedBatch]:
+        """Convert a chunk (as columns) to Arrow, coalescing first if enabled.
 
-    def _group(
-        self, start: int, cols: list[list[Any]], seals: list[int]
-    ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
-        """Split a chunk (given as columns) per state, keeping seq order.
-
-        Returns ``(state index, seqs, columns)`` per state; ``seqs`` is ``(first, count)``
-        when contiguous. Overwritten records are dropped first if coalescing is enabled.
+        Coalescing never crosses a sealed checkpoint position: records before it must stay
+        visible to that checkpoint.
         """
         n = len(cols[0])
+        seqs: list[int] | tuple[int, int] = (start, n)
         if self.coalesce:
-            # never across a sealed checkpoint position: records before it must stay visible
-            keep = []
+            keep: list[int] = []
             bounds = [0, *seals, n]
             for lo, hi in zip(bounds, bounds[1:], strict=False):
-                keep.extend(lo + i for i in _coalesce([c[lo:hi] for c in cols]))
+                keep.extend(lo + i for i in _coalesce([c[lo:hi] for c in cols], stream.compact))
             if len(keep) < n:
                 cols = [[c[i] for i in keep] for c in cols]
-                return self._split(cols, [start + i for i in keep])
-        sids = cols[fmt.R_SID]
-        if sids.count(sids[0]) == n:
-            return [(sids[0], (start, n), cols)]
-        return self._split(cols, [start + i for i in range(n)])
-
-    @staticmethod
-    def _split(
-        cols: list[list[Any]], seqs: list[int]
-    ) -> list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]]:
-        groups: dict[int, list[int]] = {}
-        for i, sid in enumerate(cols[fmt.R_SID]):
-            g = groups.get(sid)
-            if g is None:
-                g = groups[sid] = []
-            g.append(i)
-        out: list[tuple[int, list[int] | tuple[int, int], list[list[Any]]]] = []
-        for sid, idx in sorted(groups.items()):
-            if len(idx) == len(seqs):
-                out.append((sid, seqs, cols))
-            else:
-                out.append((sid, [seqs[i] for i in idx], [[c[i] for i in idx] for c in cols]))
-        return out
+                seqs = [start + i for i in keep]
+        info = stream.info
+        return [
+            self._encoder.encode_batch(
+                info.name, info.value_type, info.user_key_type,
+                info.kind is StateKind.LIST, seqs, cols,
+            )
+        ]
 
     def _uploaded(
         self,
         fut: cf.Future[None],
         name: str,
         size: int,
-        taken: list[tuple[ChangelogStream, int, int, list[tuple[int, fmt.EncodedBatch]]]],
+        taken: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]],
         spans: list[fmt.StreamSpan],
     ) -> None:
         exc = fut.exception()
@@ -572,27 +538,26 @@ class ChangelogWriter:
                 w.set_result(upto)
 
 
-def _coalesce(cols: list[list[Any]]) -> list[int]:
-    """Indexes of the records (of a chunk given as columns) that survive coalescing, in order.
+def _coalesce(cols: list[list[Any]], compact: bool) -> list[int]:
+    """Indexes of the records (of one state's chunk, as columns) that survive coalescing.
 
-    A record is dropped when a later record of the same state, key and namespace
-    overwrites the whole entry (put, delete, list replace), or, for map entries, when a
-    later put/remove of the same map key replaces it.
+    A record is dropped when a later record of the same key and namespace overwrites the
+    whole entry (put, delete, list replace), or, for map entries, when a later put/remove
+    of the same map key replaces it. Timer records are never dropped.
     """
     keep: list[int] = []
     overwritten: set[tuple] = set()
     entry_ops: set[tuple] = set()
     overwriting = fmt.OVERWRITING_OPS
     map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
-    sids, kbs, nss, ops, ukeys = (
-        cols[fmt.R_SID], cols[fmt.R_KEY], cols[fmt.R_NS], cols[fmt.R_OP], cols[fmt.R_UKEY]
-    )
-    for i in range(len(sids) - 1, -1, -1):
-        k = (sids[i], kbs[i], nss[i])
+    kbs, nss, ops = cols[fmt.C_KEY], cols[fmt.C_NS], cols[fmt.C_OP]
+    ukeys = None if compact else cols[fmt.F_UKEY]
+    for i in range(len(kbs) - 1, -1, -1):
+        k = (kbs[i], nss[i])
         if k in overwritten:
             continue
         op = ops[i]
-        if op in map_ops:
+        if op in map_ops and ukeys is not None:
             ek = (*k, _hashable(ukeys[i]))
             if ek in entry_ops:
                 continue

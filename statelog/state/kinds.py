@@ -11,7 +11,7 @@ individually); expired entries are invisible and are dropped lazily.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from statelog.changelog.format import (
@@ -38,20 +38,34 @@ from statelog.types import fast_check, make_validator
 
 if TYPE_CHECKING:
     from statelog.backend import KeyedStateBackend
+    from statelog.changelog.writer import ChangelogStream
 
 _MISSING = object()
+
+
+def _discard(_record: tuple) -> None:
+    return None
+
 NONE_NS = encode_key(None)
 
 
 class KeyedState:
     """Common part: namespace handling, tables, iteration and replay."""
 
-    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
+    def __init__(
+        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+    ) -> None:
         self._b = backend
         self.descriptor = descriptor
         self.info = StateInfo.from_descriptor(descriptor)
         self.name = descriptor.name
-        self._sid = sid
+        self._stream = stream
+        self._compact = stream is not None and stream.compact
+        self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
+        self._buf: list[Any] = stream.buf if stream is not None else []
+        self._buf_limit = stream.buf_limit if stream is not None else 1 << 62
+        if stream is not None:
+            stream.owner = self
         self._check = make_validator(descriptor.value_type, descriptor.name)
         self._ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else 0
         self._ttl_on_read = (
@@ -90,7 +104,12 @@ class KeyedState:
 
     def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
         b = self._b
-        b._append((self._sid, b._kb, b._kg, self._nsb, op, ukey, value, expires))
+        if self._compact:
+            self._append((b._kb, b._kg, self._nsb, op, value))
+        else:
+            self._append((b._kb, b._kg, self._nsb, op, ukey, value, expires))
+        if len(self._buf) >= self._buf_limit:
+            self._stream.on_buffer_full()  # type: ignore[union-attr]
 
     def clear(self) -> None:
         """Remove the entry of the current key and namespace."""
@@ -148,8 +167,10 @@ class KeyedState:
 class ValueState(KeyedState):
     """One value per key and namespace."""
 
-    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
-        super().__init__(backend, descriptor, sid)
+    def __init__(
+        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+    ) -> None:
+        super().__init__(backend, descriptor, stream)
         self._default = descriptor.default if isinstance(descriptor, ValueStateDescriptor) else None
         if self._ttl:
             self.value = self._ttl_value  # type: ignore[method-assign]
@@ -161,7 +182,8 @@ class ValueState(KeyedState):
 
     def _install_fast_paths(self) -> None:
         """Replace ``value``/``update`` by closures: the per-record hot path of most jobs."""
-        state, b, sid, default = self, self._b, self._sid, self._default
+        state, b, default = self, self._b, self._default
+        stream, buf, limit = self._stream, self._buf, self._buf_limit
         check, clear = self._check, self.clear
 
         def value() -> Any:
@@ -172,7 +194,7 @@ class ValueState(KeyedState):
         if fast is None:
             return
         pytype, lo, hi = fast
-        logged = b.changelog_enabled
+        logged = stream is not None
 
         def update(v: Any) -> None:
             if v.__class__ is not pytype or (lo is not None and not lo <= v <= hi):  # type: ignore[operator]
@@ -182,7 +204,9 @@ class ValueState(KeyedState):
                 check(v)
             state._cur[b._key] = v
             if logged:
-                b._append((sid, b._kb, b._kg, state._nsb, OP_PUT, None, v, None))
+                state._append((b._kb, b._kg, state._nsb, OP_PUT, v))
+                if len(buf) >= limit:
+                    stream.on_buffer_full()  # type: ignore[union-attr]
 
         self.update = update  # type: ignore[method-assign]
 
@@ -194,9 +218,8 @@ class ValueState(KeyedState):
             self.clear()
             return
         self._check(value)
-        b = self._b
-        self._cur[b._key] = value
-        b._append((self._sid, b._kb, b._kg, self._nsb, OP_PUT, None, value, None))
+        self._cur[self._b._key] = value
+        self._emit(OP_PUT, None, value, None)
 
     def _heap_update(self, value: Any) -> None:
         if value is None:
@@ -231,8 +254,10 @@ class ValueState(KeyedState):
 class ReducingState(ValueState):
     """A value folded with the descriptor's ``reduce_fn``."""
 
-    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
-        super().__init__(backend, descriptor, sid)
+    def __init__(
+        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+    ) -> None:
+        super().__init__(backend, descriptor, stream)
         assert isinstance(descriptor, ReducingStateDescriptor)
         self._reduce = descriptor.reduce_fn
 
@@ -247,8 +272,10 @@ class ReducingState(ValueState):
 class AggregatingState(ValueState):
     """An accumulator updated with the descriptor's aggregate function."""
 
-    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
-        super().__init__(backend, descriptor, sid)
+    def __init__(
+        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+    ) -> None:
+        super().__init__(backend, descriptor, stream)
         assert isinstance(descriptor, AggregatingStateDescriptor)
         self._agg = descriptor.aggregate
 
@@ -354,8 +381,10 @@ class ListState(KeyedState):
 class MapState(KeyedState):
     """A map per key and namespace. Reads return copies; an empty map is no entry."""
 
-    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor, sid: int) -> None:
-        super().__init__(backend, descriptor, sid)
+    def __init__(
+        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+    ) -> None:
+        super().__init__(backend, descriptor, stream)
         assert isinstance(descriptor, MapStateDescriptor)
         self._check_ukey = make_validator(descriptor.key_type, f"{descriptor.name} (map key)")
 

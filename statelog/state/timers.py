@@ -3,12 +3,13 @@
 Timers are kept in sorted sets of ``(timestamp, key_bytes, namespace_bytes)`` (so keys of
 any type order consistently) and deduplicated per (timestamp, key, namespace), as in
 Flink. Adding and removing a timer -- including removal when it fires -- is a change record
-of the pseudo-states ``__timers_event`` / ``__timers_processing``.
+of the pseudo-states ``__timers_event`` / ``__timers_processing`` (compact records whose
+value is the timestamp).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from statelog.keys import decode_key, encode_key
 
 if TYPE_CHECKING:
     from statelog.backend import KeyedStateBackend
+    from statelog.changelog.writer import ChangelogStream
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
@@ -36,13 +38,36 @@ class Timer:
     domain: str  # "event" or "processing"
 
 
+def _discard(_record: tuple) -> None:
+    return None
+
+
+class _TimerLog:
+    """The change capture of one timer domain (owner of its changelog stream)."""
+
+    def __init__(self, stream: ChangelogStream | None) -> None:
+        self._stream = stream
+        self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
+        self._buf: list[Any] = stream.buf if stream is not None else []
+        self._limit = stream.buf_limit if stream is not None else 1 << 62
+        if stream is not None:
+            stream.owner = self
+
+    def emit(self, record: tuple) -> None:
+        self._append(record)
+        if len(self._buf) >= self._limit:
+            self._stream.on_buffer_full()  # type: ignore[union-attr]
+
+
 class TimerService:
     """Timers of one keyed backend, scoped to the backend's current key."""
 
-    def __init__(self, backend: KeyedStateBackend, sids: tuple[int, int]) -> None:
+    def __init__(
+        self, backend: KeyedStateBackend, streams: tuple[ChangelogStream | None, ChangelogStream | None]
+    ) -> None:
         self._b = backend
         self._sets = (SortedSet(), SortedSet())
-        self._sids = sids
+        self._logs = (_TimerLog(streams[0]), _TimerLog(streams[1]))
         self.current_watermark: int | None = None
 
     def _domain(self, domain: str) -> int:
@@ -61,7 +86,7 @@ class TimerService:
         if entry in s:
             return
         s.add(entry)
-        b._append((self._sids[d], b._kb, b._kg, entry[2], OP_TIMER_ADD, None, timestamp, None))
+        self._logs[d].emit((b._kb, b._kg, entry[2], OP_TIMER_ADD, timestamp))
 
     def _delete(self, d: int, timestamp: int, namespace: Any) -> None:
         b = self._b
@@ -70,7 +95,7 @@ class TimerService:
         if entry not in s:
             return
         s.remove(entry)
-        b._append((self._sids[d], b._kb, b._kg, entry[2], OP_TIMER_REMOVE, None, timestamp, None))
+        self._logs[d].emit((b._kb, b._kg, entry[2], OP_TIMER_REMOVE, timestamp))
 
     def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
         self._add(0, timestamp, namespace)
@@ -91,11 +116,12 @@ class TimerService:
     def _fire(self, d: int, upto: int, domain: str) -> Iterator[Timer]:
         s = self._sets[d]
         b = self._b
+        log = self._logs[d]
         while s and s[0][0] <= upto:
             ts, kb, nsb = s.pop(0)
             key = decode_key(kb)
             b.set_current_key(key)
-            b._append((self._sids[d], b._kb, b._kg, nsb, OP_TIMER_REMOVE, None, ts, None))
+            log.emit((kb, b._kg, nsb, OP_TIMER_REMOVE, ts))
             yield Timer(ts, key, decode_key(nsb), domain)
 
     def advance_watermark(self, watermark: int) -> Iterator[Timer]:
