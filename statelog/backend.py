@@ -1,10 +1,11 @@
 """The keyed state backend of one operator subtask.
 
 It holds the subtask's keyed state in memory, scoped to a current key (and per state a
-namespace), captures every mutation into its changelog stream and takes checkpoints in
-two parts: :meth:`KeyedStateBackend.snapshot` seals the stream position synchronously and
-returns a :class:`PendingSnapshot`, whose :meth:`~PendingSnapshot.result` waits until
-everything up to that position is durable and returns the subtask's state handle.
+namespace), captures every mutation into a changelog stream per state and takes
+checkpoints in two parts: :meth:`KeyedStateBackend.snapshot` seals every stream's position
+synchronously and returns a :class:`PendingSnapshot`, whose :meth:`~PendingSnapshot.result`
+waits until everything up to those positions is durable and returns the subtask's state
+handle.
 """
 
 from __future__ import annotations
@@ -331,10 +332,6 @@ class KeyedStateBackend:
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)
-
-
-def _discard(_record: tuple) -> None:
-    return None
 
 
 class PendingSnapshot:

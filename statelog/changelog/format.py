@@ -1,9 +1,10 @@
 """Changelog segment format, version 1 (specified in ``docs/format.md``).
 
-A segment object holds the changes of every stream one writer flushed at once::
+A segment object holds the changes of every stream one writer flushed at once (a stream
+is one state of one subtask attempt)::
 
     header   8s magic b"STLGSEG1" | u16 version | u16 flags(0)            12 bytes
-    blocks   Arrow IPC stream (one record batch, zstd body compression), one per (stream, state)
+    blocks   Arrow IPC stream (record batches; zstd body compression from 512 rows), one per stream
     footer   zstd(JSON index of the blocks and streams)
     trailer  u64 footer offset | u32 footer length | u32 CRC-32 of footer | 8s b"STLGEND1"
 
@@ -239,6 +240,7 @@ class EncodedBatch:
 
 
 _IOTA: list[pa.Array] = [pa.array(range(1 << 16), pa.int64())]
+_NONE_NS = b"\x00"  # the serialized default namespace (None)
 _CONSTANTS: dict[tuple[Any, Any], pa.Array] = {}
 
 
@@ -256,12 +258,13 @@ def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
         v = values[0]
         if v is None:
             return pa.nulls(n, type_)
+        if not (v == _NONE_NS or (type(v) is int and 0 <= v < 16)):
+            return pa.repeat(pa.scalar(v, type_), n)  # e.g. a window namespace: not cached
         key = (v, type_)
         const = _CONSTANTS.get(key)
         if const is None or len(const) < n:
-            const = pa.repeat(pa.scalar(v, type_), max(n, 1 << 16))
-            if len(_CONSTANTS) < 256:
-                _CONSTANTS[key] = const
+            const = pa.repeat(pa.scalar(v, type_), max(n, 1 << 12))
+            _CONSTANTS[key] = const
         return const.slice(0, n)
     return pa.array(values, type_)
 

@@ -18,12 +18,12 @@ it; the records of the stream have sequence numbers ``0, 1, 2, ...``.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures as cf
 import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,14 +151,6 @@ class ChangelogStream:
         self.writer._wait_writable(self)
         self.buf.extend(record)
 
-    def wait_writable(self) -> None:
-        """Block while the writer applies back-pressure; raise if it failed."""
-        self.writer._wait_writable(self)
-
-    def wait_drained(self) -> None:
-        """Called by the task when its buffer reached the limit: wait for the flusher."""
-        self.writer._wait_drained(self)
-
     def segments_for(self, start: int, end: int) -> list[SegmentRef]:
         """Uploaded segments holding records of ``[start, end)`` (all must be durable)."""
         with self.lock:
@@ -216,9 +208,11 @@ class ChangelogWriter:
         self._uploads = cf.ThreadPoolExecutor(upload_threads, thread_name_prefix="statelog-upload")
         self._flusher = threading.Thread(target=self._run, name="statelog-flusher", daemon=True)
         self._flusher.start()
-        # a writer left open at interpreter exit stops quietly (its unreferenced tail is
-        # garbage either way: only published checkpoints make records count)
-        atexit.register(self._stop_at_exit)
+        # A writer left open at interpreter exit stops quietly (its unreferenced tail is
+        # garbage either way: only published checkpoints make records count). The hook runs
+        # with the threading shutdown hooks, before concurrent.futures stops its pools.
+        ref = weakref.ref(self)
+        threading._register_atexit(lambda: (w := ref()) is not None and w._stop_at_exit())  # type: ignore[attr-defined]
 
     # -- streams ---------------------------------------------------------------------------
 
@@ -282,7 +276,6 @@ class ChangelogWriter:
         self._wake.set()
         self._flusher.join(timeout=10)
         self._uploads.shutdown(wait=True)
-        atexit.unregister(self._stop_at_exit)
 
     def _stop_at_exit(self) -> None:
         if not self._closed:

@@ -1,8 +1,8 @@
 """In-memory keyed state with change capture.
 
 Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``. Every
-mutation updates the table and appends a change record to the backend's changelog stream
-(``backend._append``; a no-op for a backend without changelog). The same ``apply`` code
+mutation updates the table and appends a change record to the state's changelog stream
+(``state._append``; a no-op for a backend without changelog). The same ``apply`` code
 replays change records on restore, so live mutation and replay cannot drift apart.
 
 With TTL, entries are stored as ``[value, expires_ms]`` (list elements and map values
