@@ -89,9 +89,10 @@ class ChangelogStream:
         self.last_encode = time.monotonic()  # when the task thread last converted a batch
         self.closed = False
         if writer.encode_in_task:
-            self.buf_limit = writer.encode_batch_records * self.width
+            self._normal_limit = writer.encode_batch_records * self.width
         else:
-            self.buf_limit = writer.max_buffered_records * self.width
+            self._normal_limit = writer.max_buffered_records * self.width
+        self.buf_limit = self._normal_limit
 
     @property
     def position(self) -> int:
@@ -112,6 +113,10 @@ class ChangelogStream:
         flusher is behind by more than ``max_buffered_records``.
         """
         w = self.writer
+        if self.throttled:
+            w._wait_writable(self)
+        if len(self.buf) < self._normal_limit:
+            return
         if w.encode_in_task:
             self.encode_buffer()
         if self.buffered >= w.max_buffered_records:
@@ -141,8 +146,14 @@ class ChangelogStream:
             self.last_encode = time.monotonic()
 
     def set_throttled(self, throttled: bool) -> None:
-        """Route the owner's appends through a blocking path while back-pressure applies."""
+        """Route the owner's appends through a blocking path while back-pressure applies.
+
+        Two routes: owners that append through ``owner._append`` get a blocking append;
+        fast paths that check ``len(buf) >= buf_limit`` after each record see a limit of 0
+        and call :meth:`on_buffer_full`, which waits.
+        """
         self.throttled = throttled
+        self.buf_limit = 0 if throttled else self._normal_limit
         owner = self.owner
         if owner is not None:
             owner._append = self._throttled_append if throttled else self.append

@@ -183,7 +183,7 @@ class ValueState(KeyedState):
     def _install_fast_paths(self) -> None:
         """Replace ``value``/``update`` by closures: the per-record hot path of most jobs."""
         state, b, default = self, self._b, self._default
-        stream, buf, limit = self._stream, self._buf, self._buf_limit
+        stream, buf = self._stream, self._buf
         check, clear = self._check, self.clear
 
         def value() -> Any:
@@ -194,19 +194,33 @@ class ValueState(KeyedState):
         if fast is None:
             return
         pytype, lo, hi = fast
-        logged = stream is not None
+        if lo is None:
+            lo, hi = -1, 1  # only consulted for ints
 
-        def update(v: Any) -> None:
-            if v.__class__ is not pytype or (lo is not None and not lo <= v <= hi):  # type: ignore[operator]
-                if v is None:
-                    clear()
-                    return
-                check(v)
-            state._cur[b._key] = v
-            if logged:
-                state._append((b._kb, b._kg, state._nsb, OP_PUT, v))
-                if len(buf) >= limit:
-                    stream.on_buffer_full()  # type: ignore[union-attr]
+        if stream is None:
+
+            def update(v: Any) -> None:
+                if v.__class__ is not pytype or (pytype is int and not lo <= v <= hi):
+                    if v is None:
+                        clear()
+                        return
+                    check(v)
+                state._cur[b._key] = v
+
+        else:
+            extend, put = buf.extend, OP_PUT
+
+            def update(v: Any) -> None:
+                if v.__class__ is not pytype or (pytype is int and not lo <= v <= hi):
+                    if v is None:
+                        clear()
+                        return
+                    check(v)
+                state._cur[b._key] = v
+                extend((b._kb, b._kg, state._nsb, put, v))
+                # ``buf_limit`` drops to 0 while the writer applies back-pressure
+                if len(buf) >= stream.buf_limit:
+                    stream.on_buffer_full()
 
         self.update = update  # type: ignore[method-assign]
 
