@@ -134,6 +134,16 @@ class S3Server:
         opts.update(overrides)
         return opts
 
+    def raw_client(self) -> Minio:
+        """A plain minio client on the server (to read or damage objects behind the store)."""
+        return Minio(
+            self.endpoint.removeprefix("http://"),
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            secure=False,
+            region=self.region,
+        )
+
     def unique_root(self) -> RootSpec:
         return RootSpec(f"s3://{self.bucket}/{uuid.uuid4().hex}", self.options())
 

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from minio import Minio
 
 from statelog.errors import (
     AuthenticationError,
@@ -43,13 +42,7 @@ def test_objects_live_under_the_prefix(s3_server: S3Server, s3_root: RootSpec) -
     store = s3_root.open()
     store.put("changelog/1.seg", b"abc")
     prefix = s3_root.url.removeprefix(f"s3://{s3_server.bucket}/")
-    raw = Minio(
-        s3_server.endpoint.removeprefix("http://"),
-        access_key=s3_server.access_key,
-        secret_key=s3_server.secret_key,
-        secure=False,
-        region=s3_server.region,
-    )
+    raw = s3_server.raw_client()
     resp = raw.get_object(s3_server.bucket, f"{prefix}/changelog/1.seg")
     try:
         assert resp.read() == b"abc"

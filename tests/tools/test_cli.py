@@ -16,7 +16,6 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 import pytest
-from minio import Minio
 
 import statelog
 from statelog import (
@@ -484,13 +483,7 @@ def test_s3_verify_corrupted_object(
     metas = build_job(s3_root, checkpoints=2)
     first, second = sorted(segments_of(metas))
     prefix = s3_root.url.removeprefix(f"s3://{s3_server.bucket}/")
-    raw = Minio(
-        s3_server.endpoint.removeprefix("http://"),
-        access_key=s3_server.access_key,
-        secret_key=s3_server.secret_key,
-        secure=False,
-        region=s3_server.region,
-    )
+    raw = s3_server.raw_client()
     resp = raw.get_object(s3_server.bucket, f"{prefix}/{second}")
     try:
         data = resp.read()
