@@ -11,6 +11,7 @@ individually); expired entries are invisible and are dropped lazily.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,14 @@ if TYPE_CHECKING:
     from statelog.changelog.writer import ChangelogStream
 
 _MISSING = object()
+
+# The C version of the value-state update (statelog/_ext/fastpath.c), when it was built;
+# STATELOG_PURE_PYTHON=1 forces the pure-Python closures (the reference implementation).
+_FORCE_PYTHON = os.environ.get("STATELOG_PURE_PYTHON", "") not in ("", "0")
+try:
+    from statelog._ext import fastpath as _fastpath
+except ImportError:  # not built (e.g. no compiler): the closures below are used
+    _fastpath = None
 
 
 def _discard(_record: tuple) -> None:
@@ -196,6 +205,12 @@ class ValueState(KeyedState):
         pytype, lo, hi = fast
         if lo is None:
             lo, hi = -1, 1  # only consulted for ints
+        if _fastpath is not None and not _FORCE_PYTHON:
+            self.update = _fastpath.make_update(  # type: ignore[method-assign]
+                state, b, buf if stream is not None else None, stream, pytype, lo, hi,
+                check, clear, OP_PUT,
+            )
+            return
 
         if stream is None:
 

@@ -1,0 +1,1 @@
+"""Optional C accelerators (built from pyproject.toml; pure-Python fallbacks exist)."""

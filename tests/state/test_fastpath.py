@@ -1,0 +1,86 @@
+"""The C update of value state (statelog/_ext/fastpath.c) behaves like the Python closure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+
+import statelog
+import statelog.state.kinds as kinds
+from statelog import ValueStateDescriptor
+from statelog.errors import StateTypeError
+
+
+def test_the_extension_is_built():
+    assert kinds._fastpath is not None, "statelog/_ext/fastpath.c was not built: run `make test`"
+
+
+CASES = [
+    (pa.int64(), [0, -1, 2**63 - 1, -(2**63), 2**63, True, 1.0, "1", None, 7]),
+    (pa.uint64(), [0, 2**64 - 1, 2**64, -1, 2**63, None]),
+    (pa.int8(), [127, 128, -128, -129]),
+    (pa.float64(), [1.5, 2, True, "x", None, float("inf")]),
+    (pa.string(), ["a", "", b"a", 1, None]),
+    (pa.bool_(), [True, False, 1, None]),
+    (pa.binary(), [b"x", "x", None]),
+]
+
+
+def _run(tmp_path, force_python: bool, monkeypatch, value_type, values):
+    monkeypatch.setattr(kinds, "_FORCE_PYTHON", force_python)
+    job = statelog.open((tmp_path / str(force_python)).as_uri())
+    b = job.backend("op")
+    st = b.get_state(ValueStateDescriptor("v", value_type))
+    assert (type(st.update).__name__ == "ValueUpdate") is (not force_python)
+    outcomes = []
+    for i, v in enumerate(values):
+        b.set_current_key(i % 3)
+        try:
+            st.update(v)
+            outcomes.append(("ok", st.value()))
+        except StateTypeError as e:
+            outcomes.append(("error", str(e)))
+    meta = job.checkpoint()
+    job.close()
+    restored = statelog.open((tmp_path / str(force_python)).as_uri()).backend("op", restore=meta)
+    entries = sorted(restored.get_state(ValueStateDescriptor("v", value_type)).entries(), key=repr)
+    return outcomes, entries
+
+
+@pytest.mark.parametrize("value_type, values", CASES, ids=[str(c[0]) for c in CASES])
+def test_c_and_python_updates_agree(tmp_path, monkeypatch, value_type, values):
+    c = _run(tmp_path, False, monkeypatch, value_type, values)
+    py = _run(tmp_path, True, monkeypatch, value_type, values)
+    assert c == py
+
+
+def test_c_update_respects_back_pressure_and_namespaces(tmp_path):
+    job = statelog.open(tmp_path.as_uri(), writer_options={"max_buffered_records": 100})
+    b = job.backend("op")
+    st = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    stream = b._streams["v"]
+    for i in range(5_000):
+        b.set_current_key(i % 50)
+        st.set_namespace(None if i % 2 else ("w", i % 3))
+        st.update(i)
+        assert stream.buffered <= 101
+    meta = job.checkpoint()
+    job.close()
+    r = statelog.open(tmp_path.as_uri()).backend("op", restore=meta)
+    got = {(k, ns): v for k, ns, v in r.get_state(ValueStateDescriptor("v", pa.int64())).entries()}
+    want: dict = {}
+    for i in range(5_000):
+        want[(i % 50, None if i % 2 else ("w", i % 3))] = i
+    assert got == want
+
+
+def test_pure_python_switch():
+    code = (
+        "import statelog.state.kinds as k; import sys; "
+        "sys.exit(0 if k._FORCE_PYTHON else 1)"
+    )
+    env = {"STATELOG_PURE_PYTHON": "1", "PATH": "/usr/bin:/bin"}
+    assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
