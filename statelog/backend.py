@@ -131,8 +131,8 @@ class KeyedStateBackend:
         self.changelog_enabled = writer is not None
         self._streams: dict[str, ChangelogStream] = {}
         self._key: Any = None
-        self._kb: bytes = b""
-        self._kg: int = -1
+        # (key type, key bytes, key group) of the current key, the entry of the key cache
+        self._kinfo: tuple[type, bytes, int] = (type(None), b"", -1)
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
@@ -167,8 +167,7 @@ class KeyedStateBackend:
                 ) from None
             if hit[0] is key.__class__:
                 me._key = key
-                me._kb = hit[1]
-                me._kg = hit[2]
+                me._kinfo = hit
                 return None
             return slow(key)
 
@@ -190,8 +189,7 @@ class KeyedStateBackend:
         if key not in cache:  # keys equal across types (1, True) keep the first type cached
             cache[key] = info
         self._key = key
-        self._kb = kb
-        self._kg = kg
+        self._kinfo = info
 
     @property
     def current_key(self) -> Any:
@@ -199,7 +197,7 @@ class KeyedStateBackend:
 
     @property
     def current_key_group(self) -> int:
-        return self._kg
+        return self._kinfo[2]
 
     # -- states --------------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 /* Hot path of value-like state in C: ValueState.update() without the interpreter.
  *
  * update(v): type check (fast for the declared primitive type, else the Python validator),
- * state._cur[backend._key] = v, and with a changelog stream: append the compact record
- * (key bytes, key group, namespace bytes, op, v) to the stream's flat buffer, then call
- * stream.on_buffer_full() when len(buffer) >= stream.buf_limit. The five appends happen
+ * table[backend._key] = v for the state's current namespace table, and with a changelog
+ * stream: append the compact record (key bytes, key group, namespace bytes, op, v) to the
+ * stream's flat buffer, then call stream.on_buffer_full() when len(buffer) reaches the
+ * stream's limit cell. The state shares its [table, namespace bytes] as a list (updated
+ * by set_namespace) and the stream its limit as a one-element list (0 while throttled). The five appends happen
  * without running Python code in between, so the flusher (which takes whole records under
  * the GIL) never sees a partial record. The pure-Python closure in statelog/state/kinds.py
  * is the reference implementation and the fallback when this module is not built.
@@ -13,11 +15,12 @@
 #include <stddef.h>
 #include <limits.h>
 
-static PyObject *s_cur, *s_key, *s_kb, *s_kg, *s_nsb, *s_buf_limit, *s_on_buffer_full;
+static PyObject *s_key, *s_kinfo, *s_on_buffer_full;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *state;
+    PyObject *nsctx;    /* the state's [current table, current namespace bytes] */
+    PyObject *cell;     /* the stream's [buffer limit], or NULL */
     PyObject *backend;
     PyObject *buf;      /* list, or NULL without changelog */
     PyObject *stream;   /* stream, or NULL */
@@ -32,13 +35,15 @@ typedef struct {
 
 static void update_dealloc(Update *self) {
     PyObject_GC_UnTrack(self);
-    Py_CLEAR(self->state); Py_CLEAR(self->backend); Py_CLEAR(self->buf); Py_CLEAR(self->stream);
+    Py_CLEAR(self->nsctx); Py_CLEAR(self->cell); Py_CLEAR(self->backend); Py_CLEAR(self->buf);
+    Py_CLEAR(self->stream);
     Py_CLEAR(self->pytype); Py_CLEAR(self->check); Py_CLEAR(self->clear); Py_CLEAR(self->op);
     PyObject_GC_Del(self);
 }
 
 static int update_traverse(Update *self, visitproc visit, void *arg) {
-    Py_VISIT(self->state); Py_VISIT(self->backend); Py_VISIT(self->buf); Py_VISIT(self->stream);
+    Py_VISIT(self->nsctx); Py_VISIT(self->cell); Py_VISIT(self->backend); Py_VISIT(self->buf);
+    Py_VISIT(self->stream);
     Py_VISIT(self->pytype); Py_VISIT(self->check); Py_VISIT(self->clear); Py_VISIT(self->op);
     return 0;
 }
@@ -67,32 +72,34 @@ static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf,
         if (r == NULL) return NULL;
         Py_DECREF(r);
     }
-    PyObject *cur = PyObject_GetAttr(self->state, s_cur);
-    if (cur == NULL) return NULL;
+    PyObject *cur = PyList_GET_ITEM(self->nsctx, 0);
     PyObject *key = PyObject_GetAttr(self->backend, s_key);
-    if (key == NULL) { Py_DECREF(cur); return NULL; }
-    int rc = PyObject_SetItem(cur, key, v);
+    if (key == NULL) return NULL;
+    Py_INCREF(cur);
+    int rc = PyObject_SetItem(cur, key, v); /* may run Python code (__hash__, __eq__) */
     Py_DECREF(cur);
     Py_DECREF(key);
     if (rc < 0) return NULL;
     if (self->buf == NULL) Py_RETURN_NONE;
 
-    PyObject *kb = PyObject_GetAttr(self->backend, s_kb);
-    PyObject *kg = kb ? PyObject_GetAttr(self->backend, s_kg) : NULL;
-    PyObject *nsb = kg ? PyObject_GetAttr(self->state, s_nsb) : NULL;
-    PyObject *lim = nsb ? PyObject_GetAttr(self->stream, s_buf_limit) : NULL;
-    if (lim == NULL) { Py_XDECREF(kb); Py_XDECREF(kg); Py_XDECREF(nsb); return NULL; }
-    Py_ssize_t limit = PyLong_AsSsize_t(lim);
-    Py_DECREF(lim);
-    if (limit == -1 && PyErr_Occurred()) { Py_DECREF(kb); Py_DECREF(kg); Py_DECREF(nsb); return NULL; }
-    /* one whole record; no Python code runs between these appends */
-    if (PyList_Append(self->buf, kb) < 0 || PyList_Append(self->buf, kg) < 0 ||
-        PyList_Append(self->buf, nsb) < 0 || PyList_Append(self->buf, self->op) < 0 ||
-        PyList_Append(self->buf, v) < 0) {
-        Py_DECREF(kb); Py_DECREF(kg); Py_DECREF(nsb);
+    PyObject *kinfo = PyObject_GetAttr(self->backend, s_kinfo);
+    if (kinfo == NULL) return NULL;
+    if (!PyTuple_CheckExact(kinfo) || PyTuple_GET_SIZE(kinfo) != 3) {
+        Py_DECREF(kinfo);
+        PyErr_SetString(PyExc_TypeError, "fast path: backend._kinfo must be a 3-tuple");
         return NULL;
     }
-    Py_DECREF(kb); Py_DECREF(kg); Py_DECREF(nsb);
+    Py_ssize_t limit = PyLong_AsSsize_t(PyList_GET_ITEM(self->cell, 0));
+    if (limit == -1 && PyErr_Occurred()) { Py_DECREF(kinfo); return NULL; }
+    /* one whole record; no Python code runs between these appends */
+    if (PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 1)) < 0 ||
+        PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 2)) < 0 ||
+        PyList_Append(self->buf, PyList_GET_ITEM(self->nsctx, 1)) < 0 ||
+        PyList_Append(self->buf, self->op) < 0 || PyList_Append(self->buf, v) < 0) {
+        Py_DECREF(kinfo);
+        return NULL;
+    }
+    Py_DECREF(kinfo);
     if (PyList_GET_SIZE(self->buf) >= limit) {
         PyObject *r = PyObject_CallMethodNoArgs(self->stream, s_on_buffer_full);
         if (r == NULL) return NULL;
@@ -113,14 +120,16 @@ static PyTypeObject UpdateType = {
     .tp_doc = "Fast update() of a value-like state (see statelog/state/kinds.py).",
 };
 
-/* make_update(state, backend, buf, stream, pytype, lo, hi, check, clear, op) */
+/* make_update(backend, buf, stream, pytype, lo, hi, check, clear, op, nsctx, cell) */
 static PyObject *make_update(PyObject *module, PyObject *args) {
-    PyObject *state, *backend, *buf, *stream, *pytype, *lo, *hi, *check, *clear, *op;
-    if (!PyArg_UnpackTuple(args, "make_update", 10, 10, &state, &backend, &buf, &stream, &pytype,
-                           &lo, &hi, &check, &clear, &op))
+    PyObject *backend, *buf, *stream, *pytype, *lo, *hi, *check, *clear, *op, *nsctx, *cell;
+    if (!PyArg_UnpackTuple(args, "make_update", 11, 11, &backend, &buf, &stream, &pytype, &lo,
+                           &hi, &check, &clear, &op, &nsctx, &cell))
         return NULL;
-    if (buf != Py_None && !PyList_CheckExact(buf)) {
-        PyErr_SetString(PyExc_TypeError, "buf must be a list or None");
+    if ((buf != Py_None && (!PyList_CheckExact(buf) || !PyList_CheckExact(cell) ||
+                            PyList_GET_SIZE(cell) != 1)) ||
+        !PyList_CheckExact(nsctx) || PyList_GET_SIZE(nsctx) != 2) {
+        PyErr_SetString(PyExc_TypeError, "make_update: bad buffer, limit cell or namespace context");
         return NULL;
     }
     Update *self = PyObject_GC_New(Update, &UpdateType);
@@ -137,10 +146,14 @@ static PyObject *make_update(PyObject *module, PyObject *args) {
         if (h == -1 && PyErr_Occurred()) { PyObject_GC_Del(self); return NULL; }
         self->hi = of > 0 ? LLONG_MAX : (of < 0 ? LLONG_MIN : h);
     }
-    Py_INCREF(state); self->state = state;
     Py_INCREF(backend); self->backend = backend;
-    if (buf == Py_None) { self->buf = NULL; self->stream = NULL; }
-    else { Py_INCREF(buf); self->buf = buf; Py_INCREF(stream); self->stream = stream; }
+    Py_INCREF(nsctx); self->nsctx = nsctx;
+    if (buf == Py_None) { self->buf = NULL; self->stream = NULL; self->cell = NULL; }
+    else {
+        Py_INCREF(buf); self->buf = buf;
+        Py_INCREF(stream); self->stream = stream;
+        Py_INCREF(cell); self->cell = cell;
+    }
     Py_INCREF(pytype); self->pytype = pytype;
     Py_INCREF(check); self->check = check;
     Py_INCREF(clear); self->clear = clear;
@@ -160,7 +173,6 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "fastpath", NULL, 
 PyMODINIT_FUNC PyInit_fastpath(void) {
     if (PyType_Ready(&UpdateType) < 0) return NULL;
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
-    INTERN(s_cur, "_cur") INTERN(s_key, "_key") INTERN(s_kb, "_kb") INTERN(s_kg, "_kg")
-    INTERN(s_nsb, "_nsb") INTERN(s_buf_limit, "buf_limit") INTERN(s_on_buffer_full, "on_buffer_full")
+    INTERN(s_key, "_key") INTERN(s_kinfo, "_kinfo") INTERN(s_on_buffer_full, "on_buffer_full")
     return PyModule_Create(&moduledef);
 }

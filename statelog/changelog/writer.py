@@ -93,6 +93,7 @@ class ChangelogStream:
         else:
             self._normal_limit = writer.max_buffered_records * self.width
         self.buf_limit = self._normal_limit
+        self.limit_cell = [self._normal_limit]  # the same, read by the value-state fast paths
 
     @property
     def position(self) -> int:
@@ -154,6 +155,7 @@ class ChangelogStream:
         """
         self.throttled = throttled
         self.buf_limit = 0 if throttled else self._normal_limit
+        self.limit_cell[0] = self.buf_limit
         owner = self.owner
         if owner is not None:
             owner._append = self._throttled_append if throttled else self.append

@@ -85,6 +85,7 @@ class KeyedState:
         self._ns: Any = None
         self._nsb = NONE_NS
         self._cur: dict[Any, Any] = self._tables[NONE_NS]
+        self._nsctx: list[Any] = [self._cur, self._nsb]  # the same, for the C fast path
 
     # -- namespace -----------------------------------------------------------------------------
 
@@ -101,6 +102,8 @@ class KeyedState:
             table = self._tables[nsb] = {}
             self._namespaces[nsb] = namespace
         self._ns, self._nsb, self._cur = namespace, nsb, table
+        self._nsctx[0] = table
+        self._nsctx[1] = nsb
 
     @property
     def namespace(self) -> Any:
@@ -112,11 +115,11 @@ class KeyedState:
         return self._b.clock()
 
     def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
-        b = self._b
+        ki = self._b._kinfo
         if self._compact:
-            self._append((b._kb, b._kg, self._nsb, op, value))
+            self._append((ki[1], ki[2], self._nsb, op, value))
         else:
-            self._append((b._kb, b._kg, self._nsb, op, ukey, value, expires))
+            self._append((ki[1], ki[2], self._nsb, op, ukey, value, expires))
         if len(self._buf) >= self._buf_limit:
             self._stream.on_buffer_full()  # type: ignore[union-attr]
 
@@ -207,8 +210,9 @@ class ValueState(KeyedState):
             lo, hi = -1, 1  # only consulted for ints
         if _fastpath is not None and not _FORCE_PYTHON:
             self.update = _fastpath.make_update(  # type: ignore[method-assign]
-                state, b, buf if stream is not None else None, stream, pytype, lo, hi,
-                check, clear, OP_PUT,
+                b, buf if stream is not None else None, stream, pytype, lo, hi,
+                check, clear, OP_PUT, self._nsctx,
+                stream.limit_cell if stream is not None else None,
             )
             return
 
@@ -223,7 +227,7 @@ class ValueState(KeyedState):
                 state._cur[b._key] = v
 
         else:
-            extend, put = buf.extend, OP_PUT
+            extend, put, limit_cell = buf.extend, OP_PUT, stream.limit_cell
 
             def update(v: Any) -> None:
                 if v.__class__ is not pytype or (pytype is int and not lo <= v <= hi):
@@ -232,9 +236,10 @@ class ValueState(KeyedState):
                         return
                     check(v)
                 state._cur[b._key] = v
-                extend((b._kb, b._kg, state._nsb, put, v))
-                # ``buf_limit`` drops to 0 while the writer applies back-pressure
-                if len(buf) >= stream.buf_limit:
+                ki = b._kinfo
+                extend((ki[1], ki[2], state._nsb, put, v))
+                # the limit drops to 0 while the writer applies back-pressure
+                if len(buf) >= limit_cell[0]:
                     stream.on_buffer_full()
 
         self.update = update  # type: ignore[method-assign]

@@ -81,21 +81,23 @@ class TimerService:
         if type(timestamp) is not int:
             raise StateTypeError(f"timer timestamps are int milliseconds, got {type(timestamp).__name__}")
         b = self._b
-        entry = (timestamp, b._kb, encode_key(namespace))
+        ki = b._kinfo
+        entry = (timestamp, ki[1], encode_key(namespace))
         s = self._sets[d]
         if entry in s:
             return
         s.add(entry)
-        self._logs[d].emit((b._kb, b._kg, entry[2], OP_TIMER_ADD, timestamp))
+        self._logs[d].emit((ki[1], ki[2], entry[2], OP_TIMER_ADD, timestamp))
 
     def _delete(self, d: int, timestamp: int, namespace: Any) -> None:
         b = self._b
-        entry = (timestamp, b._kb, encode_key(namespace))
+        ki = b._kinfo
+        entry = (timestamp, ki[1], encode_key(namespace))
         s = self._sets[d]
         if entry not in s:
             return
         s.remove(entry)
-        self._logs[d].emit((b._kb, b._kg, entry[2], OP_TIMER_REMOVE, timestamp))
+        self._logs[d].emit((ki[1], ki[2], entry[2], OP_TIMER_REMOVE, timestamp))
 
     def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
         self._add(0, timestamp, namespace)
@@ -121,7 +123,7 @@ class TimerService:
             ts, kb, nsb = s.pop(0)
             key = decode_key(kb)
             b.set_current_key(key)
-            log.emit((kb, b._kg, nsb, OP_TIMER_REMOVE, ts))
+            log.emit((kb, b._kinfo[2], nsb, OP_TIMER_REMOVE, ts))
             yield Timer(ts, key, decode_key(nsb), domain)
 
     def advance_watermark(self, watermark: int) -> Iterator[Timer]:
