@@ -37,6 +37,9 @@ from statelog.store.retry import RetryPolicy, call_with_retry
 log = logging.getLogger(__name__)
 
 CHANGELOG_PREFIX = "changelog/"
+# A busy task converts its own records; the flusher converts a partial batch only after
+# the task has not completed one for this many persist delays (a slow stream).
+RAW_TAKE_DELAYS = 3
 
 
 @dataclass(frozen=True)
@@ -412,7 +415,7 @@ class ChangelogWriter:
                     self.encode_in_task
                     and s.encoded
                     and not s._waiters
-                    and now - s.last_encode < self.persist_delay
+                    and now - s.last_encode < RAW_TAKE_DELAYS * self.persist_delay
                 ):
                     n = 0
                 if n == 0 and not s.encoded:
