@@ -60,6 +60,24 @@ from statelog.state.timers import TIMER_INFOS, TimerService
 log = logging.getLogger(__name__)
 
 
+class _NoCurrentKey:
+    """The current key before ``set_current_key``: any state access fails clearly."""
+
+    def __hash__(self) -> int:
+        raise StatelogError(
+            "no current key: call backend.set_current_key(key) before accessing keyed state"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return other is self
+
+    def __repr__(self) -> str:
+        return "<no current key>"
+
+
+NO_KEY = _NoCurrentKey()
+
+
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
@@ -130,7 +148,7 @@ class KeyedStateBackend:
         self._stream_prefix = stream_prefix or f"{operator_uid}.{subtask}.{uuid.uuid4().hex[:12]}"
         self.changelog_enabled = writer is not None
         self._streams: dict[str, ChangelogStream] = {}
-        self._key: Any = None
+        self._key: Any = NO_KEY
         # (key type, key bytes, key group) of the current key, the entry of the key cache
         self._kinfo: tuple[type, bytes, int] = (type(None), b"", -1)
         self._states: dict[str, KeyedState] = {}
@@ -193,7 +211,8 @@ class KeyedStateBackend:
 
     @property
     def current_key(self) -> Any:
-        return self._key
+        """The current key (``None`` also when no key was set yet)."""
+        return None if self._key is NO_KEY else self._key
 
     @property
     def current_key_group(self) -> int:

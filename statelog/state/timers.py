@@ -81,6 +81,7 @@ class TimerService:
         if type(timestamp) is not int:
             raise StateTypeError(f"timer timestamps are int milliseconds, got {type(timestamp).__name__}")
         b = self._b
+        hash(b._key)  # fails clearly when no current key is set
         ki = b._kinfo
         entry = (timestamp, ki[1], encode_key(namespace))
         s = self._sets[d]

@@ -195,3 +195,18 @@ def test_corrupt_checkpoint_metadata_names_the_object(tmp_path):
         job.backend("op", restore=meta.checkpoint_id)
     assert key in str(e.value)
     job.close()
+
+
+def test_state_access_before_set_current_key(tmp_path):
+    job = statelog.open(tmp_path.as_uri())
+    b = job.backend("op")
+    v = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    lst = b.get_state(ListStateDescriptor("l", pa.int64()))
+    for call in (lambda: v.update(1), v.value, lambda: lst.add(1), lambda: b.timers.register_event_time_timer(5)):
+        with pytest.raises(statelog.StatelogError, match="set_current_key"):
+            call()
+    assert b.current_key is None
+    b.set_current_key(None)  # None is a valid key
+    v.update(2)
+    assert v.value() == 2 and job.checkpoint().changelog_bytes > 0
+    job.close()
