@@ -367,11 +367,6 @@ class PendingSnapshot:
         self._futures = futures
         self.started = time.monotonic()
 
-    @property
-    def position(self) -> int:
-        """Records sealed into this checkpoint, over all states of the subtask."""
-        return sum(pos for _, pos in self.sealed)
-
     def done(self) -> bool:
         return all(f.done() for f in self._futures)
 

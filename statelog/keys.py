@@ -322,33 +322,3 @@ def key_group_range_for_subtask(max_parallelism: int, parallelism: int, index: i
 def subtask_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
     """The subtask index that owns ``key_group``: ``key_group * parallelism // max_parallelism``."""
     return key_group * parallelism // max_parallelism
-
-
-class KeyCodec:
-    """Serializes keys and computes key groups, with a bounded cache for hot keys."""
-
-    __slots__ = ("max_parallelism", "_cache", "_cache_limit")
-
-    def __init__(self, max_parallelism: int, cache_limit: int = 1 << 20) -> None:
-        self.max_parallelism = check_max_parallelism(max_parallelism)
-        self._cache: dict[Any, tuple[type, bytes, int]] = {}
-        self._cache_limit = cache_limit
-
-    def lookup(self, key: Any) -> tuple[bytes, int]:
-        """Return ``(key_bytes, key_group)`` for ``key``."""
-        try:
-            hit = self._cache.get(key)
-        except TypeError:
-            raise SerializationError(
-                f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, bool, "
-                "int, float, str, bytes, tuples of these, or types registered with register_key_type"
-            ) from None
-        if hit is not None and hit[0] is type(key):
-            return hit[1], hit[2]
-        kb = encode_key(key)
-        kg = _fmix32(zlib.crc32(kb)) % self.max_parallelism
-        if len(self._cache) >= self._cache_limit:
-            self._cache.clear()
-        if hit is None:
-            self._cache[key] = (type(key), kb, kg)
-        return kb, kg

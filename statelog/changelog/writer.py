@@ -91,12 +91,13 @@ class ChangelogStream:
         self.encoded_records = 0
         self.last_encode = time.monotonic()  # when the task thread last converted a batch
         self.closed = False
+        # buffer length (items) at which the task calls on_buffer_full; limit_cell holds it
+        # for the appending fast paths and drops to 0 while the writer applies back-pressure
         if writer.encode_in_task:
-            self._normal_limit = writer.encode_batch_records * self.width
+            self.normal_limit = writer.encode_batch_records * self.width
         else:
-            self._normal_limit = writer.max_buffered_records * self.width
-        self.buf_limit = self._normal_limit
-        self.limit_cell = [self._normal_limit]  # the same, read by the value-state fast paths
+            self.normal_limit = writer.max_buffered_records * self.width
+        self.limit_cell = [self.normal_limit]
 
     @property
     def position(self) -> int:
@@ -119,7 +120,7 @@ class ChangelogStream:
         w = self.writer
         if self.throttled:
             w._wait_writable(self)
-        if len(self.buf) < self._normal_limit:
+        if len(self.buf) < self.normal_limit:
             return
         if w.encode_in_task:
             self.encode_buffer()
@@ -153,12 +154,11 @@ class ChangelogStream:
         """Route the owner's appends through a blocking path while back-pressure applies.
 
         Two routes: owners that append through ``owner._append`` get a blocking append;
-        fast paths that check ``len(buf) >= buf_limit`` after each record see a limit of 0
-        and call :meth:`on_buffer_full`, which waits.
+        fast paths that check ``len(buf) >= limit_cell[0]`` after each record see a limit of
+        0 and call :meth:`on_buffer_full`, which waits.
         """
         self.throttled = throttled
-        self.buf_limit = 0 if throttled else self._normal_limit
-        self.limit_cell[0] = self.buf_limit
+        self.limit_cell[0] = 0 if throttled else self.normal_limit
         owner = self.owner
         if owner is not None:
             owner._append = self._throttled_append if throttled else self.append

@@ -72,7 +72,7 @@ class KeyedState:
         self._compact = stream is not None and stream.compact
         self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
         self._buf: list[Any] = stream.buf if stream is not None else []
-        self._buf_limit = stream.buf_limit if stream is not None else 1 << 62
+        self._buf_limit = stream.normal_limit if stream is not None else 1 << 62
         if stream is not None:
             stream.owner = self
         self._check = make_validator(descriptor.value_type, descriptor.name)

@@ -49,7 +49,7 @@ class _TimerLog:
         self._stream = stream
         self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
         self._buf: list[Any] = stream.buf if stream is not None else []
-        self._limit = stream.buf_limit if stream is not None else 1 << 62
+        self._limit = stream.normal_limit if stream is not None else 1 << 62
         if stream is not None:
             stream.owner = self
 
