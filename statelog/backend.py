@@ -17,10 +17,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogStream, ChangelogWriter
-from statelog.checkpoint import ChangelogRange, SubtaskStateHandle
+from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -34,11 +37,11 @@ from statelog.descriptors import (
 from statelog.errors import (
     CheckpointAbortedError,
     ConfigError,
-    FormatVersionError,
     KeyGroupError,
     SerializationError,
     StatelogError,
 )
+from statelog.materialization import Manifest, decode_values, load_manifest, read_table_file
 from statelog.keys import (
     KeyGroupRange,
     decode_key,
@@ -83,40 +86,63 @@ def wall_clock_ms() -> int:
 
 
 class RestoredChanges:
-    """Change records read from checkpoint handles, grouped per state, in replay order."""
+    """What a restore reads from checkpoint handles: materialized base tables per state, then
+    change records grouped per state, in replay order."""
 
     def __init__(self) -> None:
         self.infos: dict[str, StateInfo] = {}
+        self.base: dict[str, list[pa.Table]] = {}
         self.records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = {}
+        self.parts: list[MaterializedPart] = []
         self.inherited: list[ChangelogRange] = []
+        self.checkpoint_id: int | None = None
+        self.base_checkpoint_id = -1
         self.bytes_read = 0
+        self.base_rows = 0
         self.records_read = 0
 
     @staticmethod
     def read(
-        reader: SegmentReader, handles: list[SubtaskStateHandle], key_groups: KeyGroupRange
+        reader: SegmentReader,
+        handles: list[SubtaskStateHandle],
+        key_groups: KeyGroupRange,
+        manifests: dict[str, Manifest] | None = None,
     ) -> RestoredChanges:
         out = RestoredChanges()
+        store = reader.store
+        cache = manifests if manifests is not None else {}
         for h in handles:
-            if h.materialization is not None:
-                raise FormatVersionError(
-                    f"the state of operator {h.operator_uid!r} subtask {h.subtask} builds on "
-                    f"materialization {h.materialization!r}, which this build cannot read; "
-                    "upgrade statelog"
-                )
             for info in h.states:
                 out.infos.setdefault(info.name, info)
-            for rng in h.changelog:
-                sub = rng.restrict(key_groups)
+            for part in h.materialization:
+                sub = part.restrict(key_groups.intersect(h.key_groups))
                 if sub is None:
                     continue
-                out.inherited.append(sub)
-                for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
+                out.parts.append(sub)
+                m = load_manifest(store, part.manifest, cache)
+                out.base_checkpoint_id = max(out.base_checkpoint_id, m.checkpoint_id)
+                mop = m.operators.get(h.operator_uid)
+                if mop is None:
+                    continue
+                for info in mop.states:
+                    out.infos.setdefault(info.name, info)
+                    for f in mop.files_for(info.name, sub.key_groups):
+                        table = read_table_file(store, f, sub.key_groups, info)
+                        out.bytes_read += f.bytes
+                        if table.num_rows:
+                            out.base.setdefault(info.name, []).append(table)
+                            out.base_rows += table.num_rows
+            for rng in h.changelog:
+                sub_r = rng.restrict(key_groups)
+                if sub_r is None:
+                    continue
+                out.inherited.append(sub_r)
+                for batch in reader.read_range(sub_r.stream, sub_r.start, sub_r.end, sub_r.key_groups, sub_r.segments):
                     recs = out.records.setdefault(batch.state, [])
                     for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
                         recs.append((kb, nsb, op, ukey, value, exp))
                     out.records_read += batch.table.num_rows
-        out.bytes_read = reader.bytes_read
+        out.bytes_read += reader.bytes_read
         return out
 
 
@@ -154,6 +180,16 @@ class KeyedStateBackend:
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
+        # the materialized base: parts of manifests, the checkpoint it was taken at, and the
+        # changelog positions it covers (known when this backend adopted it)
+        self._base_parts: tuple[MaterializedPart, ...] = tuple(self._restored.parts)
+        self._base_cid = self._restored.base_checkpoint_id
+        self._covered: dict[str, int] = {}
+        # completed checkpoints this backend's state descends from: a materialization of one
+        # of them is a valid base for the next checkpoints
+        self._lineage: set[int] = set()
+        if self._restored.checkpoint_id is not None:
+            self._lineage.add(self._restored.checkpoint_id)
         self._decoded_keys: dict[bytes, Any] = {}
         self._install_set_key()
         self.timers = TimerService(
@@ -279,9 +315,38 @@ class KeyedStateBackend:
             key = self._decoded_keys[kb] = decode_key(kb)
         return key
 
+    def _load_base(self, state: KeyedState) -> None:
+        """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
+        info = state.info
+        dec = self._decode
+        ttl = bool(state._ttl)
+        for table in self._restored.base.pop(state.name, ()):
+            keys = [dec(kb) for kb in table.column("key").to_pylist()]
+            nss = table.column("namespace").to_pylist()
+            values = decode_values(info, table)
+            if ttl:
+                exps = table.column("expires_ms").to_pylist()
+                if info.kind is StateKind.LIST:
+                    values = [[[v, x] for v, x in zip(vs, xs, strict=True)] for vs, xs in zip(values, exps, strict=True)]
+                elif info.kind is StateKind.MAP:
+                    values = [
+                        {k: [v, x] for (k, v), x in zip(m.items(), xs, strict=True)}
+                        for m, xs in zip(values, exps, strict=True)
+                    ]
+                else:
+                    values = [[v, x] for v, x in zip(values, exps, strict=True)]
+            if nss and nss[0] == nss[-1] and pc.count_distinct(table.column("namespace")).as_py() == 1:
+                state._table_for(nss[0]).update(zip(keys, values, strict=True))
+            else:
+                table_for = state._table_for
+                for key, nsb, v in zip(keys, nss, values, strict=True):
+                    table_for(nsb)[key] = v
+
     def _replay(self, state: KeyedState) -> None:
+        self._load_base(state)
         records = self._restored.records.pop(state.name, None)
         if not records:
+            state.compact()
             return
         apply = state.apply
         dec = self._decode
@@ -291,6 +356,15 @@ class KeyedStateBackend:
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):
+            for table in self._restored.base.pop(name, ()):
+                self.timers._sets[d].update(
+                    zip(
+                        table.column("timestamp").to_pylist(),
+                        table.column("key").to_pylist(),
+                        table.column("namespace").to_pylist(),
+                        strict=True,
+                    )
+                )
             for kb, nsb, op, _ukey, value, _exp in self._restored.records.pop(name, ()):
                 self.timers.apply(d, kb, nsb, op, value)
 
@@ -325,14 +399,21 @@ class KeyedStateBackend:
             )
         sealed = [(s, s.position) for s in self._streams.values()]
         futures = [self._writer.persist(s, pos) for s, pos in sealed]
-        return PendingSnapshot(self, checkpoint_id, sealed, futures)
+        base = (self._base_parts, tuple(self._inherited), dict(self._covered))
+        return PendingSnapshot(self, checkpoint_id, sealed, futures, base)
 
-    def _handle(self, sealed: list[tuple[ChangelogStream, int]]) -> SubtaskStateHandle:
-        ranges = list(self._inherited)
+    def _handle(
+        self,
+        sealed: list[tuple[ChangelogStream, int]],
+        base: tuple[tuple[MaterializedPart, ...], tuple[ChangelogRange, ...], dict[str, int]],
+    ) -> SubtaskStateHandle:
+        parts, inherited, covered = base
+        ranges = list(inherited)
         for stream, pos in sealed:
-            if pos > 0:
-                segs = tuple(stream.segments_for(0, pos))
-                ranges.append(ChangelogRange(stream.stream_id, 0, pos, self.key_groups, segs))
+            start = covered.get(stream.stream_id, 0)
+            if pos > start:
+                segs = tuple(stream.segments_for(start, pos))
+                ranges.append(ChangelogRange(stream.stream_id, start, pos, self.key_groups, segs))
         return SubtaskStateHandle(
             operator_uid=self.operator_uid,
             subtask=self.subtask,
@@ -340,7 +421,58 @@ class KeyedStateBackend:
             key_groups=self.key_groups,
             changelog=tuple(ranges),
             states=tuple(self.state_infos()),
+            materialization=parts,
         )
+
+    # -- materialization -----------------------------------------------------------------------
+
+    @property
+    def base_checkpoint_id(self) -> int | None:
+        """The checkpoint of the materialization this backend's checkpoints build on, if any."""
+        return self._base_cid if self._base_parts else None
+
+    def checkpoint_completed(self, checkpoint_id: int) -> None:
+        """Note that a checkpoint including this backend's snapshot was published."""
+        self._lineage.add(checkpoint_id)
+
+    def adopt_materialization(self, manifest: Manifest) -> bool:
+        """Build the next checkpoints on ``manifest`` plus only the changelog after it.
+
+        Only a materialization of a completed checkpoint that this backend's state descends
+        from qualifies (not, e.g., one taken by an earlier run after the checkpoint this
+        backend was restored from), and only if it is newer than the current base.
+        Call it from the task thread, between records (the runtime does so before a snapshot).
+        """
+        if manifest.checkpoint_id <= self._base_cid or manifest.checkpoint_id not in self._lineage:
+            return False
+        mop = manifest.operators.get(self.operator_uid)
+        if mop is None:
+            return False
+        covered = mop.covered
+        inherited = []
+        for r in self._inherited:
+            done = covered.get(r.stream)
+            if done is None:
+                inherited.append(r)
+            elif done < r.end:
+                start = max(r.start, done)
+                segs = tuple(s for s in r.segments if s.end > start)
+                inherited.append(ChangelogRange(r.stream, start, r.end, r.key_groups, segs))
+        self._base_parts = (MaterializedPart(manifest.key, self.key_groups),)
+        self._base_cid = manifest.checkpoint_id
+        self._inherited = tuple(inherited)
+        self._covered = {s.stream_id: covered[s.stream_id] for s in self._streams.values() if s.stream_id in covered}
+        for stream in self._streams.values():  # forget segments the new base covers
+            done = self._covered.get(stream.stream_id)
+            if done:
+                with stream.lock:
+                    stream.segments = [seg for seg in stream.segments if seg.end > done]
+        self._lineage = {c for c in self._lineage if c >= manifest.checkpoint_id}
+        log.info(
+            "operator %r subtask %d: checkpoints now build on materialization %s (checkpoint %d)",
+            self.operator_uid, self.subtask, manifest.mid, manifest.checkpoint_id,
+        )
+        return True
 
     def close(self) -> None:
         if self._closed:
@@ -360,8 +492,10 @@ class PendingSnapshot:
         checkpoint_id: int,
         sealed: list[tuple[ChangelogStream, int]],
         futures: list[cf.Future[int]],
+        base: Any,
     ) -> None:
         self.backend = backend
+        self._base = base
         self.checkpoint_id = checkpoint_id
         self.sealed = sealed
         self._futures = futures
@@ -389,7 +523,7 @@ class PendingSnapshot:
                 f"checkpoint {self.checkpoint_id}: the changelog of operator {self.backend.operator_uid!r} "
                 f"subtask {self.backend.subtask} was not durable within {timeout}s"
             ) from None
-        return self.backend._handle(self.sealed)
+        return self.backend._handle(self.sealed, self._base)
 
 
 __all__ = ["KeyedStateBackend", "PendingSnapshot", "RestoredChanges", "SerializationError"]

@@ -186,3 +186,36 @@ def parse_checkpoint_id(value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         return int(value.strip())
     raise ConfigError(f"a checkpoint id is a non-negative integer, got {value!r}")
+
+
+def savepoint_names(store: ObjectStore) -> list[str]:
+    """Names of the savepoints of a job root (those whose metadata object exists)."""
+    from statelog.materialization import SAVEPOINT_PREFIX
+
+    out = []
+    for obj in store.list(SAVEPOINT_PREFIX):
+        rest = obj.key[len(SAVEPOINT_PREFIX):]
+        name, _, tail = rest.partition("/")
+        if tail == "_metadata.json":
+            out.append(name)
+    return sorted(out)
+
+
+def load_savepoint(store: ObjectStore, name: str) -> CheckpointMetadata:
+    """The metadata of savepoint ``name``; a clear error listing the savepoints if absent."""
+    from statelog.errors import SavepointNotFoundError
+    from statelog.materialization import check_savepoint_name, savepoint_metadata_key
+
+    key = savepoint_metadata_key(check_savepoint_name(name))
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        names = savepoint_names(store)
+        raise SavepointNotFoundError(
+            f"savepoint {name!r} does not exist in {store.url} (savepoints: {', '.join(names) or 'none'}); "
+            "list them with `statelog savepoint list ROOT`"
+        ) from None
+    meta = CheckpointMetadata.from_bytes(data, key)
+    if meta.kind != "savepoint":
+        raise CorruptionError(f"{key} is not savepoint metadata (kind {meta.kind!r})", key=key)
+    return meta

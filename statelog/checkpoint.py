@@ -1,8 +1,8 @@
-"""Checkpoint handles and checkpoint metadata (format ``statelog.checkpoint`` v1).
+"""Checkpoint handles and checkpoint metadata (format ``statelog.checkpoint`` v2).
 
 A :class:`SubtaskStateHandle` says how to rebuild one subtask's keyed state: the
-materialization it builds on (none yet) plus the changelog ranges after it, each range
-restricted to a key-group range. :class:`CheckpointMetadata` combines the handles of all
+materializations it builds on (parts of manifests, each restricted to a key-group range)
+plus the changelog ranges after them, each range restricted to a key-group range. :class:`CheckpointMetadata` combines the handles of all
 stateful subtasks with the source positions; it is published as one JSON object, written
 last, and carries a CRC-32 of its canonical body that every read verifies.
 """
@@ -20,7 +20,27 @@ from statelog.errors import CorruptionError, FormatVersionError
 from statelog.keys import KeyGroupRange
 
 CHECKPOINT_FORMAT = "statelog.checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # v1: written before materializations existed (no base)
+
+
+@dataclass(frozen=True)
+class MaterializedPart:
+    """The key groups ``key_groups`` of a materialization (manifest object key) as a base."""
+
+    manifest: str
+    key_groups: KeyGroupRange
+
+    def restrict(self, kgr: KeyGroupRange) -> MaterializedPart | None:
+        inter = self.key_groups.intersect(kgr)
+        return None if inter.is_empty else MaterializedPart(self.manifest, inter)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"manifest": self.manifest, "key_groups": self.key_groups.to_json()}
+
+    @staticmethod
+    def from_json(obj: Any) -> MaterializedPart:
+        return MaterializedPart(str(obj["manifest"]), KeyGroupRange.from_json(obj["key_groups"]))
 
 
 @dataclass(frozen=True)
@@ -73,7 +93,7 @@ class SubtaskStateHandle:
     key_groups: KeyGroupRange
     changelog: tuple[ChangelogRange, ...]
     states: tuple[StateInfo, ...]
-    materialization: str | None = None
+    materialization: tuple[MaterializedPart, ...] = ()
 
     @property
     def changelog_bytes(self) -> int:
@@ -82,13 +102,16 @@ class SubtaskStateHandle:
     def segment_names(self) -> set[str]:
         return {s.name for r in self.changelog for s in r.segments}
 
+    def manifest_keys(self) -> set[str]:
+        return {p.manifest for p in self.materialization}
+
     def to_json(self) -> dict[str, Any]:
         return {
             "operator": self.operator_uid,
             "subtask": self.subtask,
             "parallelism": self.parallelism,
             "key_groups": self.key_groups.to_json(),
-            "materialization": self.materialization,
+            "materialization": [p.to_json() for p in self.materialization],
             "changelog": [r.to_json() for r in self.changelog],
             "states": [s.to_json() for s in self.states],
         }
@@ -102,7 +125,7 @@ class SubtaskStateHandle:
             key_groups=KeyGroupRange.from_json(obj["key_groups"]),
             changelog=tuple(ChangelogRange.from_json(r) for r in obj["changelog"]),
             states=tuple(StateInfo.from_json(s) for s in obj["states"]),
-            materialization=obj.get("materialization"),
+            materialization=tuple(MaterializedPart.from_json(p) for p in obj.get("materialization") or ()),
         )
 
 
@@ -141,8 +164,7 @@ class CheckpointMetadata:
     sources: dict[str, Any]
     operators: dict[str, OperatorState]
     stats: dict[str, Any] = field(default_factory=dict)
-    kind: str = "checkpoint"
-    materialization: str | None = None
+    kind: str = "checkpoint"  # or "savepoint"
 
     @property
     def changelog_bytes(self) -> int:
@@ -150,6 +172,10 @@ class CheckpointMetadata:
 
     def segment_names(self) -> set[str]:
         return {n for op in self.operators.values() for h in op.subtasks for n in h.segment_names()}
+
+    def manifest_keys(self) -> set[str]:
+        """Object keys of every materialization manifest this checkpoint builds on."""
+        return {k for op in self.operators.values() for h in op.subtasks for k in h.manifest_keys()}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -160,7 +186,6 @@ class CheckpointMetadata:
             "job_id": self.job_id,
             "timestamp_ms": self.timestamp_ms,
             "max_parallelism": self.max_parallelism,
-            "materialization": self.materialization,
             "sources": self.sources,
             "stats": self.stats,
             "operators": {
@@ -199,10 +224,10 @@ class CheckpointMetadata:
             )
         if body.get("format") != CHECKPOINT_FORMAT:
             raise CorruptionError(f"{object_key} is not checkpoint metadata", key=object_key)
-        if body.get("version") != CHECKPOINT_VERSION:
+        if body.get("version") not in READABLE_VERSIONS:
             raise FormatVersionError(
                 f"checkpoint metadata {object_key} has format version {body.get('version')}, this "
-                f"build reads version {CHECKPOINT_VERSION}; upgrade statelog",
+                f"build reads versions {READABLE_VERSIONS}; upgrade statelog",
                 key=object_key,
             )
         try:
@@ -223,7 +248,6 @@ class CheckpointMetadata:
                 operators=operators,
                 stats=body.get("stats", {}),
                 kind=body.get("kind", "checkpoint"),
-                materialization=body.get("materialization"),
             )
         except CorruptionError as e:
             if e.key is not None:

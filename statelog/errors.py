@@ -78,6 +78,10 @@ class CheckpointNotFoundError(StatelogError, LookupError):
     """The requested checkpoint id does not exist (or is no longer retained)."""
 
 
+class SavepointNotFoundError(StatelogError, LookupError):
+    """The requested savepoint does not exist."""
+
+
 class CheckpointAbortedError(StatelogError):
     """A checkpoint was cancelled or failed before it completed."""
 
@@ -92,3 +96,8 @@ class KeyGroupError(StatelogError):
 
 class StateNotFoundError(StatelogError, LookupError):
     """A named operator or state does not exist in the checkpoint."""
+
+
+class LeaseLostError(StatelogError):
+    """A leader lease is not (or no longer) held: it expired, was released, or a daemon
+    acquired a higher generation. The holder must stop publishing at once."""

@@ -28,6 +28,7 @@ from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import CheckpointMetadata, OperatorState, SubtaskStateHandle
 from statelog.errors import ConfigError, JobMismatchError, StatelogError
 from statelog.keys import check_parallelism, key_group_range_for_subtask
+from statelog.materialization import Manifest, latest_manifest_key, load_manifest
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 
@@ -86,6 +87,11 @@ class StateJob:
         self._backends: list[KeyedStateBackend] = []
         self._last_id: int | None = None
         self._last_bytes_uploaded = 0
+        self._manifests: dict[str, Manifest] = {}
+        self._latest_manifest: str | None = None
+        self._manifest_checked = 0.0
+        # how often checkpoint() looks for a newer materialization (one LIST request)
+        self.materialization_poll_s = 1.0
 
     # -- writer and backends -------------------------------------------------------------------
 
@@ -137,6 +143,8 @@ class StateJob:
             return None
         if isinstance(which, CheckpointMetadata):
             meta = which
+        elif isinstance(which, str) and which.startswith("savepoint:"):
+            meta = self.load_savepoint(which[len("savepoint:"):])
         elif which == "latest":
             meta = self.catalog.latest()
             if meta is None:
@@ -154,13 +162,46 @@ class StateJob:
         op = meta.operators.get(operator_uid)
         handles = op.handles_for(kgr) if op is not None else []
         t0 = time.monotonic()
-        restored = RestoredChanges.read(SegmentReader(self.store), handles, kgr)
+        restored = RestoredChanges.read(SegmentReader(self.store), handles, kgr, self._manifests)
+        if meta.kind == "checkpoint":
+            restored.checkpoint_id = meta.checkpoint_id
         log.info(
-            "restored operator %r key groups %s from checkpoint %d: %d records, %d bytes in %.3fs",
-            operator_uid, kgr, meta.checkpoint_id, restored.records_read, restored.bytes_read,
-            time.monotonic() - t0,
+            "restored operator %r key groups %s from %s %d: %d materialized rows, %d change records, "
+            "%d bytes in %.3fs",
+            operator_uid, kgr, meta.kind, meta.checkpoint_id, restored.base_rows, restored.records_read,
+            restored.bytes_read, time.monotonic() - t0,
         )
         return restored
+
+    def load_savepoint(self, name: str) -> CheckpointMetadata:
+        """The metadata of savepoint ``name`` (restore from it like from a checkpoint)."""
+        from statelog.catalog import load_savepoint
+
+        return load_savepoint(self.store, name)
+
+    # -- materializations ----------------------------------------------------------------------
+
+    def latest_materialization(self, max_age_s: float = 0.0) -> Manifest | None:
+        """The newest published materialization (listed at most every ``max_age_s`` seconds)."""
+        now = time.monotonic()
+        if self._latest_manifest is None or now - self._manifest_checked >= max_age_s:
+            self._manifest_checked = now
+            self._latest_manifest = latest_manifest_key(self.store)
+        if self._latest_manifest is None:
+            return None
+        return load_manifest(self.store, self._latest_manifest, self._manifests)
+
+    def adopt_latest_materialization(self) -> Manifest | None:
+        """Let every live backend of this process build on the newest usable materialization."""
+        live = [b for b in self._backends if not b._closed]
+        if not live:
+            return None
+        m = self.latest_materialization(self.materialization_poll_s)
+        if m is None:
+            return None
+        for b in live:
+            b.adopt_materialization(m)
+        return m
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -179,6 +220,7 @@ class StateJob:
         """
         t0 = time.monotonic()
         cid = self.next_checkpoint_id()
+        self.adopt_latest_materialization()
         live = [b for b in self._backends if not b._closed]
         by_uid: dict[str, list[KeyedStateBackend]] = {}
         for b in live:
@@ -236,6 +278,10 @@ class StateJob:
         )
         size = self.catalog.publish(meta)
         self._last_id = checkpoint_id
+        included = {(h.operator_uid, h.subtask, h.parallelism) for h in handles}
+        for b in self._backends:
+            if not b._closed and (b.operator_uid, b.subtask, b.parallelism) in included:
+                b.checkpoint_completed(checkpoint_id)
         log.info(
             "checkpoint %d published (%d operators, %d bytes of metadata)", checkpoint_id, len(operators), size
         )

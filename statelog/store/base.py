@@ -37,6 +37,25 @@ class ObjectStore(abc.ABC):
         :class:`~statelog.errors.ObjectExistsError`. When it returns, the object is durable.
         """
 
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Atomically create ``key`` with ``data`` unless an object exists under it.
+
+        Returns ``True`` if this call created the object (durable when it returns),
+        ``False`` if an object already existed under ``key``, whatever its content. Of
+        several concurrent callers on one key exactly one gets ``True``. Unlike
+        :meth:`put` it never compares content on the first attempt: an existing object
+        means somebody else created it. Only when an implementation *retries* a request
+        whose outcome was unknown does it compare bytes, and then identical bytes count as
+        its own creation, so callers that need to know who won must make ``data`` unique
+        to the writer (an owner id, a nonce).
+
+        The default raises ``NotImplementedError``: a store without an atomic
+        create-if-absent must not pretend to have one (see ``docs/store.md``).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement an atomic put_if_absent"
+        )
+
     @abc.abstractmethod
     def get(self, key: str) -> bytes:
         """Return the whole object; :class:`~statelog.errors.ObjectNotFoundError` if absent."""

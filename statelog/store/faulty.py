@@ -1,7 +1,8 @@
 """A fault-injecting wrapper around any :class:`ObjectStore`, for tests.
 
 Every call passes through these stages, each optional and configured per operation
-(``put``, ``get``, ``get_range``, ``head``, ``list``, ``delete``, or ``"*"`` for all)::
+(``put``, ``put_if_absent``, ``get``, ``get_range``, ``head``, ``list``, ``delete``, or
+``"*"`` for all)::
 
     latency -> injected failure -> before hook -> inner call -> after hook -> read corruption
 
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from statelog.errors import ConfigError, TransientStoreError
 from statelog.store.base import ObjectInfo, ObjectStore
 
-OPS = ("put", "get", "get_range", "head", "list", "delete")
+OPS = ("put", "put_if_absent", "get", "get_range", "head", "list", "delete")
 
 Hook = Callable[[str, str], None]
 """``hook(op, key)``; for ``list`` the key is the prefix."""
@@ -198,6 +199,12 @@ class FaultInjectingStore(ObjectStore):
         self._enter("put", key)
         self.inner.put(key, data)
         self._leave("put", key)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._enter("put_if_absent", key)
+        created = self.inner.put_if_absent(key, data)
+        self._leave("put_if_absent", key)
+        return created
 
     def get(self, key: str) -> bytes:
         self._enter("get", key)

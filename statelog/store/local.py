@@ -6,6 +6,8 @@ Each object is one regular file ``<root>/<key>``. A put is atomic and write-once
 2. ``os.link`` it to the final name, which fails with ``EEXIST`` if the object exists
    (never overwrites, unlike ``rename``); on ``EEXIST`` the stored bytes are compared:
    identical means the put was already done (idempotent retry), different is an error;
+   ``put_if_absent`` instead reports ``False`` on ``EEXIST`` (it never compares: the
+   local store does not retry, so an existing object is always somebody else's);
 3. unlink the temporary file and fsync the directory, so the new entry survives a crash.
 
 New directories are created one by one and their parents fsynced. Listing skips the
@@ -113,19 +115,57 @@ class LocalObjectStore(ObjectStore):
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
+        data = self._check_bytes("put", key, data)
+        for _ in range(_DIR_RACE_ATTEMPTS):
+            if self._create(key, path, data):
+                return
+            try:
+                self._check_same(key, path, data)
+                return
+            except FileNotFoundError:
+                continue  # the existing object was deleted meanwhile: create it again
+        raise StoreError(
+            f"could not write object {key!r} in {self.url}: it kept being deleted and "
+            "re-created concurrently",
+            key=key,
+        )
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        data = self._check_bytes("put_if_absent", key, data)
+        created = self._create(key, path, data)
+        if not created:
+            if path.is_dir():
+                raise self._prefix_conflict(key)
+            logger.debug("put_if_absent %s/%s: an object already exists", self.url, key)
+        return created
+
+    @staticmethod
+    def _check_bytes(op: str, key: str, data: bytes) -> bytes:
         if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"put() needs bytes for {key!r}, got {type(data).__name__}")
-        data = bytes(data)
+            raise TypeError(f"{op}() needs bytes for {key!r}, got {type(data).__name__}")
+        return bytes(data)
+
+    def _prefix_conflict(self, key: str) -> StoreError:
+        return StoreError(
+            f"cannot create object {key!r} in {self.url}: it is already a prefix of other "
+            "objects, and a key cannot be both an object and a prefix",
+            key=key,
+        )
+
+    def _create(self, key: str, path: Path, data: bytes) -> bool:
+        """Create ``path`` atomically; ``True`` if created, ``False`` if the name exists."""
         try:
-            for attempt in range(_DIR_RACE_ATTEMPTS):
+            attempt = 1
+            while True:
                 try:
                     self._ensure_dir(path.parent)
-                    self._put_new(key, path, data)
-                    return
+                    return self._link_new(key, path, data)
                 except FileNotFoundError:
                     # A concurrent delete of the directory's last object pruned it; redo.
-                    if attempt == _DIR_RACE_ATTEMPTS - 1:
+                    if attempt >= _DIR_RACE_ATTEMPTS:
                         raise
+                    attempt += 1
         except (FileExistsError, NotADirectoryError) as exc:
             raise StoreError(
                 f"cannot create object {key!r} in {self.url}: a parent of it is an object, "
@@ -135,7 +175,12 @@ class LocalObjectStore(ObjectStore):
         except OSError as exc:
             raise self._error("write", key, exc) from exc
 
-    def _put_new(self, key: str, path: Path, data: bytes) -> None:
+    def _link_new(self, key: str, path: Path, data: bytes) -> bool:
+        """Write a fsynced temp file and hard-link it to ``path`` (fails if it exists).
+
+        Returns ``False`` when the name already exists (file or directory), ``True`` once
+        the new entry is durable.
+        """
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -145,8 +190,7 @@ class LocalObjectStore(ObjectStore):
             try:
                 os.link(tmp, path)
             except FileExistsError:
-                self._check_same(key, path, data)
-                return
+                return False
             except OSError as exc:
                 if exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
                     raise StoreError(
@@ -158,16 +202,21 @@ class LocalObjectStore(ObjectStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        _fsync_dir(str(path.parent))
+        # The directory holds the new object, so only a concurrent delete of that very
+        # object can have pruned it; the object was created either way.
+        with contextlib.suppress(FileNotFoundError):
+            _fsync_dir(str(path.parent))
+        return True
 
     def _check_same(self, key: str, path: Path, data: bytes) -> None:
         if path.is_dir():
-            raise StoreError(
-                f"cannot create object {key!r} in {self.url}: it is already a prefix of other "
-                "objects, and a key cannot be both an object and a prefix",
-                key=key,
-            )
-        existing = path.read_bytes()
+            raise self._prefix_conflict(key)
+        try:
+            existing = path.read_bytes()
+        except FileNotFoundError:
+            raise  # deleted concurrently; the caller creates it again
+        except OSError as exc:
+            raise self._error("read", key, exc) from exc
         if existing != data:
             raise ObjectExistsError(
                 f"object {key!r} already exists in {self.url} with different content "

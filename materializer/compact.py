@@ -1,0 +1,390 @@
+"""Materialize one completed checkpoint: compact its changelog into Parquet state tables.
+
+For every operator and subtask handle of the checkpoint, the new image of each state is
+the handle's materialized base (parts of earlier manifests) with the handle's changelog
+ranges applied. Key groups are grouped into fixed units (``units`` per operator, aligned
+over ``[0, max_parallelism)``); a base file whose key groups are all untouched by the
+changelog (for that state) is reused as is, everything else is rewritten. The manifest is
+written last: until it exists, the new files are unreachable leftovers that GC removes
+after its grace period.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from statelog.changelog.format import (
+    OP_DELETE,
+    OP_LIST_APPEND,
+    OP_LIST_REPLACE,
+    OP_MAP_PUT,
+    OP_MAP_REMOVE,
+    OP_PUT,
+    OP_TIMER_ADD,
+    OP_TIMER_REMOVE,
+    TIMER_STATES,
+)
+from statelog.changelog.reader import SegmentReader
+from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
+from statelog.descriptors import StateInfo, StateKind
+from statelog.errors import CorruptionError
+from statelog.keys import KeyGroupRange
+from statelog.materialization import (
+    DATA_PREFIX,
+    Manifest,
+    MaterializedOperator,
+    TableFile,
+    encode_parquet,
+    image_to_table,
+    load_manifest,
+    manifest_key,
+    new_materialization_id,
+    read_table_file,
+    table_to_image,
+)
+from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass(frozen=True)
+class MaterializeOptions:
+    """Layout of the state tables."""
+
+    target_file_bytes: int = 64 << 20  # files are cut at key-group boundaries near this size
+    units: int = 16  # key-group units per operator: the granularity of file reuse
+    row_group_rows: int = 65_536
+    upload_threads: int = 4
+
+
+def _unit_runs(kgs: list[int], unit: int) -> list[KeyGroupRange]:
+    """Contiguous runs of sorted key groups, cut at unit boundaries."""
+    runs: list[KeyGroupRange] = []
+    start = prev = None
+    for kg in kgs:
+        if start is None:
+            start = prev = kg
+        elif kg == prev + 1 and kg // unit == start // unit:
+            prev = kg
+        else:
+            runs.append(KeyGroupRange(start, prev))
+            start = prev = kg
+    if start is not None:
+        runs.append(KeyGroupRange(start, prev))
+    return runs
+
+
+class _Apply:
+    """Applies change records to an image ``{(kg, key, ns): entry}`` (timers: a set of rows)."""
+
+    @staticmethod
+    def value(img: dict, recs: Iterable[tuple]) -> None:
+        for kg, op, kb, nsb, _uk, v, exp in recs:
+            k = (kg, kb, nsb)
+            if op == OP_PUT:
+                img[k] = (v, exp)
+            elif op == OP_DELETE:
+                img.pop(k, None)
+            else:
+                raise CorruptionError(f"operation {op} is not valid for value-like state")
+
+    @staticmethod
+    def list(img: dict, recs: Iterable[tuple]) -> None:
+        for kg, op, kb, nsb, _uk, v, exp in recs:
+            k = (kg, kb, nsb)
+            if op == OP_LIST_APPEND:
+                cur = img.get(k)
+                if cur is None:
+                    img[k] = [(x, exp) for x in v]
+                else:
+                    cur.extend((x, exp) for x in v)
+            elif op == OP_LIST_REPLACE:
+                img[k] = [(x, exp) for x in v]
+            elif op == OP_DELETE:
+                img.pop(k, None)
+            else:
+                raise CorruptionError(f"operation {op} is not valid for list state")
+
+    @staticmethod
+    def map(img: dict, recs: Iterable[tuple]) -> None:
+        for kg, op, kb, nsb, uk, v, exp in recs:
+            k = (kg, kb, nsb)
+            if op == OP_MAP_PUT:
+                m = img.get(k)
+                if m is None:
+                    m = img[k] = {}
+                m[uk] = (v, exp)
+            elif op == OP_MAP_REMOVE:
+                m = img.get(k)
+                if m is not None:
+                    m.pop(uk, None)
+                    if not m:
+                        del img[k]
+            elif op == OP_DELETE:
+                img.pop(k, None)
+            else:
+                raise CorruptionError(f"operation {op} is not valid for map state")
+
+    @staticmethod
+    def timers(img: dict, recs: Iterable[tuple]) -> None:
+        for kg, op, kb, nsb, _uk, ts, _exp in recs:
+            k = (kg, kb, nsb, ts)
+            if op == OP_TIMER_ADD:
+                img[k] = None
+            elif op == OP_TIMER_REMOVE:
+                img.pop(k, None)
+            else:
+                raise CorruptionError(f"operation {op} is not a timer operation")
+
+
+def _applier(info: StateInfo) -> Callable[[dict, Iterable[tuple]], None]:
+    if info.name in TIMER_STATES:
+        return _Apply.timers
+    if info.kind is StateKind.LIST:
+        return _Apply.list
+    if info.kind is StateKind.MAP:
+        return _Apply.map
+    return _Apply.value
+
+
+class Materializer:
+    """Writes the materialization of one checkpoint (used by the daemon, tools and tests)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        options: MaterializeOptions | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options or MaterializeOptions()
+        self.progress = progress
+        self._manifests: dict[str, Manifest] = {}
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    def materialize(
+        self,
+        meta: CheckpointMetadata,
+        *,
+        lease_generation: int = 0,
+        data_prefix: str = DATA_PREFIX,
+        key: str | None = None,
+        self_contained: bool = False,
+        kind: str = "materialization",
+        before_publish: Callable[[], None] | None = None,
+    ) -> Manifest:
+        """Write the tables and publish the manifest of checkpoint ``meta``.
+
+        ``self_contained`` rewrites every file below ``data_prefix`` (savepoints);
+        ``before_publish`` runs right before the manifest is written and may raise to stop
+        the publication (the daemon's fencing check).
+        """
+        t0 = time.monotonic()
+        mid = new_materialization_id(meta.checkpoint_id, lease_generation)
+        key = key or manifest_key(mid)
+        stats = {"rows": 0, "files_written": 0, "files_reused": 0, "bytes_written": 0, "bytes_reused": 0,
+                 "changelog_records": 0, "changelog_bytes": 0, "base_rows_read": 0}
+        self._pool = cf.ThreadPoolExecutor(self.options.upload_threads, thread_name_prefix="statelog-mat")
+        try:
+            operators = {}
+            for idx, uid in enumerate(sorted(meta.operators)):
+                operators[uid] = self._operator(meta, uid, idx, f"{data_prefix}{mid}/", self_contained, stats)
+        finally:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
+        manifest = Manifest(
+            mid=mid,
+            key=key,
+            checkpoint_id=meta.checkpoint_id,
+            job_id=meta.job_id,
+            max_parallelism=meta.max_parallelism,
+            created_ms=int(time.time() * 1000),
+            lease_generation=lease_generation,
+            operators=operators,
+            kind=kind,
+            stats=stats,
+        )
+        if before_publish is not None:
+            before_publish()
+        self.store.put(key, manifest.to_bytes())
+        self._manifests[key] = manifest
+        log.info(
+            "materialized checkpoint %d as %s: %d rows, %d files written (%d bytes), %d reused, "
+            "%d change records applied, in %.2fs",
+            meta.checkpoint_id, key, stats["rows"], stats["files_written"], stats["bytes_written"],
+            stats["files_reused"], stats["changelog_records"], stats["duration_ms"] / 1000,
+        )
+        return manifest
+
+    # -- per operator ---------------------------------------------------------------------------
+
+    def _operator(
+        self, meta: CheckpointMetadata, uid: str, idx: int, dir_: str, self_contained: bool, stats: dict
+    ) -> MaterializedOperator:
+        op = meta.operators[uid]
+        infos: dict[str, StateInfo] = {}
+        covered: dict[str, int] = {}
+        files: dict[str, list[TableFile]] = {}
+        unit = max(1, -(-meta.max_parallelism // self.options.units))
+        futures: list[cf.Future[Any]] = []
+        handles = sorted(op.subtasks, key=lambda h: h.key_groups.start)
+        for n, h in enumerate(handles):
+            if self.progress:
+                self.progress(f"{uid}: subtask state {n + 1}/{len(handles)}", n, len(handles))
+            for r in h.changelog:
+                covered[r.stream] = max(covered.get(r.stream, 0), r.end)
+            for info in h.states:
+                infos.setdefault(info.name, info)
+            bases = []
+            for part in h.materialization:
+                m = load_manifest(self.store, part.manifest, self._manifests)
+                mop = m.operators.get(uid)
+                if mop is None:
+                    continue
+                for info in mop.states:
+                    infos.setdefault(info.name, info)
+                bases.append((part.key_groups.intersect(h.key_groups), mop))
+            tail = self._read_tail(h, stats)
+            for name, info in sorted(infos.items()):
+                out = files.setdefault(name, [])
+                self._state(info, h, bases, tail.get(name, {}), unit, idx, len(infos), dir_, self_contained,
+                            out, futures, stats)
+        for f in futures:
+            f.result()
+        for name in files:
+            files[name].sort(key=lambda f: f.key_groups.start)
+        return MaterializedOperator(
+            uid=uid,
+            states=tuple(infos[n] for n in sorted(infos)),
+            covered=covered,
+            files={n: tuple(fs) for n, fs in files.items() if fs},
+        )
+
+    def _read_tail(self, h: SubtaskStateHandle, stats: dict) -> dict[str, dict[int, list[tuple]]]:
+        """The handle's change records per state and key group, in order."""
+        reader = SegmentReader(self.store)
+        out: dict[str, dict[int, list[tuple]]] = {}
+        for r in h.changelog:
+            sub = r.restrict(h.key_groups)
+            if sub is None:
+                continue
+            for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
+                per_kg = out.setdefault(batch.state, {})
+                for _seq, kg, op, kb, nsb, uk, v, exp in batch.rows():
+                    recs = per_kg.get(kg)
+                    if recs is None:
+                        recs = per_kg[kg] = []
+                    recs.append((kg, op, kb, nsb, uk, v, exp))
+                stats["changelog_records"] += batch.table.num_rows
+        stats["changelog_bytes"] += reader.bytes_read
+        return out
+
+    def _state(
+        self,
+        info: StateInfo,
+        h: SubtaskStateHandle,
+        bases: list[tuple[KeyGroupRange, MaterializedOperator]],
+        tail: dict[int, list[tuple]],
+        unit: int,
+        op_idx: int,
+        _n_states: int,
+        dir_: str,
+        self_contained: bool,
+        out: list[TableFile],
+        futures: list[cf.Future[Any]],
+        stats: dict,
+    ) -> None:
+        reused: set[int] = set()
+        base_files: list[tuple[KeyGroupRange, TableFile]] = []
+        for part_kgr, mop in bases:
+            for f in mop.files_for(info.name, part_kgr):
+                inside = f.key_groups.intersect(part_kgr) == f.key_groups
+                if inside and not self_contained and not any(kg in tail for kg in f.key_groups):
+                    out.append(f)
+                    reused.update(f.key_groups)
+                    stats["files_reused"] += 1
+                    stats["bytes_reused"] += f.bytes
+                    stats["rows"] += f.rows
+                else:
+                    base_files.append((part_kgr, f))
+        dirty = [kg for kg in h.key_groups if kg not in reused]
+        apply = _applier(info)
+        cache: dict[str, pa.Table] = {}
+        for run in _unit_runs(dirty, unit):
+            img: dict[Any, Any] = {}
+            for part_kgr, f in base_files:
+                sub = f.key_groups.intersect(part_kgr).intersect(run)
+                if sub.is_empty:
+                    continue
+                table = cache.get(f.path)
+                if table is None:
+                    table = cache[f.path] = read_table_file(self.store, f, f.key_groups, info)
+                    stats["base_rows_read"] += table.num_rows
+                img.update(
+                    (k, e) for k, e in table_to_image(info, table) if sub.start <= k[0] <= sub.end
+                )
+            for kg in run:
+                recs = tail.get(kg)
+                if recs:
+                    apply(img, recs)
+            if not img:
+                continue
+            rows = sorted(img.items(), key=lambda kv: kv[0])
+            table = image_to_table(info, rows)
+            for piece in self._split(table, run):
+                self._write(info, piece, op_idx, dir_, out, futures, stats)
+
+    def _split(self, table: pa.Table, run: KeyGroupRange) -> list[tuple[KeyGroupRange, pa.Table]]:
+        """Cut a run's table at key-group boundaries into pieces near the target file size."""
+        target = self.options.target_file_bytes
+        if table.nbytes <= target or len(run) == 1:
+            return [(run, table)]
+        kgs = table.column("key_group").to_pylist()
+        per_row = table.nbytes / max(1, table.num_rows)
+        pieces = []
+        start_row, start_kg = 0, run.start
+        for i in range(1, len(kgs) + 1):
+            end_of_kg = i == len(kgs) or kgs[i] != kgs[i - 1]
+            if end_of_kg and ((i - start_row) * per_row >= target or i == len(kgs)):
+                last_kg = run.end if i == len(kgs) else kgs[i - 1]
+                pieces.append((KeyGroupRange(start_kg, last_kg), table.slice(start_row, i - start_row)))
+                start_row, start_kg = i, last_kg + 1
+        return pieces
+
+    def _write(
+        self,
+        info: StateInfo,
+        piece: tuple[KeyGroupRange, pa.Table],
+        op_idx: int,
+        dir_: str,
+        out: list[TableFile],
+        futures: list[cf.Future[Any]],
+        stats: dict,
+    ) -> None:
+        kgr, table = piece
+        data = encode_parquet(table, self.options.row_group_rows)
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in info.name)[:60]
+        path = f"{dir_}{op_idx:03d}-{safe}-{zlib.crc32(info.name.encode()):08x}-kg{kgr.start:05d}-{kgr.end:05d}.parquet"
+        out.append(TableFile(path, kgr, table.num_rows, len(data), zlib.crc32(data)))
+        stats["files_written"] += 1
+        stats["bytes_written"] += len(data)
+        stats["rows"] += table.num_rows
+        assert self._pool is not None
+        futures.append(self._pool.submit(self.store.put, path, data))
+
+
+def materialize(store: ObjectStore, meta: CheckpointMetadata, **kwargs: Any) -> Manifest:
+    """Materialize checkpoint ``meta`` with default options (see :class:`Materializer`)."""
+    options = kwargs.pop("options", None)
+    return Materializer(store, options).materialize(meta, **kwargs)

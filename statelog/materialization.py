@@ -1,0 +1,463 @@
+"""Materializations: the keyed state of one checkpoint as open Parquet state tables.
+
+A materialization is a full, consistent image of every operator's keyed state at one
+completed checkpoint (format ``statelog.materialization`` v1, ``docs/format.md``). It
+consists of Parquet files, one set per operator and state, each file covering a
+key-group range and sorted by ``(key_group, key, namespace)``, and a manifest (versioned,
+checksummed JSON, written last) that lists every file with its key-group range, rows,
+bytes and CRC-32, the checkpoint id, and the changelog position per stream it covers.
+
+This module holds the manifest model, the table schema (shared by the materializer that
+writes tables and the restore path that reads them) and the verified reader. Files may be
+shared between materializations: an incremental materialization references the unchanged
+files of its base by their original path.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from statelog.changelog.format import TIMER_STATES
+from statelog.descriptors import StateInfo, StateKind
+from statelog.errors import ConfigError, CorruptionError, FormatVersionError, ObjectNotFoundError
+from statelog.keys import KeyGroupRange
+from statelog.store.base import ObjectStore
+from statelog.types import PICKLE, arrow_type
+
+MANIFEST_FORMAT = "statelog.materialization"
+MANIFEST_VERSION = 1
+MATERIALIZATIONS_PREFIX = "materializations/"
+MANIFEST_PREFIX = "materializations/manifests/"
+DATA_PREFIX = "materializations/data/"
+SAVEPOINT_PREFIX = "savepoints/"
+_MANIFEST_RE = re.compile(r"^materializations/manifests/(m-(\d{12,})-(\d{6,})-([0-9a-f]{8}))\.json$")
+_SAVEPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+# the Parquet schema metadata keys
+META_FORMAT = b"statelog.table"
+META_STATE = b"statelog.state"
+META_KIND = b"statelog.kind"
+META_VALUE_ENC = b"statelog.value_encoding"
+META_UKEY_ENC = b"statelog.user_key_encoding"
+TABLE_FORMAT = b"statelog.state-table.v1"
+
+
+def manifest_key(mid: str) -> str:
+    return f"{MANIFEST_PREFIX}{mid}.json"
+
+
+def new_materialization_id(checkpoint_id: int, generation: int) -> str:
+    import uuid
+
+    return f"m-{checkpoint_id:012d}-{generation:06d}-{uuid.uuid4().hex[:8]}"
+
+
+def parse_manifest_key(key: str) -> tuple[str, int, int] | None:
+    """``(id, checkpoint id, lease generation)`` of a manifest object key, else ``None``."""
+    m = _MANIFEST_RE.match(key)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+def check_savepoint_name(name: Any) -> str:
+    if not isinstance(name, str) or not _SAVEPOINT_NAME_RE.match(name):
+        raise ConfigError(
+            f"invalid savepoint name {name!r}: use 1-100 characters of letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit"
+        )
+    return name
+
+
+def savepoint_manifest_key(name: str) -> str:
+    return f"{SAVEPOINT_PREFIX}{name}/manifest.json"
+
+
+def savepoint_metadata_key(name: str) -> str:
+    return f"{SAVEPOINT_PREFIX}{name}/_metadata.json"
+
+
+# -- manifest ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """One Parquet file of one state, covering ``key_groups``."""
+
+    path: str
+    key_groups: KeyGroupRange
+    rows: int
+    bytes: int
+    crc32: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "key_groups": self.key_groups.to_json(),
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "crc32": self.crc32,
+        }
+
+    @staticmethod
+    def from_json(obj: Any) -> TableFile:
+        return TableFile(
+            path=str(obj["path"]),
+            key_groups=KeyGroupRange.from_json(obj["key_groups"]),
+            rows=int(obj["rows"]),
+            bytes=int(obj["bytes"]),
+            crc32=int(obj["crc32"]),
+        )
+
+
+@dataclass(frozen=True)
+class MaterializedOperator:
+    """The tables of one operator uid in a materialization."""
+
+    uid: str
+    states: tuple[StateInfo, ...]
+    covered: dict[str, int]  # changelog stream -> position [0, end) included
+    files: dict[str, tuple[TableFile, ...]]  # state name -> files, ordered by key group
+
+    def files_for(self, state: str, kgr: KeyGroupRange) -> list[TableFile]:
+        return [f for f in self.files.get(state, ()) if not f.key_groups.intersect(kgr).is_empty]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for fs in self.files.values() for f in fs)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.bytes for fs in self.files.values() for f in fs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "states": [s.to_json() for s in self.states],
+            "covered": dict(sorted(self.covered.items())),
+            "files": {name: [f.to_json() for f in fs] for name, fs in sorted(self.files.items())},
+        }
+
+    @staticmethod
+    def from_json(uid: str, obj: Any) -> MaterializedOperator:
+        return MaterializedOperator(
+            uid=uid,
+            states=tuple(StateInfo.from_json(s) for s in obj["states"]),
+            covered={str(k): int(v) for k, v in obj["covered"].items()},
+            files={str(n): tuple(TableFile.from_json(f) for f in fs) for n, fs in obj["files"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A published materialization (or the image of a savepoint)."""
+
+    mid: str
+    key: str  # the manifest's object key
+    checkpoint_id: int
+    job_id: str
+    max_parallelism: int
+    created_ms: int
+    lease_generation: int
+    operators: dict[str, MaterializedOperator]
+    kind: str = "materialization"  # or "savepoint"
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def paths(self) -> set[str]:
+        return {f.path for op in self.operators.values() for fs in op.files.values() for f in fs}
+
+    @property
+    def rows(self) -> int:
+        return sum(op.rows for op in self.operators.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(op.bytes for op in self.operators.values())
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "kind": self.kind,
+            "id": self.mid,
+            "checkpoint_id": self.checkpoint_id,
+            "job_id": self.job_id,
+            "max_parallelism": self.max_parallelism,
+            "created_ms": self.created_ms,
+            "lease_generation": self.lease_generation,
+            "stats": self.stats,
+            "operators": {uid: op.to_json() for uid, op in sorted(self.operators.items())},
+        }
+
+    def to_bytes(self) -> bytes:
+        body = self.body()
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True, separators=(",", ":")).encode()
+
+    @staticmethod
+    def from_bytes(data: bytes, key: str) -> Manifest:
+        try:
+            wrapped = json.loads(data)
+            body = wrapped["body"]
+            crc = wrapped["crc32"]
+            if not isinstance(body, dict):
+                raise TypeError("body is not a JSON object")
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"materialization manifest {key} is not valid JSON of the expected shape: {e}", key=key) from None
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        if zlib.crc32(canon) != crc:
+            raise CorruptionError(f"materialization manifest {key}: checksum mismatch; the object is corrupt", key=key)
+        if body.get("format") != MANIFEST_FORMAT:
+            raise CorruptionError(f"{key} is not a materialization manifest", key=key)
+        if body.get("version") != MANIFEST_VERSION:
+            raise FormatVersionError(
+                f"materialization manifest {key} has format version {body.get('version')}, this build reads "
+                f"version {MANIFEST_VERSION}; upgrade statelog",
+                key=key,
+            )
+        try:
+            return Manifest(
+                mid=str(body["id"]),
+                key=key,
+                checkpoint_id=int(body["checkpoint_id"]),
+                job_id=str(body["job_id"]),
+                max_parallelism=int(body["max_parallelism"]),
+                created_ms=int(body["created_ms"]),
+                lease_generation=int(body["lease_generation"]),
+                operators={uid: MaterializedOperator.from_json(uid, op) for uid, op in body["operators"].items()},
+                kind=str(body.get("kind", "materialization")),
+                stats=dict(body.get("stats", {})),
+            )
+        except CorruptionError as e:
+            if e.key is not None:
+                raise
+            raise CorruptionError(f"materialization manifest {key} is malformed: {e}", key=key) from None
+        except (KeyError, ValueError, TypeError, AttributeError) as e:
+            raise CorruptionError(f"materialization manifest {key} is malformed: {e}", key=key) from None
+
+
+def load_manifest(store: ObjectStore, key: str, cache: dict[str, Manifest] | None = None) -> Manifest:
+    """Read and verify a manifest (``cache`` keeps parsed manifests, they are immutable)."""
+    if cache is not None and key in cache:
+        return cache[key]
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        raise CorruptionError(
+            f"materialization manifest {key} is missing from {store.url}; the checkpoint that references "
+            "it cannot be restored (restore an older checkpoint or a savepoint)",
+            key=key,
+        ) from None
+    m = Manifest.from_bytes(data, key)
+    if cache is not None:
+        cache[key] = m
+    return m
+
+
+def list_manifests(store: ObjectStore) -> list[tuple[str, int, int, float]]:
+    """``(object key, checkpoint id, generation, mtime)`` of every published manifest, oldest first."""
+    out = []
+    for obj in store.list(MANIFEST_PREFIX):
+        parsed = parse_manifest_key(obj.key)
+        if parsed is not None:
+            out.append((obj.key, parsed[1], parsed[2], obj.mtime))
+    out.sort(key=lambda t: (t[1], t[2], t[3]))
+    return out
+
+
+def latest_manifest_key(store: ObjectStore) -> str | None:
+    """The newest materialization: highest checkpoint id, then highest lease generation."""
+    ms = list_manifests(store)
+    return ms[-1][0] if ms else None
+
+
+# -- table schema ------------------------------------------------------------------------------
+
+
+def _elem_type(t: Any) -> pa.DataType:
+    return pa.binary() if t is PICKLE else arrow_type(t)
+
+
+def table_schema(info: StateInfo) -> pa.Schema:
+    """The Parquet schema of one state's table."""
+    base = [pa.field("key_group", pa.int32(), nullable=False), pa.field("key", pa.binary(), nullable=False),
+            pa.field("namespace", pa.binary(), nullable=False)]
+    meta = {META_FORMAT: TABLE_FORMAT, META_STATE: info.name.encode(), META_KIND: info.kind.value.encode()}
+    if info.value_type is PICKLE:
+        meta[META_VALUE_ENC] = b"pickle"
+    if info.name in TIMER_STATES:
+        fields = [*base, pa.field("timestamp", pa.int64(), nullable=False)]
+        meta[META_KIND] = b"timers"
+    elif info.kind is StateKind.LIST:
+        fields = [*base, pa.field("value", pa.list_(_elem_type(info.value_type))),
+                  pa.field("expires_ms", pa.list_(pa.int64()))]
+    elif info.kind is StateKind.MAP:
+        assert info.user_key_type is not None
+        if info.user_key_type is PICKLE:
+            meta[META_UKEY_ENC] = b"pickle"
+        fields = [*base, pa.field("value", pa.map_(_elem_type(info.user_key_type), _elem_type(info.value_type))),
+                  pa.field("expires_ms", pa.list_(pa.int64()))]
+    else:
+        fields = [*base, pa.field("value", _elem_type(info.value_type)), pa.field("expires_ms", pa.int64())]
+    return pa.schema(fields, metadata=meta)
+
+
+def _dump(v: Any) -> bytes:
+    return pickle.dumps(v, protocol=5)
+
+
+def image_to_table(info: StateInfo, rows: Iterable[tuple[tuple[int, bytes, bytes], Any]]) -> pa.Table:
+    """Build a state table from ``((key_group, key, namespace), entry)`` pairs in sorted order.
+
+    Entries: value-like ``(value, expires)``; list ``[(value, expires), ...]``; map
+    ``{user_key: (value, expires)}``; timers: the row key is ``(kg, key, ns, timestamp)``
+    and the entry is ignored.
+    """
+    schema = table_schema(info)
+    kgs: list[int] = []
+    kbs: list[bytes] = []
+    nss: list[bytes] = []
+    if info.name in TIMER_STATES:
+        tss: list[int] = []
+        for (kg, kb, nsb, ts), _ in rows:
+            kgs.append(kg)
+            kbs.append(kb)
+            nss.append(nsb)
+            tss.append(ts)
+        cols = [pa.array(tss, pa.int64())]
+    else:
+        values: list[Any] = []
+        exps: list[Any] = []
+        pickled = info.value_type is PICKLE
+        ttl = info.ttl is not None
+        if info.kind is StateKind.LIST:
+            for (kg, kb, nsb), entry in rows:
+                kgs.append(kg)
+                kbs.append(kb)
+                nss.append(nsb)
+                vs = [e[0] for e in entry]
+                values.append([_dump(v) for v in vs] if pickled else vs)
+                exps.append([e[1] for e in entry] if ttl else None)
+        elif info.kind is StateKind.MAP:
+            ukp = info.user_key_type is PICKLE
+            for (kg, kb, nsb), entry in rows:
+                kgs.append(kg)
+                kbs.append(kb)
+                nss.append(nsb)
+                values.append([(_dump(k) if ukp else k, _dump(e[0]) if pickled else e[0]) for k, e in entry.items()])
+                exps.append([e[1] for e in entry.values()] if ttl else None)
+        else:
+            for (kg, kb, nsb), entry in rows:
+                kgs.append(kg)
+                kbs.append(kb)
+                nss.append(nsb)
+                values.append(_dump(entry[0]) if pickled else entry[0])
+                exps.append(entry[1])
+        cols = [pa.array(values, schema.field("value").type), pa.array(exps, schema.field("expires_ms").type)]
+    arrays = [pa.array(kgs, pa.int32()), pa.array(kbs, pa.binary()), pa.array(nss, pa.binary()), *cols]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def table_to_image(info: StateInfo, table: pa.Table) -> Iterator[tuple[tuple, Any]]:
+    """Inverse of :func:`image_to_table`."""
+    kgs = table.column("key_group").to_pylist()
+    kbs = table.column("key").to_pylist()
+    nss = table.column("namespace").to_pylist()
+    if info.name in TIMER_STATES:
+        for kg, kb, nsb, ts in zip(kgs, kbs, nss, table.column("timestamp").to_pylist(), strict=True):
+            yield (kg, kb, nsb, ts), None
+        return
+    values = decode_values(info, table)
+    exps = table.column("expires_ms").to_pylist()
+    if info.kind is StateKind.LIST:
+        for kg, kb, nsb, vs, xs in zip(kgs, kbs, nss, values, exps, strict=True):
+            yield (kg, kb, nsb), list(zip(vs, xs if xs is not None else [None] * len(vs), strict=True))
+    elif info.kind is StateKind.MAP:
+        for kg, kb, nsb, m, xs in zip(kgs, kbs, nss, values, exps, strict=True):
+            items = list(m.items())
+            xs = xs if xs is not None else [None] * len(items)
+            yield (kg, kb, nsb), {k: (v, x) for (k, v), x in zip(items, xs, strict=True)}
+    else:
+        for kg, kb, nsb, v, x in zip(kgs, kbs, nss, values, exps, strict=True):
+            yield (kg, kb, nsb), (v, x)
+
+
+def decode_values(info: StateInfo, table: pa.Table) -> list[Any]:
+    """The ``value`` column as Python objects (lists as lists, maps as dicts, pickles loaded)."""
+    col = table.column("value")
+    pickled = info.value_type is PICKLE
+    if info.kind is StateKind.LIST:
+        vs = col.to_pylist()
+        return [[pickle.loads(x) for x in v] for v in vs] if pickled else vs
+    if info.kind is StateKind.MAP:
+        ukp = info.user_key_type is PICKLE
+        out = []
+        for items in col.to_pylist():
+            out.append({
+                (pickle.loads(k) if ukp else k): (pickle.loads(v) if pickled else v) for k, v in items
+            })
+        return out
+    vs = col.to_pylist()
+    if pickled:
+        return [pickle.loads(v) for v in vs]
+    if pa.types.is_map(col.type):
+        return [None if v is None else dict(v) for v in vs]
+    return vs
+
+
+def encode_parquet(table: pa.Table, row_group_rows: int = 65_536) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(
+        table, buf, compression="zstd", compression_level=1, row_group_size=row_group_rows,
+        write_page_checksum=True, write_statistics=["key_group"],
+    )
+    return buf.getvalue()
+
+
+def read_table_file(
+    store: ObjectStore, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None
+) -> pa.Table:
+    """Read one verified table file, only the row groups overlapping ``kgr``, rows filtered to it."""
+    try:
+        data = store.get(f.path)
+    except ObjectNotFoundError:
+        raise CorruptionError(
+            f"state table {f.path} is missing from {store.url}; the materialization that lists it cannot "
+            "be restored (restore an older checkpoint or a savepoint)",
+            key=f.path,
+        ) from None
+    if len(data) != f.bytes or zlib.crc32(data) != f.crc32:
+        raise CorruptionError(
+            f"state table {f.path}: size or CRC-32 does not match the manifest; the file is corrupt",
+            key=f.path,
+        )
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+        inter = f.key_groups.intersect(kgr)
+        if inter == f.key_groups:
+            table = pf.read()
+        else:
+            groups = []
+            md = pf.metadata
+            for i in range(md.num_row_groups):
+                st = md.row_group(i).column(0).statistics
+                if st is None or not st.has_min_max or kgr.overlaps(st.min, st.max):
+                    groups.append(i)
+            table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
+            kg = table.column("key_group")
+            table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
+    except (OSError, pa.ArrowException) as e:
+        raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
+    if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():
+        raise CorruptionError(f"state table {f.path} does not hold state {info.name!r}", key=f.path)
+    return table
