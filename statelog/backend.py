@@ -41,7 +41,6 @@ from statelog.errors import (
     SerializationError,
     StatelogError,
 )
-from statelog.materialization import Manifest, decode_values, load_manifest, read_table_file
 from statelog.keys import (
     KeyGroupRange,
     decode_key,
@@ -49,6 +48,7 @@ from statelog.keys import (
     key_group_of_bytes,
     key_group_range_for_subtask,
 )
+from statelog.materialization import Manifest, decode_values, load_manifest, read_table_file
 from statelog.state.kinds import (
     STATE_CLASSES,
     AggregatingState,

@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
+    # command groups in their own modules: register(commands, command) adds their parsers
+    from tools import cli_maintenance, cli_materializer
+
+    cli_materializer.register(commands, command)
+    cli_maintenance.register(commands, command)
+
     command(chk_cmds, "list", cmd_list, "list the retained checkpoints")
     show = command(chk_cmds, "show", cmd_show, "show one checkpoint in detail")
     show.add_argument("checkpoint", metavar="ID", help="checkpoint id, or 'latest'")

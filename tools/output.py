@@ -76,9 +76,35 @@ def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
         ],
         "changelog_bytes": meta.changelog_bytes,
         "segments": len(meta.segment_names()),
-        "materialization": meta.materialization,
+        "materialization": materialization_summary(meta.manifest_keys()),
         "stats": meta.stats,
     }
+
+
+def materialization_summary(keys: set[str]) -> list[dict[str, Any]]:
+    """The materializations a checkpoint builds on: manifest key, id and checkpoint id."""
+    from statelog.materialization import SAVEPOINT_PREFIX, parse_manifest_key
+
+    out = []
+    for key in sorted(keys):
+        parsed = parse_manifest_key(key)
+        if parsed is not None:
+            out.append({"manifest": key, "id": parsed[0], "checkpoint_id": parsed[1]})
+        elif key.startswith(SAVEPOINT_PREFIX):
+            out.append({"manifest": key, "id": "savepoint " + key[len(SAVEPOINT_PREFIX):].split("/")[0],
+                        "checkpoint_id": None})
+        else:
+            out.append({"manifest": key, "id": key, "checkpoint_id": None})
+    return out
+
+
+def _mat_text(items: Sequence[Mapping[str, Any]]) -> str | None:
+    if not items:
+        return None
+    return "\n".join(
+        f"{m['id']}" + (f" (checkpoint {m['checkpoint_id']})" if m["checkpoint_id"] is not None else "")
+        for m in items
+    )
 
 
 def _range_json(r: ChangelogRange) -> dict[str, Any]:
@@ -104,7 +130,9 @@ def _operator_detail(op: OperatorState) -> dict[str, Any]:
             {
                 "subtask": h.subtask,
                 "key_groups": h.key_groups.to_json(),
-                "materialization": h.materialization,
+                "materialization": [
+                    {"manifest": p.manifest, "key_groups": p.key_groups.to_json()} for p in h.materialization
+                ],
                 "changelog_ranges": len(h.changelog),
                 "segments": len(h.segment_names()),
                 "changelog_bytes": h.changelog_bytes,
@@ -223,7 +251,7 @@ def checkpoint_list(checkpoints: Sequence[CheckpointMetadata], root: str, *, as_
             r["kind"],
             ops or NONE,
             human_bytes(r["changelog_bytes"]),
-            r["materialization"],
+            _mat_text(r["materialization"]),
         )
     console.print(table)
 
@@ -240,7 +268,7 @@ def render_checkpoint(meta: CheckpointMetadata, root: str, *, as_json: bool) -> 
         ("time (UTC)", d["timestamp"]),
         ("job id", d["job_id"]),
         ("max parallelism", d["max_parallelism"]),
-        ("materialization", d["materialization"]),
+        ("materialization", _mat_text(d["materialization"])),
         (
             "changelog",
             f"{human_bytes(d['changelog_bytes'])} in {d['segments']} segment(s) "
@@ -288,7 +316,10 @@ def render_checkpoint(meta: CheckpointMetadata, root: str, *, as_json: bool) -> 
                 h["changelog_ranges"],
                 h["segments"],
                 human_bytes(h["changelog_bytes"]),
-                h["materialization"],
+                "\n".join(
+                    f"{materialization_summary({p['manifest']})[0]['id']} {p['key_groups'][0]}..{p['key_groups'][1]}"
+                    for p in h["materialization"]
+                ) or None,
             )
         console.print(subtasks)
 
@@ -303,9 +334,12 @@ def verify_report(report: Mapping[str, Any], *, as_json: bool) -> None:
     console = _console()
     summary = (
         f"{report['root']}: {report['checkpoints_checked']} checkpoint(s), "
-        f"{report['segments_checked']} segment(s) of {human_bytes(report['bytes_checked'])}, "
-        f"{report['ranges_checked']} changelog range(s) with {report['records_checked']} "
-        "record(s) checked"
+        f"{len(report.get('savepoints', ()))} savepoint(s), "
+        f"{report['segments_checked']} segment(s), "
+        f"{report['ranges_checked']} changelog range(s) with {report['records_checked']} record(s), "
+        f"{report.get('manifests_checked', 0)} materialization(s) with "
+        f"{report.get('table_files_checked', 0)} table file(s); "
+        f"{human_bytes(report['bytes_checked'])} checked"
     )
     console.print(summary, soft_wrap=True)
     if report["ok"]:

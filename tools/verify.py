@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.catalog import JOB_KEY, JobInfo, checkpoint_key
+from statelog.catalog import JOB_KEY, JobInfo, checkpoint_key, load_savepoint, savepoint_names
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange, CheckpointMetadata
 from statelog.errors import (
@@ -23,6 +23,12 @@ from statelog.errors import (
     StoreError,
 )
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
+from statelog.materialization import (
+    TableFile,
+    load_manifest,
+    read_table_file,
+    savepoint_metadata_key,
+)
 from tools.roots import Root, load_metadata, resolve_checkpoint_id
 
 log = logging.getLogger("tools.cli")
@@ -49,6 +55,9 @@ class VerifyReport:
     bytes_checked: int = 0
     ranges_checked: int = 0
     records_checked: int = 0
+    manifests_checked: int = 0
+    table_files_checked: int = 0
+    savepoints: list[str] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
 
     @property
@@ -209,6 +218,43 @@ class _Verifier:
             self.report.records_checked += rows
 
 
+    def check_manifest(self, key: str, uses: list[tuple[str, Any]], cids: list[int]) -> list[TableFile]:
+        """Load and check one manifest; returns the table files the checkpoints reference."""
+        files: list[TableFile] = []
+        with self.check(key, cids):
+            m = load_manifest(self.store, key)
+            self.report.manifests_checked += 1
+            for uid, kgr in uses:
+                mop = m.operators.get(uid)
+                if mop is None:
+                    raise CorruptionError(
+                        f"materialization manifest {key} holds no state of operator {uid!r}, which "
+                        "the checkpoint metadata builds on it",
+                        key=key,
+                    )
+                for fs in mop.files.values():
+                    files.extend(f for f in fs if not f.key_groups.intersect(kgr).is_empty)
+        return files
+
+    def check_table_file(self, f: TableFile, cids: list[int]) -> None:
+        """Read a whole state table: size, CRC-32, Parquet page checksums, key-group range."""
+        with self.check(f.path, cids) as c:
+            table = read_table_file(self.store, f, f.key_groups)
+            if table.num_rows != f.rows:
+                raise CorruptionError(
+                    f"state table {f.path} has {table.num_rows} rows, its manifest says {f.rows}", key=f.path
+                )
+            if table.num_rows:
+                kg = table.column("key_group")
+                if pc.min(kg).as_py() < f.key_groups.start or pc.max(kg).as_py() > f.key_groups.end:
+                    raise CorruptionError(
+                        f"state table {f.path} holds rows outside its key groups {f.key_groups}", key=f.path
+                    )
+        if not c.failed:
+            self.report.table_files_checked += 1
+            self.report.bytes_checked += f.bytes
+
+
 def _range_problem(r: ChangelogRange, owned: KeyGroupRange) -> str | None:
     """Why a changelog range is inconsistent in itself (metadata only), or None."""
     if r.start < 0 or r.end < r.start:
@@ -237,11 +283,13 @@ def verify_root(root: Root, checkpoint: str | None = None) -> VerifyReport:
     ids = [resolve_checkpoint_id(root, checkpoint)] if explicit else root.catalog.checkpoint_ids()
     segments: dict[str, tuple[int, list[int]]] = {}  # name -> (recorded size, referencing ids)
     ranges: dict[ChangelogRange, list[int]] = {}
+    metas: list[CheckpointMetadata] = []
     for cid in ids:
         meta = v.load(cid, explicit)
         report.checkpoints.append(cid)
         if meta is None:
             continue
+        metas.append(meta)
         log.info("checking checkpoint %d", cid)
         v.check_metadata(meta, job)
         for op in meta.operators.values():
@@ -266,6 +314,28 @@ def verify_root(root: Root, checkpoint: str | None = None) -> VerifyReport:
     for r, refs in ranges.items():
         if r.segments and all(s.name in sound for s in r.segments):
             v.check_range(r, sorted(set(refs)))
+    if not explicit:  # savepoints are restorable like checkpoints: verify them too
+        for name in savepoint_names(root.catalog.store):
+            key = savepoint_metadata_key(name)
+            with v.check(key) as c:
+                sp = load_savepoint(root.catalog.store, name)
+            report.savepoints.append(name)
+            if not c.failed:
+                metas.append(sp)
+    uses: dict[str, dict[tuple[str, Any], list[int]]] = {}
+    for meta in metas:
+        for uid, op in meta.operators.items():
+            for h in op.subtasks:
+                for part in h.materialization:
+                    uses.setdefault(part.manifest, {}).setdefault((uid, part.key_groups), []).append(meta.checkpoint_id)
+    table_files: dict[str, tuple[TableFile, list[int]]] = {}
+    for key, by_use in sorted(uses.items()):
+        cids = sorted({c for refs in by_use.values() for c in refs})
+        log.info("verifying materialization %s", key)
+        for f in v.check_manifest(key, list(by_use), cids):
+            table_files.setdefault(f.path, (f, cids))
+    for _path, (f, cids) in sorted(table_files.items()):
+        v.check_table_file(f, cids)
     report.faults = sorted(v.faults.values(), key=lambda f: (f.object, f.message))
     return report
 

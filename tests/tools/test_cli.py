@@ -134,7 +134,7 @@ def test_list_json_has_the_checkpoint_fields(
         assert parsed.utcoffset() is not None and parsed.utcoffset().total_seconds() == 0
         assert int(parsed.timestamp() * 1000) == meta.timestamp_ms
         assert row["changelog_bytes"] == meta.changelog_bytes > 0
-        assert row["materialization"] is None
+        assert row["materialization"] == []
         assert row["sources"] == meta.sources == {"events": {"p0": meta.checkpoint_id * 40}}
         assert row["stats"] == meta.stats and "sync_ms" in row["stats"]
         assert row["job_id"] == meta.job_id
@@ -343,7 +343,7 @@ def test_verify_passes(file_root: RootSpec, capsys: pytest.CaptureFixture[str]) 
     assert report["records_checked"] > 0
     assert report["job_id"] == metas[0].job_id
     code, out, _ = run(capsys, "verify", file_root.url)
-    assert code == 0 and "3 checkpoint(s), 3 segment(s)" in out and "OK" in out
+    assert code == 0 and "3 checkpoint(s), 0 savepoint(s), 3 segment(s)" in out and "OK" in out
     code, report, _ = run_json(capsys, "verify", file_root.url, "--checkpoint", "1")
     assert code == 0 and report["checkpoints"] == [1] and report["segments_checked"] == 1
 
