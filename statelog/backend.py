@@ -44,6 +44,7 @@ from statelog.errors import (
 from statelog.keys import (
     KeyGroupRange,
     decode_key,
+    decode_key_array,
     encode_key,
     key_group_of_bytes,
     key_group_range_for_subtask,
@@ -318,10 +319,9 @@ class KeyedStateBackend:
     def _load_base(self, state: KeyedState) -> None:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
         info = state.info
-        dec = self._decode
         ttl = bool(state._ttl)
         for table in self._restored.base.pop(state.name, ()):
-            keys = [dec(kb) for kb in table.column("key").to_pylist()]
+            keys = decode_key_array(table.column("key"))
             nss = table.column("namespace").to_pylist()
             values = decode_values(info, table)
             if ttl:

@@ -218,6 +218,43 @@ def decode_key(buf: bytes) -> Any:
     return obj
 
 
+def decode_key_array(arr: Any) -> list[Any]:
+    """Decode an Arrow ``binary`` array (or chunked array) of encoded keys into Python keys.
+
+    Columns of only int64 keys or only short strings (the common key types) are decoded in
+    bulk; anything else key by key with :func:`decode_key`.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(arr, pa.ChunkedArray):
+        out: list[Any] = []
+        for chunk in arr.chunks:
+            out.extend(decode_key_array(chunk))
+        return out
+    n = len(arr)
+    if n == 0:
+        return []
+    if arr.null_count == 0 and pa.types.is_binary(arr.type):
+        lengths = pc.binary_length(arr)
+        lo, hi = pc.min_max(lengths).values()
+        tags = pc.binary_slice(arr, 0, 1)
+        one_tag = pc.count_distinct(tags).as_py() == 1
+        tag = tags[0].as_py()[0] if one_tag else None
+        if tag == TAG_INT64 and lo.as_py() == hi.as_py() == 9:
+            offsets = arr.buffers()[1]
+            (first,) = struct.unpack_from("<i", offsets, arr.offset * 4)
+            data = memoryview(arr.buffers()[2])[first : first + 9 * n]
+            sign = _SIGN
+            return [v - sign for (v,) in struct.iter_unpack(">xQ", data)]
+        if tag == TAG_STR and hi.as_py() <= 129:  # one-byte varint length: the rest is the string
+            try:  # tag and length (< 128) are ASCII, so they are the first two code units
+                return pc.utf8_slice_codeunits(arr.cast(pa.string()), 2).to_pylist()
+            except pa.ArrowInvalid as e:
+                raise CorruptionError(f"malformed serialized string keys: {e}") from None
+    return [decode_key(b) for b in arr.to_pylist()]
+
+
 def _fmix32(h: int) -> int:
     h ^= h >> 16
     h = (h * 0x85EBCA6B) & 0xFFFFFFFF

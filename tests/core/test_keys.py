@@ -128,3 +128,24 @@ def test_bad_parallelism_is_refused():
         key_group_range_for_subtask(128, 129, 0)
     with pytest.raises(ConfigError, match="subtask index"):
         key_group_range_for_subtask(128, 2, 2)
+
+
+_simple_keys = st.one_of(
+    st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=20),
+    st.lists(st.text(max_size=140), max_size=20),
+    st.lists(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.binary(max_size=5)), max_size=20),
+)
+
+
+@given(_simple_keys, st.integers(min_value=0, max_value=5))
+def test_bulk_key_decoding_equals_decode_key(keys: list, skip: int) -> None:
+    """decode_key_array (used by restores of state tables) equals decode_key, types included."""
+    import pyarrow as pa
+
+    from statelog.keys import decode_key_array
+
+    arr = pa.array([encode_key(k) for k in keys], pa.binary()).slice(min(skip, len(keys)))
+    expected = [decode_key(b) for b in arr.to_pylist()]
+    got = decode_key_array(arr)
+    assert got == expected and [type(x) for x in got] == [type(x) for x in expected]
+    assert decode_key_array(pa.chunked_array([arr, arr], pa.binary())) == expected + expected
