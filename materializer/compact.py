@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statelog.changelog.format import (
     OP_DELETE,
@@ -32,7 +33,7 @@ from statelog.changelog.format import (
     OP_TIMER_REMOVE,
     TIMER_STATES,
 )
-from statelog.changelog.reader import SegmentReader
+from statelog.changelog.reader import ChangeBatch, SegmentReader
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CorruptionError
@@ -48,6 +49,7 @@ from statelog.materialization import (
     manifest_key,
     new_materialization_id,
     read_table_file,
+    table_schema,
     table_to_image,
 )
 from statelog.store.base import ObjectStore
@@ -145,6 +147,107 @@ class _Apply:
                 img.pop(k, None)
             else:
                 raise CorruptionError(f"operation {op} is not a timer operation")
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table | None:
+    if not tables:
+        return None
+    if len(tables) == 1:
+        return tables[0]
+    try:
+        return pa.concat_tables(tables)
+    except pa.ArrowInvalid:  # blocks of several streams with differing schema metadata
+        meta = tables[0].schema.metadata
+        return pa.concat_tables([t.replace_schema_metadata(meta) for t in tables], promote_options="permissive")
+
+
+def _kg_filter(table: pa.Table, kgr: KeyGroupRange) -> pa.Table:
+    kg = table.column("key_group")
+    lo, hi = pc.min_max(kg).values() if table.num_rows else (None, None)
+    if lo is None or (lo.as_py() >= kgr.start and hi.as_py() <= kgr.end):
+        return table
+    return table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
+
+
+def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
+    """Value-like states and timers, in Arrow: the last record per entry decides.
+
+    Base rows count as puts (timers: adds) before every change record; per
+    ``(key_group, key, namespace)`` (timers: plus timestamp) the last record wins and
+    entries whose last record is a delete (timer removal) are dropped.
+    """
+    schema = table_schema(info)
+    timers = info.name in TIMER_STATES
+    vcol = "timestamp" if timers else "value"
+    put = OP_TIMER_ADD if timers else OP_PUT
+    vtype = schema.field(vcol).type
+    parts = []
+    n = 0
+    for t in base:
+        m = t.num_rows
+        cols = [t.column("key_group"), t.column("key"), t.column("namespace"), t.column(vcol)]
+        cols.append(pa.nulls(m, pa.int64()) if timers else t.column("expires_ms"))
+        cols += [pa.repeat(pa.scalar(put, pa.uint8()), m), pa.array(range(n, n + m), pa.int64())]
+        parts.append(cols)
+        n += m
+    for t in tail:
+        m = t.num_rows
+        ops = t.column("op")
+        allowed = (OP_TIMER_ADD, OP_TIMER_REMOVE) if timers else (OP_PUT, OP_DELETE)
+        if not pc.all(pc.is_in(ops, pa.array(allowed, pa.uint8()))).as_py():
+            raise CorruptionError(
+                f"state {info.name!r}: the changelog holds operations that are not valid for a "
+                f"{'timer' if timers else 'value-like'} state"
+            )
+        value = t.column("value")
+        if value.type != vtype:
+            value = value.cast(vtype)
+        exp = t.column("expires_ms")
+        if exp.type != pa.int64():
+            exp = exp.cast(pa.int64())
+        cols = [t.column("key_group").cast(pa.int32()), t.column("key"), t.column("namespace"), value, exp,
+                ops, pa.array(range(n, n + m), pa.int64())]
+        parts.append(cols)
+        n += m
+    if n == 0:
+        return None
+    names = ["key_group", "key", "namespace", "v", "expires_ms", "op", "ord"]
+    combined = pa.concat_tables([pa.table(cols, names=names) for cols in parts]) if len(parts) > 1 \
+        else pa.table(parts[0], names=names)
+    group = ["key_group", "key", "namespace"] + (["v"] if timers else [])
+    order = pc.sort_indices(combined, sort_keys=[(c, "ascending") for c in [*group, "ord"]])
+    srt = combined.take(order)
+    if srt.num_rows > 1:
+        diff = None
+        for c in group:
+            col = srt.column(c)
+            ne = pc.not_equal(col.slice(1), col.slice(0, srt.num_rows - 1))
+            diff = ne if diff is None else pc.or_(diff, ne)
+        last = pa.chunked_array([*diff.chunks, pa.array([True])]) if isinstance(diff, pa.ChunkedArray) \
+            else pa.concat_arrays([diff, pa.array([True])])
+    else:
+        last = pa.array([True] * srt.num_rows)
+    keep = pc.and_(last, pc.equal(srt.column("op"), put))
+    out = srt.filter(keep)
+    if timers:
+        arrays = [out.column("key_group"), out.column("key"), out.column("namespace"), out.column("v")]
+    else:
+        arrays = [out.column("key_group"), out.column("key"), out.column("namespace"), out.column("v"),
+                  out.column("expires_ms")]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _merge_python(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
+    """List and map states: rebuild entries in Python (appends and per-entry puts)."""
+    img: dict[Any, Any] = {}
+    for t in base:
+        img.update(table_to_image(info, t))
+    apply = _applier(info)
+    for t in tail:
+        apply(img, ((kg, op, kb, nsb, uk, v, exp) for _seq, kg, op, kb, nsb, uk, v, exp in ChangeBatch("", t).rows()))
+    if not img:
+        return None
+    return image_to_table(info, sorted(img.items(), key=lambda kv: kv[0]))
 
 
 def _applier(info: StateInfo) -> Callable[[dict, Iterable[tuple]], None]:
@@ -258,7 +361,7 @@ class Materializer:
             tail = self._read_tail(h, stats)
             for name, info in sorted(infos.items()):
                 out = files.setdefault(name, [])
-                self._state(info, h, bases, tail.get(name, {}), unit, idx, len(infos), dir_, self_contained,
+                self._state(info, h, bases, tail.get(name, []), unit, idx, len(infos), dir_, self_contained,
                             out, futures, stats)
         for f in futures:
             f.result()
@@ -271,21 +374,16 @@ class Materializer:
             files={n: tuple(fs) for n, fs in files.items() if fs},
         )
 
-    def _read_tail(self, h: SubtaskStateHandle, stats: dict) -> dict[str, dict[int, list[tuple]]]:
-        """The handle's change records per state and key group, in order."""
+    def _read_tail(self, h: SubtaskStateHandle, stats: dict) -> dict[str, list[pa.Table]]:
+        """The handle's change records per state as Arrow tables, in replay order."""
         reader = SegmentReader(self.store)
-        out: dict[str, dict[int, list[tuple]]] = {}
+        out: dict[str, list[pa.Table]] = {}
         for r in h.changelog:
             sub = r.restrict(h.key_groups)
             if sub is None:
                 continue
             for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
-                per_kg = out.setdefault(batch.state, {})
-                for _seq, kg, op, kb, nsb, uk, v, exp in batch.rows():
-                    recs = per_kg.get(kg)
-                    if recs is None:
-                        recs = per_kg[kg] = []
-                    recs.append((kg, op, kb, nsb, uk, v, exp))
+                out.setdefault(batch.state, []).append(batch.table)
                 stats["changelog_records"] += batch.table.num_rows
         stats["changelog_bytes"] += reader.bytes_read
         return out
@@ -295,7 +393,7 @@ class Materializer:
         info: StateInfo,
         h: SubtaskStateHandle,
         bases: list[tuple[KeyGroupRange, MaterializedOperator]],
-        tail: dict[int, list[tuple]],
+        tail_tables: list[pa.Table],
         unit: int,
         op_idx: int,
         _n_states: int,
@@ -305,12 +403,23 @@ class Materializer:
         futures: list[cf.Future[Any]],
         stats: dict,
     ) -> None:
+        # the tail sorted by key group (a stable sort keeps each entry's records in order),
+        # with each key group's row span
+        tail_all = _concat(tail_tables)
+        spans: dict[int, tuple[int, int]] = {}
+        if tail_all is not None:
+            tail_all = tail_all.take(pc.sort_indices(tail_all, sort_keys=[("key_group", "ascending")]))
+            pos = 0
+            for vc in pc.value_counts(tail_all.column("key_group")).to_pylist():
+                spans[vc["values"]] = (pos, pos + vc["counts"])
+                pos += vc["counts"]
+        touched = set(spans)
         reused: set[int] = set()
         base_files: list[tuple[KeyGroupRange, TableFile]] = []
         for part_kgr, mop in bases:
             for f in mop.files_for(info.name, part_kgr):
                 inside = f.key_groups.intersect(part_kgr) == f.key_groups
-                if inside and not self_contained and not any(kg in tail for kg in f.key_groups):
+                if inside and not self_contained and not any(kg in touched for kg in f.key_groups):
                     out.append(f)
                     reused.update(f.key_groups)
                     stats["files_reused"] += 1
@@ -319,10 +428,10 @@ class Materializer:
                 else:
                     base_files.append((part_kgr, f))
         dirty = [kg for kg in h.key_groups if kg not in reused]
-        apply = _applier(info)
+        vectorized = info.name in TIMER_STATES or info.kind not in (StateKind.LIST, StateKind.MAP)
         cache: dict[str, pa.Table] = {}
         for run in _unit_runs(dirty, unit):
-            img: dict[Any, Any] = {}
+            base: list[pa.Table] = []
             for part_kgr, f in base_files:
                 sub = f.key_groups.intersect(part_kgr).intersect(run)
                 if sub.is_empty:
@@ -331,17 +440,18 @@ class Materializer:
                 if table is None:
                     table = cache[f.path] = read_table_file(self.store, f, f.key_groups, info)
                     stats["base_rows_read"] += table.num_rows
-                img.update(
-                    (k, e) for k, e in table_to_image(info, table) if sub.start <= k[0] <= sub.end
-                )
-            for kg in run:
-                recs = tail.get(kg)
-                if recs:
-                    apply(img, recs)
-            if not img:
+                base.append(_kg_filter(table, sub))
+            tail = []
+            in_run = [spans[kg] for kg in run if kg in spans]
+            if in_run and tail_all is not None:
+                lo, hi = min(a for a, _ in in_run), max(b for _, b in in_run)
+                tail = [tail_all.slice(lo, hi - lo)]
+            if vectorized:
+                table = _merge_last_wins(info, base, tail)
+            else:
+                table = _merge_python(info, base, tail)
+            if table is None or table.num_rows == 0:
                 continue
-            rows = sorted(img.items(), key=lambda kv: kv[0])
-            table = image_to_table(info, rows)
             for piece in self._split(table, run):
                 self._write(info, piece, op_idx, dir_, out, futures, stats)
 
