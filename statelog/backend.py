@@ -112,6 +112,7 @@ class RestoredChanges:
         out = RestoredChanges()
         store = reader.store
         cache = manifests if manifests is not None else {}
+        files: list[tuple[StateInfo, Any, KeyGroupRange]] = []
         for h in handles:
             for info in h.states:
                 out.infos.setdefault(info.name, info)
@@ -128,11 +129,7 @@ class RestoredChanges:
                 for info in mop.states:
                     out.infos.setdefault(info.name, info)
                     for f in mop.files_for(info.name, sub.key_groups):
-                        table = read_table_file(store, f, sub.key_groups, info)
-                        out.bytes_read += f.bytes
-                        if table.num_rows:
-                            out.base.setdefault(info.name, []).append(table)
-                            out.base_rows += table.num_rows
+                        files.append((info, f, sub.key_groups))
             for rng in h.changelog:
                 sub_r = rng.restrict(key_groups)
                 if sub_r is None:
@@ -143,6 +140,15 @@ class RestoredChanges:
                     for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
                         recs.append((kb, nsb, op, ukey, value, exp))
                     out.records_read += batch.table.num_rows
+        # table files are fetched and decoded in parallel (I/O and Parquet decoding release the GIL)
+        if files:
+            with cf.ThreadPoolExecutor(min(4, len(files)), thread_name_prefix="statelog-restore") as pool:
+                tables = list(pool.map(lambda job: read_table_file(store, job[1], job[2], job[0]), files))
+            for (info, f, _kgr), table in zip(files, tables, strict=True):
+                out.bytes_read += f.bytes
+                if table.num_rows:
+                    out.base.setdefault(info.name, []).append(table)
+                    out.base_rows += table.num_rows
         out.bytes_read += reader.bytes_read
         return out
 
