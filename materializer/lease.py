@@ -105,7 +105,9 @@ def _decode(data: bytes, key: str, kind: str, generation: int) -> dict[str, Any]
         ) from None
     canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
     if zlib.crc32(canon) != crc:
-        raise CorruptionError(f"lease object {key}: checksum mismatch; the object is corrupt", key=key)
+        raise CorruptionError(
+            f"lease object {key}: checksum mismatch; the object is corrupt", key=key
+        )
     if body.get("format") != LEASE_FORMAT:
         raise CorruptionError(f"{key} is not a statelog lease object", key=key)
     if body.get("version") != LEASE_VERSION:
@@ -243,11 +245,14 @@ class LeaderLease:
             raise ConfigError(f"lease owner must be a non-empty str, got {owner!r}")
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not ttl_s > 0:
             raise ConfigError(f"lease ttl_s must be a number of seconds > 0, got {ttl_s!r}")
-        if int(ttl_s * 1000) < 1:
+        ttl_ms = round(ttl_s * 1000)
+        if ttl_ms < 1:
             raise ConfigError(f"lease ttl_s must be at least 1 ms, got {ttl_s!r}")
         self.store = store
         self.owner = owner
-        self.ttl_s = float(ttl_s)
+        # The holder's deadline and the contenders' wait use the very same ttl (ms).
+        self._ttl_ms = ttl_ms
+        self.ttl_s = ttl_ms / 1000.0
         self.instance = uuid.uuid4().hex  # tells this instance's objects from others'
         self._clock = clock
         self._wall_clock = wall_clock
@@ -341,14 +346,16 @@ class LeaderLease:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "acquired_ms": int(self._wall_clock() * 1000),
-                "ttl_ms": int(self.ttl_s * 1000),
+                "ttl_ms": self._ttl_ms,
             }
         )
         started = self._clock()
         created = self._create(key, data)
         self._observed = None
         if not created:
-            logger.info("lease %s: generation %d taken by another daemon", self.store.url, generation)
+            logger.info(
+                "lease %s: generation %d taken by another daemon", self.store.url, generation
+            )
             return False
         # Fencing post-check: a higher generation can only exist if lease objects were
         # deleted by hand (or pruned while this instance had a stale view).

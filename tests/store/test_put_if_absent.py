@@ -89,7 +89,9 @@ def test_thread_race_has_exactly_one_winner(store_root: RootSpec) -> None:
             assert store.get(key) == f"writer-{winners[0]}".encode()
 
 
-def _process_writer(url: str, options: dict[str, Any], key: str, i: int, barrier: Any, out: Any) -> None:
+def _process_writer(
+    url: str, options: dict[str, Any], key: str, i: int, barrier: Any, out: Any
+) -> None:
     store = open_store(url, options)
     barrier.wait()
     out.put((i, store.put_if_absent(key, f"proc-{i}".encode())))
@@ -97,7 +99,7 @@ def _process_writer(url: str, options: dict[str, Any], key: str, i: int, barrier
 
 def test_process_race_has_exactly_one_winner(store_root: RootSpec) -> None:
     ctx = multiprocessing.get_context("fork")
-    writers = 6 if store_root.url.startswith("file:") else 4
+    writers = 6 if store_root.url.startswith("file:") else 3
     barrier, out = ctx.Barrier(writers), ctx.Queue()
     procs = [
         ctx.Process(
@@ -178,7 +180,9 @@ def test_retry_after_lost_answer_reports_created(
 ) -> None:
     """The first PUT lands but its answer is lost; the retry meets its own object."""
 
-    def lose_first_answer(n: int, real: Callable[[str, bytes], None], name: str, data: bytes) -> None:
+    def lose_first_answer(
+        n: int, real: Callable[[str, bytes], None], name: str, data: bytes
+    ) -> None:
         real(name, data)
         if n == 1:
             raise urllib3.exceptions.ProtocolError("connection reset after the request")
@@ -196,7 +200,9 @@ def test_retry_after_lost_answer_412_path(
 ) -> None:
     """Same, but the retry's stat misses (stale) and its PUT gets 412: still ours."""
 
-    def lose_first_answer(n: int, real: Callable[[str, bytes], None], name: str, data: bytes) -> None:
+    def lose_first_answer(
+        n: int, real: Callable[[str, bytes], None], name: str, data: bytes
+    ) -> None:
         real(name, data)
         if n == 1:
             raise urllib3.exceptions.ProtocolError("connection reset after the request")
@@ -224,7 +230,9 @@ def test_retry_finds_someone_elses_object(
 
     with s3_store(s3_server, s3_root) as store:
 
-        def fail_before_sending(n: int, real: Callable[[str, bytes], None], name: str, data: bytes) -> None:
+        def fail_before_sending(
+            n: int, real: Callable[[str, bytes], None], name: str, data: bytes
+        ) -> None:
             if n == 1:
                 raw.put_object(s3_server.bucket, name, io.BytesIO(b"theirs"), 6)
                 raise urllib3.exceptions.ProtocolError("connection reset before the request")
