@@ -1,9 +1,365 @@
-"""``statelog materializer ...``: the materializer daemon (see ``docs/cli.md``)."""
+"""``statelog materializer ...``: the materializer daemon (see ``docs/cli.md``, ``docs/materializer.md``).
+
+``materializer run ROOT`` runs :class:`materializer.daemon.MaterializerDaemon` in the
+foreground until SIGTERM or SIGINT (or for one cycle with ``--once``); it is the only
+command that writes to a job root (materializations, lease objects, garbage collection).
+``materializer status ROOT`` shows the lease holder and the newest materialization.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
+
+from statelog.catalog import JobCatalog
+from statelog.errors import ConfigError
+from statelog.materialization import latest_manifest_key, load_manifest
+from statelog.store import open_store
+from tools import output
+from tools.roots import open_root
+
+log = logging.getLogger("tools.cli")
+
+EXIT_OK = 0
+
+# -- value parsing -------------------------------------------------------------------------------
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}  # fmt: skip
+_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``"30s"``, ``"10m"``, ``"1h"``, ``"500ms"``, ``"1.5s"``, ``"2d"`` or plain seconds (``"45"``)."""
+    m = _NUMBER_UNIT.match(text or "")
+    unit = m.group(2).lower() if m else ""
+    if m is None or (unit and unit not in _DURATION_UNITS):
+        raise ConfigError(
+            f"invalid duration {text!r}: use a number with an optional unit ms, s, m, h or d "
+            "(e.g. 30s, 10m, 1h; a plain number is seconds)"
+        )
+    return float(m.group(1)) * _DURATION_UNITS[unit or "s"]
+
+
+def parse_size(text: str) -> int:
+    """``"256MB"``, ``"1GiB"``, ``"64k"`` or plain bytes (``"1000"``); units are binary (MB = MiB)."""
+    m = _NUMBER_UNIT.match(text or "")
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _SIZE_UNITS:
+        raise ConfigError(
+            f"invalid size {text!r}: use a number of bytes with an optional unit B, KB, MB, GB or "
+            "TB (binary: 1 MB = 1 MiB = 1048576 bytes), e.g. 256MB, 1GiB, 1000"
+        )
+    value = float(m.group(1)) * _SIZE_UNITS[unit]
+    if value != int(value):
+        raise ConfigError(f"invalid size {text!r}: not a whole number of bytes")
+    return int(value)
+
+
+def _arg(parse: Any, *, positive: bool = False) -> Any:
+    """An argparse ``type=``: ``parse`` with a usage error (exit 2) for bad values."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if positive and value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be greater than zero")
+        return value
+
+    convert.__name__ = parse.__name__.removeprefix("parse_")  # named in argparse's messages
+    return convert
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use a whole number >= 1")
+    return int(text)
+
+
+# -- commands ------------------------------------------------------------------------------------
 
 
 def register(commands: Any, command: Any) -> None:
     """Add the ``materializer`` command group (``command(group, name, handler, help)``)."""
+    group = commands.add_parser(
+        "materializer",
+        help="run the materializer daemon, show its status",
+        description="Compact completed checkpoints into Parquet state tables and collect garbage.",
+    )
+    sub = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    run = command(
+        sub,
+        "run",
+        cmd_run,
+        "run the materializer daemon on ROOT until SIGTERM/SIGINT (or one cycle with --once)",
+    )
+    run.add_argument("--interval", type=_arg(parse_duration, positive=True), default=60.0, metavar="DURATION",
+                     help="materialize a newer checkpoint at least this often (default 60s)")
+    run.add_argument("--max-tail-bytes", type=_arg(parse_size), default=256 << 20, metavar="SIZE",
+                     help="materialize at once when a checkpoint's changelog tail reaches this size "
+                     "(default 256MB; binary units)")
+    run.add_argument("--once", action="store_true", help="run one cycle and exit")
+    run.add_argument("--lease-ttl", type=_arg(parse_duration, positive=True), default=30.0, metavar="DURATION",
+                     help="leader lease ttl: a standby takes over about this long after the holder died "
+                     "(default 30s)")
+    run.add_argument("--gc-grace", type=_arg(parse_duration), default=600.0, metavar="DURATION",
+                     help="GC deletes unreferenced objects only when older than this (default 10m)")
+    run.add_argument("--retain", type=_count, default=None, metavar="N",
+                     help="GC also deletes all but the newest N checkpoints (default: keep them all)")
+    run.add_argument("--no-gc", action="store_true", help="do not collect garbage")
+    run.add_argument("--poll", type=_arg(parse_duration, positive=True), default=None, metavar="DURATION",
+                     help="how often to look for due checkpoints (default: the interval, at most 5s)")
+    run.add_argument("--owner", default=None, help="name of this daemon in the lease (default daemon@HOST:PID)")
+    command(sub, "status", cmd_status, "show the lease holder and the newest materialization of ROOT")
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    return int(getattr(args, "verbose", 0)) + int(getattr(args, "verbose_sub", 0))
+
+
+@contextlib.contextmanager
+def _materializer_logging(verbosity: int) -> Iterator[None]:
+    """``tools.output.log_to_stderr`` covers ``statelog`` and ``tools``; add ``materializer``."""
+    logger = logging.getLogger("materializer")
+    saved = logger.level
+    logger.setLevel(logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.setLevel(saved)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` (a second SIGINT interrupts at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+class _TerminalView:
+    """A transient ``rich`` progress line on stderr: the cycle's phase and materialization progress."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+        self.console = Console(stderr=True, highlight=False, markup=False)
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}", markup=False),
+            BarColumn(bar_width=20),
+            MofNCompleteColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self.task: Any = None
+        self._rerouted: list[tuple[logging.StreamHandler, Any]] = []
+        self.idle = "starting"
+
+    def __enter__(self) -> _TerminalView:
+        original = sys.stderr
+        self.progress.start()
+        self.task = self.progress.add_task(self.idle, total=None)
+        # log lines go through rich's stderr proxy so that they print above the progress line
+        for h in logging.getLogger().handlers:
+            if isinstance(h, logging.StreamHandler) and h.stream is original and sys.stderr is not original:
+                self._rerouted.append((h, h.setStream(sys.stderr)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h, stream in self._rerouted:
+            h.setStream(stream)
+        self.progress.stop()
+
+    def update(self, what: str, done: int, total: int) -> None:
+        self.progress.update(self.task, description=what, completed=done, total=total or None)
+
+    def cycle(self, s: dict[str, Any]) -> None:
+        if s["leader"]:
+            parts = [f"leader (lease generation {s['generation']})"]
+            chk = s["latest_checkpoint"]
+            parts.append(f"latest checkpoint {chk['id']}" if chk else "no checkpoint yet")
+            mat = s["materialization"] or s["latest_materialization"]
+            if mat:
+                age = 0.0 if s["materialization"] else mat["age_s"]
+                parts.append(f"materialized checkpoint {mat['checkpoint_id']} {age:.0f}s ago")
+        else:
+            h = s.get("holder") or {}
+            parts = [f"standby: lease generation {h.get('generation', '?')} held by {h.get('owner', '?')}"]
+        self.progress.update(self.task, description=" · ".join(parts), completed=0, total=None)
+
+
+def _summary_line(s: dict[str, Any]) -> str:
+    if not s["leader"]:
+        h = s.get("holder") or {}
+        who = f"generation {h['generation']} held by {h['owner']}" if h else "not held"
+        return f"{s['root']}: standby ({s['action']}): {s['reason']}; lease {who}"
+    if s["action"] == "materialized":
+        m = s["materialization"]
+        return (
+            f"{s['root']}: materialized checkpoint {m['checkpoint_id']} ({s['reason']}) as {m['id']}: "
+            f"{m['rows']} rows, {m['files']} files, {output.human_bytes(m['bytes'])} "
+            f"(lease generation {s['generation']}, {s['duration_s']:.2f}s)"
+        )
+    return f"{s['root']}: nothing to do: {s['reason']} (lease generation {s['generation']})"
+
+
+def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from materializer.daemon import MaterializerDaemon
+
+    stop = threading.Event()
+    store = open_store(args.root, options)
+    try:
+        JobCatalog(store).open_job(None, create=False)  # never create a job root here
+        daemon = MaterializerDaemon(
+            store,
+            interval_s=args.interval,
+            max_tail_bytes=args.max_tail_bytes,
+            lease_ttl_s=args.lease_ttl,
+            gc_grace_s=args.gc_grace,
+            retain_checkpoints=args.retain,
+            owner=args.owner,
+            poll_s=args.poll,
+            run_gc=not args.no_gc,
+        )
+        view = _TerminalView() if sys.stderr.isatty() else None
+        if view is not None:
+            daemon.progress = view.update
+        previous: list[tuple[Any, Any]] = []
+
+        def on_cycle(s: dict[str, Any]) -> None:
+            if view is not None:
+                view.cycle(s)
+            if args.json and not args.once:  # one JSON line per event worth reporting
+                key = (s["leader"], s["generation"])
+                if s["action"] in ("materialized", "fenced") or previous[-1:] != [key]:
+                    sys.stdout.write(json.dumps(s, default=str) + "\n")
+                    sys.stdout.flush()
+                previous[:] = [key]
+
+        daemon.on_cycle = on_cycle
+        with _materializer_logging(_verbosity(args)), _stop_on_signals(stop), \
+                (view if view is not None else contextlib.nullcontext()):
+            last = daemon.run(stop, once=args.once)
+    finally:
+        store.close()
+    if args.once:
+        if last is None:  # stopped before the cycle ran
+            return EXIT_OK
+        if args.json:
+            output._json(last)
+        else:
+            output._console().print(_summary_line(last), soft_wrap=True)
+    else:
+        log.info("stopped after %d cycle(s), %d materialization(s) published", daemon.cycles, daemon.published)
+    return EXIT_OK
+
+
+# -- status --------------------------------------------------------------------------------------
+
+
+def materializer_status(store: Any, now: float | None = None) -> dict[str, Any]:
+    """The lease holder, the newest materialization and the newest checkpoint of a job root."""
+    from materializer.daemon import manifest_summary
+    from materializer.lease import current_holder
+
+    now = time.time() if now is None else now
+    catalog = JobCatalog(store)
+    catalog.open_job(None, create=False)
+    holder = current_holder(store)
+    if holder is not None:
+        idle = max(0.0, now - holder["last_activity_mtime"])
+        holder = dict(holder, last_activity_age_s=round(idle, 3))
+        if holder["released"]:
+            holder["state"] = "released"
+        elif idle > holder["ttl_ms"] / 1000:
+            holder["state"] = "stale"  # no renewal for longer than the ttl: likely dead
+        else:
+            holder["state"] = "held"
+    key = latest_manifest_key(store)
+    mat = manifest_summary(load_manifest(store, key), now) if key else None
+    latest = catalog.latest()
+    chk = None
+    if latest is not None:
+        chk = {
+            "id": latest.checkpoint_id,
+            "timestamp_ms": latest.timestamp_ms,
+            "tail_bytes": latest.changelog_bytes,
+            "materialized": mat is not None and mat["checkpoint_id"] >= latest.checkpoint_id,
+        }
+    return {"root": store.url, "lease": holder, "latest_materialization": mat, "latest_checkpoint": chk}
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def cmd_status(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    with open_root(args.root, options) as root:
+        status = materializer_status(root.catalog.store)
+    if args.json:
+        output._json(status)
+        return EXIT_OK
+    console = output._console()
+    table = output._table(f"Materializer of {status['root']}", "field", "value")
+    lease = status["lease"]
+    if lease is None:
+        output._row(table, "lease", "never acquired (no daemon has run on this root)")
+    else:
+        output._row(table, "lease", f"generation {lease['generation']}, {lease['state']}")
+        output._row(table, "holder", f"{lease['owner']} (host {lease['host']}, pid {lease['pid']})")
+        output._row(table, "acquired (UTC)", output.iso_utc(lease["acquired_ms"]) if lease["acquired_ms"] else None)
+        output._row(table, "ttl", f"{lease['ttl_ms'] / 1000:g}s")
+        output._row(table, "last lease activity", f"{_age(lease['last_activity_age_s'])} ago ({lease['renewals']} renewal(s) of this generation)")
+        if lease["state"] == "held":
+            output._row(table, "expires (UTC, hint)", output.iso_utc(lease["expires_hint_ms"]))
+    mat = status["latest_materialization"]
+    if mat is None:
+        output._row(table, "materialization", "none yet")
+    else:
+        output._row(table, "materialization", f"{mat['id']} (checkpoint {mat['checkpoint_id']})")
+        output._row(table, "rows / files", f"{mat['rows']} rows in {mat['files']} files of {output.human_bytes(mat['bytes'])}")
+        output._row(table, "published", f"{_age(mat['age_s'])} ago by lease generation {mat['lease_generation']}")
+    chk = status["latest_checkpoint"]
+    if chk is None:
+        output._row(table, "latest checkpoint", "none yet")
+    else:
+        state = "materialized" if chk["materialized"] else f"changelog tail {output.human_bytes(chk['tail_bytes'])}"
+        output._row(table, "latest checkpoint", f"{chk['id']} ({state})")
+    console.print(table)
+    return EXIT_OK

@@ -1,0 +1,714 @@
+"""The materializer daemon: materialize due checkpoints under a leader lease, then collect garbage.
+
+One :class:`MaterializerDaemon` watches one job root. Every cycle (:meth:`~MaterializerDaemon.run_once`)
+
+1. makes sure it holds the leader lease (:class:`~materializer.lease.LeaderLease`): acquire
+   it if free, renew it when a third of its ttl has passed; a daemon that is not the holder
+   (a *standby*) does nothing else and tries again next cycle;
+2. loads the newest completed checkpoint and the newest published materialization and asks
+   the trigger policy :func:`due` whether the checkpoint must be materialized now: it is
+   newer than the materialization and its changelog tail (the bytes after its base) reached
+   ``max_tail_bytes``, or ``interval_s`` passed since the last materialization, or there is
+   no materialization yet (or the cycle is forced);
+3. materializes it (:class:`~materializer.compact.Materializer`) with the lease generation
+   as fencing token. While it runs, a keeper thread renews the lease; right before the
+   manifest is written the lease is checked again (``before_publish``) with a margin that
+   covers the write, so a daemon whose lease expired or was taken over never publishes;
+4. runs garbage collection (:func:`materializer.gc.collect_garbage`) after a publication and
+   otherwise every ``gc_interval_s``, while it still holds the lease.
+
+:meth:`~MaterializerDaemon.run` loops over cycles until stopped (sleeping in short steps so a
+stop request is served promptly, also in the middle of a materialization, which is then
+abandoned: its files are unreachable leftovers that GC removes after the grace period) and
+releases the lease on the way out, so a standby takes over at once.
+
+:func:`start_background` runs the same loop in a daemon thread of the current process, with
+its own store handle: the embedded default for single-process jobs, examples and tests.
+See ``docs/materializer.md``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from materializer.compact import MaterializeOptions, Materializer
+from materializer.lease import LeaderLease, current_holder
+from statelog.catalog import JobCatalog
+from statelog.checkpoint import CheckpointMetadata
+from statelog.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    LeaseLostError,
+    StatelogError,
+    StoreError,
+)
+from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.store import open_store
+from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]  # (what, done, total), as in materializer.compact
+
+DEFAULT_INTERVAL_S = 60.0
+DEFAULT_MAX_TAIL_BYTES = 256 << 20
+DEFAULT_LEASE_TTL_S = 30.0
+DEFAULT_GC_GRACE_S = 600.0
+MAX_POLL_S = 5.0  # the default cycle period never exceeds this
+_STEP_S = 0.05  # sleeping granularity: how promptly a stop or trigger is noticed
+_MAX_BACKOFF_S = 60.0
+
+# reasons a checkpoint is materialized (the values of the summary's "reason")
+REASON_FIRST = "first"  # no materialization exists yet
+REASON_TAIL = "tail-size"  # the changelog tail reached max_tail_bytes
+REASON_INTERVAL = "interval"  # interval_s passed since the last materialization
+REASON_FORCED = "forced"  # run_once(force=True) / BackgroundMaterializer.trigger()
+
+
+def due(
+    latest_checkpoint: CheckpointMetadata | None,
+    latest_manifest: Manifest | None,
+    now: float,
+    last_materialized_at: float | None,
+    interval_s: float,
+    max_tail_bytes: int,
+) -> str | None:
+    """The trigger policy: why ``latest_checkpoint`` should be materialized now, or ``None``.
+
+    A checkpoint is due only if it is newer than ``latest_manifest`` (the newest published
+    materialization) and has a changelog tail (``changelog_bytes`` > 0: a checkpoint without
+    one holds exactly the state of its base, which is materialized already). Then it is due
+    when there is no materialization yet (``"first"``), when its tail reached
+    ``max_tail_bytes`` (``"tail-size"``), or when ``interval_s`` passed since the last
+    materialization (``"interval"``). ``now`` and ``last_materialized_at`` are wall-clock
+    seconds; without ``last_materialized_at`` the manifest's ``created_ms`` is used.
+    """
+    if latest_checkpoint is None:
+        return None
+    if latest_manifest is not None and latest_checkpoint.checkpoint_id <= latest_manifest.checkpoint_id:
+        return None
+    tail = latest_checkpoint.changelog_bytes
+    if tail <= 0:
+        return None
+    if latest_manifest is None:
+        return REASON_FIRST
+    if tail >= max_tail_bytes:
+        return REASON_TAIL
+    since = last_materialized_at if last_materialized_at is not None else latest_manifest.created_ms / 1000
+    if now - since >= interval_s:
+        return REASON_INTERVAL
+    return None
+
+
+class _Stopped(Exception):
+    """Raised from the progress hook to abandon a materialization when a stop is requested."""
+
+
+def _positive(name: str, value: Any, *, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (value >= 0 if zero else value > 0):
+        raise ConfigError(f"{name} must be a number {'>= 0' if zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def default_owner(kind: str = "daemon") -> str:
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
+
+
+def _report_json(report: Any) -> Any:
+    """A GC report as plain data (``to_json()``, a dataclass, or its attributes)."""
+    if report is None:
+        return None
+    if hasattr(report, "to_json"):
+        return report.to_json()
+    if dataclasses.is_dataclass(report) and not isinstance(report, type):
+        return dataclasses.asdict(report)
+    if isinstance(report, dict):
+        return report
+    return {k: v for k, v in vars(report).items() if not k.startswith("_")}
+
+
+def manifest_summary(m: Manifest, now: float | None = None) -> dict[str, Any]:
+    """The JSON view of a materialization used by the daemon's summaries and ``status``."""
+    now = time.time() if now is None else now
+    return {
+        "manifest": m.key,
+        "id": m.mid,
+        "checkpoint_id": m.checkpoint_id,
+        "lease_generation": m.lease_generation,
+        "created_ms": m.created_ms,
+        "age_s": round(max(0.0, now - m.created_ms / 1000), 3),
+        "rows": m.rows,
+        "bytes": m.bytes,
+        "files": sum(len(fs) for op in m.operators.values() for fs in op.files.values()),
+        "operators": sorted(m.operators),
+        "stats": dict(m.stats),
+    }
+
+
+class _LeaseKeeper:
+    """Renews the lease from a background thread while a long operation runs.
+
+    A renewal that reports the lease lost sets :attr:`lost`; the daemon's progress hook
+    then abandons the materialization, and the fencing check before publishing refuses in
+    any case. Store errors are logged and retried (the lease stays valid until its deadline).
+    """
+
+    def __init__(self, lease: LeaderLease) -> None:
+        self.lease = lease
+        self.lost = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="statelog-lease-keeper", daemon=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        interval = max(0.01, self.lease.renew_interval_s)
+        while not self._done.wait(interval):
+            try:
+                if not self.lease.renew():
+                    log.warning("lease lost during the cycle: %s", self.lease.lost_reason)
+                    self.lost.set()
+                    return
+            except StoreError as exc:
+                log.warning("renewing the lease failed (will retry): %s", exc)
+                interval = max(0.01, self.lease.renew_interval_s / 3)
+            else:
+                interval = max(0.01, self.lease.renew_interval_s)
+
+
+class MaterializerDaemon:
+    """Materializes the checkpoints of one job root while holding its leader lease.
+
+    ``store``: the job root (the caller owns and closes it). ``interval_s`` and
+    ``max_tail_bytes``: the triggers (see :func:`due`). ``lease_ttl_s``: the lease's ttl; a
+    standby takes over an abandoned lease after about one ttl, a released one at once.
+    ``gc_grace_s`` and ``retain_checkpoints`` are passed to
+    :func:`~materializer.gc.collect_garbage` (``run_gc=False`` disables GC). ``owner`` names
+    this daemon in the lease (default ``daemon@host:pid``). ``clock`` is the wall clock
+    (seconds) of the interval trigger and of GC; ``lease_clock`` measures the lease's
+    intervals (default :func:`time.monotonic`, or ``clock`` when a clock is injected).
+    ``progress(what, done, total)`` is called with the cycle's phases and the
+    materialization's progress. ``poll_s``: the cycle period of :meth:`run` (default
+    ``min(5s, interval_s)``; never longer than a third of the lease ttl).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        gc_grace_s: float = DEFAULT_GC_GRACE_S,
+        retain_checkpoints: int | None = None,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.time,
+        progress: Progress | None = None,
+        poll_s: float | None = None,
+        gc_interval_s: float | None = None,
+        run_gc: bool = True,
+        options: MaterializeOptions | None = None,
+        lease_clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.interval_s = _positive("interval_s", interval_s)
+        if isinstance(max_tail_bytes, bool) or not isinstance(max_tail_bytes, int) or max_tail_bytes < 0:
+            raise ConfigError(f"max_tail_bytes must be an int >= 0, got {max_tail_bytes!r}")
+        self.max_tail_bytes = max_tail_bytes
+        self.gc_grace_s = _positive("gc_grace_s", gc_grace_s, zero=True)
+        if retain_checkpoints is not None and (
+            isinstance(retain_checkpoints, bool) or not isinstance(retain_checkpoints, int) or retain_checkpoints < 1
+        ):
+            raise ConfigError(f"retain_checkpoints must be an int >= 1 or None, got {retain_checkpoints!r}")
+        self.retain_checkpoints = retain_checkpoints
+        self.poll_s = _positive("poll_s", poll_s) if poll_s is not None else min(MAX_POLL_S, self.interval_s)
+        self.gc_interval_s = (
+            _positive("gc_interval_s", gc_interval_s) if gc_interval_s is not None else max(self.interval_s, 60.0)
+        )
+        self.run_gc = bool(run_gc)
+        self.store = store
+        self.catalog = JobCatalog(store)
+        self.owner = owner or default_owner()
+        self.clock = clock
+        self.progress = progress
+        self.options = options
+        if lease_clock is None:
+            lease_clock = time.monotonic if clock is time.time else clock
+        self.lease = LeaderLease(store, self.owner, _positive("lease_ttl_s", lease_ttl_s), clock=lease_clock)
+        # the fencing margin: the lease must stay valid this long after the check (the publish)
+        self.publish_margin_s = self.lease.ttl_s / 6
+        self._manifests: dict[str, Manifest] = {}
+        self._published: dict[str, float] = {}  # manifest key -> clock() when this daemon published it
+        self._last_gc_at: float | None = None
+        self._gc_missing_logged = False
+        self._holder_logged: tuple[Any, ...] | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._requested = 0  # forced cycles requested (request_cycle), ...
+        self._served = 0  # ... and the newest request a completed cycle served
+        self._busy = False
+        self._stop_events: tuple[threading.Event, ...] = (self._stop,)
+        self.on_cycle: Callable[[dict[str, Any]], None] | None = None  # called by run() after each cycle
+        self.last_summary: dict[str, Any] | None = None
+        self.last_error: BaseException | None = None
+        self.cycles = 0
+        self.published = 0
+
+    def __repr__(self) -> str:
+        return f"MaterializerDaemon({self.store.url!r}, owner={self.owner!r}, generation={self.lease.generation})"
+
+    # -- one cycle ----------------------------------------------------------------------------
+
+    def _emit(self, what: str, done: int = 0, total: int = 0) -> None:
+        if self.progress is not None:
+            self.progress(what, done, total)
+
+    def _stopping(self) -> bool:
+        return any(e.is_set() for e in self._stop_events)
+
+    def _ensure_lease(self) -> bool:
+        """Hold the lease: acquire it if free, renew it once a third of its ttl has passed."""
+        lease = self.lease
+        if lease.generation is not None:
+            if lease.remaining_s() > lease.ttl_s - lease.renew_interval_s:
+                return True  # renewed recently; the fencing check before publishing lists again
+            if lease.try_acquire():  # held: this renews
+                return True
+        # not held (or just lost): acquire a new generation if the lease is free; after losing
+        # our own lease by expiry nobody else took, the lease module lets us re-acquire at once
+        return lease.try_acquire()
+
+    def run_once(self, force: bool = False) -> dict[str, Any]:
+        """One cycle (see the module docstring); returns its summary as plain data.
+
+        Keys: ``owner``, ``leader``, ``generation`` (the held one, or ``None``), ``holder``
+        (standby only: the lease holder as :func:`~materializer.lease.current_holder`
+        describes it), ``action`` (``"standby"``, ``"none"``, ``"materialized"`` or
+        ``"fenced"``), ``reason`` (why it materialized, or why not), ``latest_checkpoint``,
+        ``latest_materialization`` (before the cycle), ``materialization`` (what this cycle
+        published), ``gc`` (the GC report, ``None`` if GC did not run) and ``duration_s``.
+        Store errors propagate (:meth:`run` logs them and retries).
+        """
+        t0 = time.monotonic()
+        summary: dict[str, Any] = {
+            "root": self.store.url,
+            "owner": self.owner,
+            "leader": False,
+            "generation": None,
+            "holder": None,
+            "action": "standby",
+            "reason": None,
+            "latest_checkpoint": None,
+            "latest_materialization": None,
+            "materialization": None,
+            "gc": None,
+            "duration_s": 0.0,
+        }
+        try:
+            self._cycle(summary, force)
+        finally:
+            summary["duration_s"] = round(time.monotonic() - t0, 3)
+            self.cycles += 1
+            self.last_summary = summary
+        return summary
+
+    def _cycle(self, summary: dict[str, Any], force: bool) -> None:
+        self._emit("lease")
+        if not self._ensure_lease():
+            summary["reason"] = self.lease.lost_reason or "the lease is held by another daemon"
+            with contextlib.suppress(StatelogError):
+                summary["holder"] = current_holder(self.store)
+            self._log_standby(summary["holder"])
+            return
+        generation = self.lease.generation
+        summary.update(leader=True, generation=generation, action="none")
+        self._holder_logged = None
+        self._emit("checking for a due checkpoint")
+        meta = self._latest_checkpoint()
+        key = latest_manifest_key(self.store)
+        manifest = load_manifest(self.store, key, self._manifests) if key else None
+        now = self.clock()
+        if meta is not None:
+            summary["latest_checkpoint"] = {"id": meta.checkpoint_id, "tail_bytes": meta.changelog_bytes,
+                                            "timestamp_ms": meta.timestamp_ms}
+        if manifest is not None:
+            summary["latest_materialization"] = manifest_summary(manifest, now)
+        reason = due(meta, manifest, now, self._published.get(key or ""), self.interval_s, self.max_tail_bytes)
+        if reason is None and force and meta is not None and (
+            manifest is None or meta.checkpoint_id > manifest.checkpoint_id
+        ):
+            reason = REASON_FORCED
+        published = False
+        if reason is None:
+            summary["reason"] = self._why_not(meta, manifest)
+            log.debug("nothing to materialize: %s", summary["reason"])
+        else:
+            assert meta is not None
+            summary["reason"] = reason
+            published = self._materialize(meta, generation, reason, summary)
+        gc_due = published or self._last_gc_at is None or self.clock() - self._last_gc_at >= self.gc_interval_s
+        if self.run_gc and summary["action"] != "fenced" and gc_due:
+            summary["gc"] = self._gc()
+
+    def _latest_checkpoint(self) -> CheckpointMetadata | None:
+        try:
+            return self.catalog.latest()
+        except CheckpointNotFoundError:  # removed by retention between listing and loading
+            return self.catalog.latest()
+
+    def _why_not(self, meta: CheckpointMetadata | None, manifest: Manifest | None) -> str:
+        if meta is None:
+            return "no checkpoint yet"
+        if manifest is not None and meta.checkpoint_id <= manifest.checkpoint_id:
+            return f"checkpoint {meta.checkpoint_id} is materialized already"
+        if meta.changelog_bytes <= 0:
+            return f"checkpoint {meta.checkpoint_id} has no changelog tail"
+        return (
+            f"checkpoint {meta.checkpoint_id} is not due yet (tail {meta.changelog_bytes} bytes "
+            f"< {self.max_tail_bytes}, interval {self.interval_s:g}s not elapsed)"
+        )
+
+    def _log_standby(self, holder: dict[str, Any] | None) -> None:
+        seen = (holder or {}).get("generation"), (holder or {}).get("owner"), (holder or {}).get("released")
+        if seen == self._holder_logged:
+            log.debug("standby: lease generation %s held by %s", seen[0], seen[1])
+            return
+        self._holder_logged = seen
+        if holder is None:
+            log.info("standby: could not acquire the lease of %s", self.store.url)
+        else:
+            log.info(
+                "standby: lease generation %d of %s is held by %s%s; waiting to take over",
+                holder["generation"], self.store.url, holder["owner"],
+                " (released)" if holder["released"] else "",
+            )
+
+    def _materialize(self, meta: CheckpointMetadata, generation: int, reason: str, summary: dict[str, Any]) -> bool:
+        log.info(
+            "materializing checkpoint %d (%s; changelog tail %d bytes) with lease generation %d",
+            meta.checkpoint_id, reason, meta.changelog_bytes, generation,
+        )
+        self._emit(f"materializing checkpoint {meta.checkpoint_id}")
+        with _LeaseKeeper(self.lease) as keeper:
+
+            def progress(what: str, done: int, total: int) -> None:
+                if self._stopping():
+                    raise _Stopped()
+                if keeper.lost.is_set():
+                    raise LeaseLostError(f"lease generation {generation} was lost: {self.lease.lost_reason}")
+                self._emit(f"checkpoint {meta.checkpoint_id}: {what}", done, total)
+
+            def fence() -> None:
+                self.lease.ensure_valid(self.publish_margin_s)
+
+            materializer = Materializer(self.store, self.options, progress)
+            materializer._manifests = self._manifests  # share the parsed-manifest cache
+            try:
+                manifest = materializer.materialize(meta, lease_generation=generation, before_publish=fence)
+            except LeaseLostError as exc:
+                log.warning(
+                    "not publishing the materialization of checkpoint %d: %s", meta.checkpoint_id, exc
+                )
+                summary.update(action="fenced", leader=False, reason=str(exc))
+                return False
+        now = self.clock()
+        self._published[manifest.key] = now
+        self.published += 1
+        summary.update(action="materialized", materialization=manifest_summary(manifest, now))
+        self._emit(f"published {manifest.mid}")
+        return True
+
+    def _gc(self) -> dict[str, Any] | None:
+        try:
+            from materializer.gc import collect_garbage
+        except ImportError as exc:  # pragma: no cover - depends on the installation
+            if not self._gc_missing_logged:
+                log.warning("garbage collection is not available: %s", exc)
+                self._gc_missing_logged = True
+            return None
+        self._last_gc_at = self.clock()
+        if not self.lease.is_valid(self.publish_margin_s):
+            log.warning("not collecting garbage: the lease is no longer valid")
+            return None
+        self._emit("collecting garbage")
+        try:
+            with _LeaseKeeper(self.lease):
+                report = collect_garbage(
+                    self.store,
+                    retain_checkpoints=self.retain_checkpoints,
+                    grace_s=self.gc_grace_s,
+                    now=self.clock(),
+                )
+            out = _report_json(report)
+            if isinstance(out, dict):
+                log.info(
+                    "garbage collection: %s object(s) of %s bytes deleted, checkpoints deleted %s, "
+                    "%d error(s)",
+                    out.get("objects_deleted"), out.get("bytes_deleted"), out.get("checkpoints_deleted"),
+                    len(out.get("errors") or ()),
+                )
+        except StatelogError as exc:
+            log.warning("garbage collection failed (retried next time): %s", exc)
+            out = {"error": f"{type(exc).__name__}: {exc}"}
+        with contextlib.suppress(StatelogError):
+            self.lease.prune()
+        return out
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def request_cycle(self) -> int:
+        """Ask :meth:`run` for a forced cycle soon; returns a ticket for :meth:`wait_served`."""
+        with self._cond:
+            self._requested += 1
+            ticket = self._requested
+        self._wake.set()
+        return ticket
+
+    def wait_served(self, ticket: int, timeout: float | None = None) -> bool:
+        """Wait until a cycle that started after request ``ticket`` completed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._served >= ticket or self._stopping(), timeout)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every requested cycle was served and no cycle runs."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: (self._served >= self._requested and not self._busy) or self._stopping(), timeout
+            )
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (promptly: a running materialization is abandoned)."""
+        self._stop.set()
+        self._wake.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self._stopping():
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            if self._wake.wait(min(_STEP_S, remaining)):
+                self._wake.clear()
+                return
+
+    def run(self, stop_event: threading.Event | None = None, once: bool = False) -> dict[str, Any] | None:
+        """Run cycles until ``stop_event`` (or :meth:`stop`) is set; release the lease at the end.
+
+        With ``once`` a single cycle runs; if another daemon's lease is in the way, it keeps
+        trying for about one lease ttl (an abandoned lease is taken over after one ttl) but
+        gives up as soon as it sees the holder renew. Errors of a cycle are logged and the
+        cycle is retried with backoff (with ``once`` they propagate). Returns the last
+        cycle's summary.
+        """
+        self._stop_events = (self._stop,) if stop_event is None else (self._stop, stop_event)
+        log.info(
+            "materializer %s on %s: interval %gs, max tail %d bytes, lease ttl %gs, gc grace %gs%s",
+            self.owner, self.store.url, self.interval_s, self.max_tail_bytes, self.lease.ttl_s,
+            self.gc_grace_s, "" if self.run_gc else " (gc off)",
+        )
+        last: dict[str, Any] | None = None
+        failures = 0
+        give_up = time.monotonic() + self.lease.ttl_s + self.lease.renew_interval_s
+        first_holder: tuple[Any, ...] | None = None
+        try:
+            while not self._stopping():
+                with self._cond:  # the requests up to this ticket are served by this (forced) cycle
+                    ticket = self._requested
+                    force = ticket > self._served
+                    self._busy = True
+                error: BaseException | None = None
+                try:
+                    last = self.run_once(force=force)
+                    failures = 0
+                    if self.on_cycle is not None:
+                        self.on_cycle(last)
+                except _Stopped:
+                    log.info("stop requested: abandoned the running materialization")
+                    break
+                except Exception as exc:
+                    if once:
+                        raise
+                    error = exc
+                    failures += 1
+                    if isinstance(exc, StatelogError):
+                        log.error("materializer cycle failed: %s", exc)
+                    else:
+                        log.exception("materializer cycle failed unexpectedly")
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._served = max(self._served, ticket)
+                        self.last_error = error
+                        self._cond.notify_all()
+                if once:
+                    assert last is not None
+                    if last["leader"] or last["action"] == "fenced":
+                        return last
+                    holder = last.get("holder") or {}
+                    state = (holder.get("generation"), holder.get("renewals"), holder.get("released"))
+                    if first_holder is None:
+                        first_holder = state
+                    elif state != first_holder or time.monotonic() >= give_up:
+                        return last  # the holder is alive (it renewed) or we waited long enough
+                if failures:
+                    self._sleep(min(_MAX_BACKOFF_S, self.poll_s * 2 ** min(failures, 10)))
+                else:
+                    self._sleep(min(self.poll_s, self.lease.renew_interval_s))
+        finally:
+            self.release()
+            with self._cond:
+                self._cond.notify_all()
+        return last
+
+    def release(self) -> None:
+        """Give the lease up (on clean shutdown) so that a standby takes over at once."""
+        if self.lease.generation is None:
+            return
+        try:
+            self.lease.release()
+        except StatelogError as exc:
+            log.warning("could not release the lease (it expires after its ttl): %s", exc)
+
+
+# -- in-process background mode ---------------------------------------------------------------
+
+
+def _own_store(store: ObjectStore) -> tuple[ObjectStore, bool]:
+    """A separate handle on the same root (``True``), or ``store`` itself if it cannot be cloned."""
+    from statelog.store.local import LocalObjectStore
+    from statelog.store.s3 import S3ObjectStore
+
+    if isinstance(store, S3ObjectStore):
+        return S3ObjectStore(store.bucket, store.prefix, store.config), True
+    if isinstance(store, LocalObjectStore):
+        return LocalObjectStore(store.root), True
+    return store, False
+
+
+class BackgroundMaterializer:
+    """A :class:`MaterializerDaemon` looping in a daemon thread of this process.
+
+    :meth:`trigger` forces a cycle and waits for it, :meth:`wait_idle` waits until no cycle
+    runs or is pending, :meth:`stop` stops the loop and releases the lease (also registered
+    with :mod:`atexit`). Use it as a context manager to stop it at the end of a block.
+    """
+
+    def __init__(self, daemon: MaterializerDaemon, owns_store: bool) -> None:
+        self.daemon = daemon
+        self._owns_store = owns_store
+        self._thread = threading.Thread(target=self._main, name="statelog-materializer", daemon=True)
+        self._stopped = False
+        self.error: BaseException | None = None  # set if the loop itself died
+
+    def _main(self) -> None:
+        try:
+            self.daemon.run()
+        except BaseException as exc:  # pragma: no cover - the loop catches cycle errors
+            self.error = exc
+            log.exception("background materializer died")
+
+    def start(self) -> BackgroundMaterializer:
+        self._thread.start()
+        atexit.register(self.stop)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def last_summary(self) -> dict[str, Any] | None:
+        return self.daemon.last_summary
+
+    def trigger(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Force a cycle now and wait for it; returns its summary (or raises its error)."""
+        if not self.running:
+            raise StatelogError("the background materializer is not running") from self.error
+        ticket = self.daemon.request_cycle()
+        if not self.daemon.wait_served(ticket, timeout):
+            raise TimeoutError(f"the forced materializer cycle did not complete within {timeout}s")
+        if self.daemon._stopping():
+            raise StatelogError("the background materializer was stopped")
+        if self.daemon.last_error is not None:
+            raise self.daemon.last_error
+        assert self.daemon.last_summary is not None
+        return self.daemon.last_summary
+
+    def wait_idle(self, timeout: float | None = 60.0) -> bool:
+        """Wait until no cycle is running or requested; ``False`` on timeout."""
+        return self.daemon.wait_idle(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the loop, release the lease and close the own store handle (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        atexit.unregister(self.stop)
+        self.daemon.stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the background materializer did not stop within %.1fs", timeout)
+            return
+        if self._owns_store:
+            self.daemon.store.close()
+
+    def __enter__(self) -> BackgroundMaterializer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_background(
+    job_or_root: Any,
+    *,
+    store_options: dict[str, Any] | None = None,
+    **opts: Any,
+) -> BackgroundMaterializer:
+    """Start a materializer loop in a daemon thread of this process and return its handle.
+
+    ``job_or_root`` is a :class:`~statelog.job.StateJob`, an :class:`ObjectStore` or a job
+    root URL (opened with ``store_options``); the loop uses its own store handle on that
+    root. ``opts`` are :class:`MaterializerDaemon` options (``interval_s``,
+    ``max_tail_bytes``, ``lease_ttl_s``, ...; ``owner`` defaults to ``background@host:pid``).
+    Several processes may each start one: the lease makes exactly one of them publish.
+    """
+    from statelog.job import StateJob
+
+    if isinstance(job_or_root, StateJob):
+        store, owns = _own_store(job_or_root.store)
+    elif isinstance(job_or_root, ObjectStore):
+        store, owns = _own_store(job_or_root)
+    elif isinstance(job_or_root, str):
+        store, owns = open_store(job_or_root, store_options), True
+    else:
+        raise ConfigError(
+            f"start_background needs a StateJob, an ObjectStore or a job root URL, got {type(job_or_root).__name__}"
+        )
+    try:
+        JobCatalog(store).open_job(None, create=False)
+        opts.setdefault("owner", default_owner("background"))
+        daemon = MaterializerDaemon(store, **opts)
+    except BaseException:
+        if owns:
+            store.close()
+        raise
+    return BackgroundMaterializer(daemon, owns).start()
