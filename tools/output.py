@@ -194,11 +194,11 @@ def _row(table: Table, *cells: Any) -> None:
 
 @contextlib.contextmanager
 def log_to_stderr(verbosity: int) -> Iterator[None]:
-    """Send the log records of statelog and the tools to stderr while the block runs."""
+    """Send the log records of statelog, the materializer, the runtime and the tools to stderr."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    loggers = [logging.getLogger(n) for n in ("statelog", "tools")]
+    loggers = [logging.getLogger(n) for n in ("statelog", "tools", "materializer", "runtime")]
     saved = [lg.level for lg in loggers]
     logging.getLogger().addHandler(handler)
     for lg in loggers:
