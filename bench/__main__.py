@@ -11,7 +11,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = {"backend": "bench.backend"}
+BENCHMARKS = {"backend": "bench.backend", "materializer": "bench.materializer"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -355,9 +355,12 @@ class KeyedStateBackend:
             state.compact()
             return
         apply = state.apply
-        dec = self._decode
+        known = self._decoded_keys
+        new = list({r[0] for r in records if r[0] not in known})
+        if new:  # decode the keys in bulk (int and short-string columns decode without a loop)
+            known.update(zip(new, decode_key_array(pa.array(new, pa.binary())), strict=True))
         for kb, nsb, op, ukey, value, exp in records:
-            apply(dec(kb), nsb, op, ukey, value, exp)
+            apply(known[kb], nsb, op, ukey, value, exp)
         state.compact()
 
     def _restore_timers(self) -> None:
