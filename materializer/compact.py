@@ -357,6 +357,10 @@ class Materializer:
                     continue
                 for info in mop.states:
                     infos.setdefault(info.name, info)
+                # the image includes the base's, so it covers what the base covered too (a backend
+                # that adopts it must not reference those records again)
+                for stream, end in mop.covered.items():
+                    covered[stream] = max(covered.get(stream, 0), end)
                 bases.append((part.key_groups.intersect(h.key_groups), mop))
             tail = self._read_tail(h, stats)
             for name, info in sorted(infos.items()):

@@ -1,9 +1,261 @@
-"""``statelog gc`` and ``statelog savepoint ...`` (see ``docs/cli.md``)."""
+"""``statelog gc`` and ``statelog savepoint ...`` (see ``docs/cli.md``, ``docs/gc.md``).
+
+Unlike the inspection commands, these write to the job root: ``gc`` deletes checkpoint
+metadata (with ``--retain``) and unreachable objects, ``savepoint create`` writes a
+savepoint, ``savepoint delete`` removes one. The work is done by :mod:`materializer.gc` and
+:mod:`materializer.savepoint`; this module parses arguments and renders the results (JSON
+with ``--json``, else ``rich`` tables). Exit codes: 0 ok, 1 ``gc`` completed with errors
+(something could not be read or deleted; it is reported and kept), 2 usage or library error.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from statelog.errors import ConfigError
+from tools.roots import Root, open_root, resolve_checkpoint_id
+
+log = logging.getLogger("tools.cli")
+
+EXIT_OK, EXIT_FAULTS = 0, 1
+NONE = "-"
+
+# -- argument values -----------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, option: str = "duration") -> float:
+    """``"30s"``, ``"10m"``, ``"1h"``, ``"1.5h"``, ``"2d"``, ``"500ms"`` or plain seconds (``"0"``)."""
+    m = _DURATION.match(text or "")
+    if m is None:
+        raise ConfigError(
+            f"{option}: invalid duration {text!r}; use a number with an optional unit ms, s, m, h or d "
+            "(e.g. 30s, 10m, 1h, or 0; a plain number is seconds)"
+        )
+    return float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
+
+
+def parse_count(text: str, option: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError(f"{option}: invalid count {text!r}; use a whole number >= 1")
+    return int(text)
+
+
+# -- commands ------------------------------------------------------------------------------------
 
 
 def register(commands: Any, command: Any) -> None:
     """Add the ``gc`` and ``savepoint`` commands (``command(group, name, handler, help)``)."""
+    gc = command(
+        commands,
+        "gc",
+        cmd_gc,
+        "delete checkpoint metadata beyond --retain and every object no retained checkpoint, "
+        "savepoint or recent materialization needs (older than --grace)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    gc.add_argument("--retain", metavar="N", default=None,
+                    help="also delete the metadata of all but the newest N checkpoints (default: keep all)")
+    gc.add_argument("--grace", metavar="DURATION", default="10m",
+                    help="delete unreferenced objects only when older than this (default 10m; e.g. 30s, 1h, 0)")
+    group = commands.add_parser(
+        "savepoint",
+        help="create, list and delete savepoints",
+        description="Savepoints: self-contained images of a checkpoint that GC never deletes.",
+    )
+    sub = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    create = command(sub, "create", cmd_savepoint_create, "write a savepoint of a retained checkpoint")
+    create.add_argument("--checkpoint", metavar="ID", required=True, help="checkpoint id, or 'latest'")
+    create.add_argument("--name", metavar="NAME", required=True,
+                        help="savepoint name: letters, digits, '.', '_', '-' (at most 100)")
+    command(sub, "list", cmd_savepoint_list, "list the savepoints")
+    delete = command(sub, "delete", cmd_savepoint_delete, "delete a savepoint (metadata first, then its files)")
+    delete.add_argument("name", metavar="NAME", help="the savepoint to delete")
+    delete.add_argument("--force", action="store_true",
+                        help="delete even if retained checkpoints still build on the savepoint's files")
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    return int(getattr(args, "verbose", 0)) + int(getattr(args, "verbose_sub", 0))
+
+
+@contextlib.contextmanager
+def _session(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Root]:
+    """The opened root (which must hold a job), with ``materializer`` logs at the CLI's verbosity."""
+    logger = logging.getLogger("materializer")
+    saved = logger.level
+    v = _verbosity(args)
+    logger.setLevel(logging.WARNING if v <= 0 else logging.INFO if v == 1 else logging.DEBUG)
+    try:
+        with open_root(args.root, options) as root:
+            root.require_job()
+            yield root
+    finally:
+        logger.setLevel(saved)
+
+
+def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from materializer.gc import collect_garbage
+
+    grace = parse_duration(args.grace, "--grace")
+    retain = None if args.retain is None else parse_count(args.retain, "--retain")
+    with _session(args, options) as root:
+        report = collect_garbage(root.catalog.store, retain_checkpoints=retain, grace_s=grace, dry_run=args.dry_run)
+    data = report.to_json()
+    render_gc(data, as_json=args.json)
+    return EXIT_OK if report.ok else EXIT_FAULTS
+
+
+def cmd_savepoint_create(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from materializer.savepoint import create_savepoint, savepoint_summary
+    from statelog.materialization import check_savepoint_name
+
+    name = check_savepoint_name(args.name)
+    with _session(args, options) as root:
+        cid = resolve_checkpoint_id(root, args.checkpoint)
+        meta = create_savepoint(root.catalog.store, cid, name)
+        summary = savepoint_summary(root.catalog.store, meta, name)
+    render_savepoint_created(summary, root.url, as_json=args.json)
+    return EXIT_OK
+
+
+def cmd_savepoint_list(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from materializer.savepoint import list_savepoints
+
+    with _session(args, options) as root:
+        rows = list_savepoints(root.catalog.store)
+    render_savepoint_list(rows, root.url, as_json=args.json)
+    return EXIT_OK
+
+
+def cmd_savepoint_delete(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from materializer.savepoint import delete_savepoint
+
+    with _session(args, options) as root:
+        result = delete_savepoint(root.catalog.store, args.name, force=args.force)
+    render_savepoint_deleted(result, root.url, as_json=args.json)
+    return EXIT_OK
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def _console() -> Console:
+    return Console(file=sys.stdout, highlight=False, markup=False)
+
+
+def _json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _table(title: str | None, *columns: str, right: Sequence[str] = ()) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for c in columns:
+        table.add_column(c, justify="right" if c in right else "left", overflow="fold")
+    return table
+
+
+def _row(table: Table, *cells: Any) -> None:
+    table.add_row(*(Text(NONE if c is None else str(c)) for c in cells))
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(map(str, ids)) or "none"
+
+
+def render_gc(report: Mapping[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        _json(dict(report))
+        return
+    console = _console()
+    verb = "would delete" if report["dry_run"] else "deleted"
+    title = f"Garbage collection of {report['root']}" + (" (dry run: nothing deleted)" if report["dry_run"] else "")
+    table = _table(title, "objects", verb, "bytes", "kept (live)", "protected (grace)",
+                   right=(verb, "bytes", "kept (live)", "protected (grace)"))
+    names = {"segments": "changelog segments", "manifests": "materialization manifests",
+             "table_files": "state table files", "other": "other objects"}
+    for cat, label in names.items():
+        d, k, p = report["deleted"][cat], report["kept"][cat], report["protected"][cat]
+        if cat == "other" and not (d["objects"] or k["objects"] or p["objects"]):
+            continue
+        _row(table, label, d["objects"], human_bytes(d["bytes"]), k["objects"], p["objects"])
+    console.print(table)
+    retain = report["retain_checkpoints"]
+    console.print(
+        f"checkpoints: {verb} {_ids(report['checkpoints_deleted'])}; retained {_ids(report['checkpoints_retained'])}"
+        + (f" (--retain {retain})" if retain is not None else ""),
+        soft_wrap=True,
+    )
+    console.print(f"savepoints (never deleted): {', '.join(report['savepoints']) or 'none'}", soft_wrap=True)
+    console.print(
+        f"total: {verb} {report['objects_deleted']} object(s), {human_bytes(report['bytes_deleted'])}; "
+        f"grace period {report['grace_s']:g}s",
+        soft_wrap=True,
+    )
+    for e in report["errors"]:
+        console.print(f"ERROR {e}", soft_wrap=True)
+
+
+def render_savepoint_created(sp: Mapping[str, Any], root: str, *, as_json: bool) -> None:
+    if as_json:
+        _json(dict(sp))
+        return
+    console = _console()
+    console.print(
+        f"savepoint {sp['name']} of checkpoint {sp['checkpoint_id']} created in {root}: {sp['rows']} row(s) "
+        f"in {sp['files']} file(s), {human_bytes(sp['bytes'])}", soft_wrap=True,
+    )
+    console.print(f"restore with job.backend(uid, restore=\"savepoint:{sp['name']}\")", soft_wrap=True)
+
+
+def render_savepoint_list(rows: Sequence[Mapping[str, Any]], root: str, *, as_json: bool) -> None:
+    if as_json:
+        _json([dict(r) for r in rows])
+        return
+    console = _console()
+    if not rows:
+        console.print(f"no savepoints in {root}")
+        return
+    table = _table(f"Savepoints in {root}", "name", "checkpoint", "created (UTC)", "operators", "rows", "size",
+                   right=("checkpoint", "rows", "size"))
+    for r in rows:
+        if "error" in r:
+            _row(table, r["name"], None, None, f"unreadable: {r['error']}", None, None)
+            continue
+        ops = ", ".join(f"{uid} (p={p})" for uid, p in r["operators"].items())
+        _row(table, r["name"], r["checkpoint_id"], r["created"].replace("T", " ")[:19], ops or NONE,
+             r["rows"], human_bytes(r["bytes"]))
+    console.print(table)
+
+
+def render_savepoint_deleted(result: Mapping[str, Any], root: str, *, as_json: bool) -> None:
+    if as_json:
+        _json(dict(result))
+        return
+    what = "savepoint" if result["had_metadata"] else "leftovers of unfinished savepoint"
+    _console().print(
+        f"deleted {what} {result['name']} from {root}: {result['objects_deleted']} object(s), "
+        f"{human_bytes(result['bytes_deleted'])}", soft_wrap=True,
+    )
