@@ -525,7 +525,8 @@ class MaterializerDaemon:
         )
         last: dict[str, Any] | None = None
         failures = 0
-        give_up = time.monotonic() + self.lease.ttl_s + self.lease.renew_interval_s
+        started = time.monotonic()
+        give_up = started + self.lease.ttl_s + self.lease.renew_interval_s
         first_holder: tuple[Any, ...] | None = None
         try:
             while not self._stopping():
@@ -565,6 +566,9 @@ class MaterializerDaemon:
                     state = (holder.get("generation"), holder.get("renewals"), holder.get("released"))
                     if first_holder is None:
                         first_holder = state
+                        # taking over an abandoned lease takes the *holder's* ttl, not ours
+                        holder_ttl = (holder.get("ttl_ms") or 0) / 1000.0
+                        give_up = max(give_up, started + holder_ttl + self.lease.renew_interval_s)
                     elif state != first_holder or time.monotonic() >= give_up:
                         return last  # the holder is alive (it renewed) or we waited long enough
                 if failures:

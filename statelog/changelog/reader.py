@@ -134,12 +134,35 @@ class SegmentReader:
     def read_range(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any
     ) -> Iterator[ChangeBatch]:
-        """Yield the change batches of ``stream`` with seq in ``[start, end)`` and key group in range."""
+        """Yield the change batches of ``stream`` with seq in ``[start, end)`` and key group in range.
+
+        The segments must cover ``[start, end)`` without a gap, and each must hold the span
+        of ``stream`` the reference claims; otherwise records would be skipped silently, so
+        this is a :class:`CorruptionError` naming the segment.
+        """
+        pos = start
+        for seg in sorted(segments, key=lambda s: s.start):
+            if seg.start > pos:
+                break
+            pos = max(pos, seg.end)
+        if pos < end:
+            names = ", ".join(s.name for s in segments) or "none"
+            raise CorruptionError(
+                f"changelog range [{start}, {end}) of stream {stream} is not covered by its segments "
+                f"({names}): records from {pos} are missing; the checkpoint metadata is inconsistent",
+                key=segments[-1].name if segments else None,
+            )
         for seg in segments:
             try:
                 footer = self.footer(seg.name, seg.size)
             except StoreError as e:
                 raise CorruptionError(f"cannot read changelog segment {seg.name}: {e}", key=seg.name) from e
+            if not any((sp.stream, sp.start, sp.end) == (stream, seg.start, seg.end) for sp in footer.streams):
+                raise CorruptionError(
+                    f"changelog segment {seg.name} does not hold records [{seg.start}, {seg.end}) of stream "
+                    f"{stream}, which the checkpoint metadata references",
+                    key=seg.name,
+                )
             for info in footer.blocks:
                 if info.stream != stream or info.last_seq < start or info.first_seq >= end:
                     continue

@@ -272,3 +272,29 @@ def test_coalescing_never_crosses_a_sealed_checkpoint_position(tmp_path):
     r = statelog.open(tmp_path.as_uri()).backend("op", restore=1)
     r.set_current_key("k")
     assert r.get_state(COUNT).value() == 1
+
+
+def test_a_range_whose_segments_leave_a_gap_fails_instead_of_skipping_records(tmp_path):
+    """Metadata that drops a segment from a range must not restore fewer records silently."""
+    import dataclasses
+
+    job = statelog.open(tmp_path.as_uri(), writer_options={"persist_delay": 0.001})
+    b = job.backend("op")
+    count = b.get_state(COUNT)
+    for k in range(3):  # three flushes: three segments for the stream
+        b.set_current_key(k)
+        count.update(k)
+        job.writer.flush()
+    meta = job.checkpoint(sources={})
+    job.close()
+    h = meta.operators["op"].subtasks[0]
+    (rng,) = [r for r in h.changelog if r.stream.endswith("/count")]
+    assert len(rng.segments) == 3
+    holed = dataclasses.replace(rng, segments=(rng.segments[0], rng.segments[2]))
+    reader = SegmentReader(open_store(tmp_path.as_uri()))
+    with pytest.raises(CorruptionError, match="not covered by its segments"):
+        list(reader.read_range(holed.stream, holed.start, holed.end, holed.key_groups, holed.segments))
+    wrong = dataclasses.replace(rng.segments[1], start=0, end=3)  # claims a span the footer lacks
+    with pytest.raises(CorruptionError, match="does not hold records") as e:
+        list(reader.read_range(rng.stream, rng.start, rng.end, rng.key_groups, (wrong,)))
+    assert wrong.name in str(e.value)
