@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -195,6 +196,8 @@ class KeyedStateBackend:
         # completed checkpoints this backend's state descends from: a materialization of one
         # of them is a valid base for the next checkpoints
         self._lineage: set[int] = set()
+        self._pending = 0  # snapshots sealed but not completed or cancelled
+        self._pending_lock = threading.Lock()
         if self._restored.checkpoint_id is not None:
             self._lineage.add(self._restored.checkpoint_id)
         self._decoded_keys: dict[bytes, Any] = {}
@@ -408,20 +411,52 @@ class KeyedStateBackend:
             )
         sealed = [(s, s.position) for s in self._streams.values()]
         futures = [self._writer.persist(s, pos) for s, pos in sealed]
-        base = (self._base_parts, tuple(self._inherited), dict(self._covered))
+        # everything the handle needs from the task's side is captured here, on the task thread
+        base = (self._base_parts, tuple(self._inherited), dict(self._covered), tuple(self.state_infos()))
+        with self._pending_lock:
+            self._pending += 1
         return PendingSnapshot(self, checkpoint_id, sealed, futures, base)
+
+    def _snapshot_done(self) -> None:
+        """A pending snapshot completed or was cancelled: segments it needed may go now."""
+        with self._pending_lock:
+            self._pending -= 1
+            if self._pending == 0:
+                self._forget_covered_segments()
+
+    def _forget_covered_segments(self) -> None:
+        """Drop the stream's references to segments the adopted base covers (memory only).
+
+        Called with ``_pending_lock`` held and no snapshot pending: a pending snapshot's
+        handle may still need segments before the new base (it was sealed on the old one).
+        """
+        for stream in self._streams.values():
+            done = self._covered.get(stream.stream_id)
+            if done:
+                with stream.lock:
+                    stream.segments = [seg for seg in stream.segments if seg.end > done]
 
     def _handle(
         self,
         sealed: list[tuple[ChangelogStream, int]],
-        base: tuple[tuple[MaterializedPart, ...], tuple[ChangelogRange, ...], dict[str, int]],
+        base: tuple[tuple[MaterializedPart, ...], tuple[ChangelogRange, ...], dict[str, int], tuple[StateInfo, ...]],
     ) -> SubtaskStateHandle:
-        parts, inherited, covered = base
+        parts, inherited, covered, infos = base
         ranges = list(inherited)
         for stream, pos in sealed:
             start = covered.get(stream.stream_id, 0)
             if pos > start:
                 segs = tuple(stream.segments_for(start, pos))
+                reached = start
+                for seg in segs:
+                    if seg.start > reached:
+                        break
+                    reached = max(reached, seg.end)
+                if reached < pos:
+                    raise StatelogError(
+                        f"stream {stream.stream_id}: the segments of records [{start}, {pos}) are not all "
+                        f"known (known up to {reached}); this checkpoint cannot be completed"
+                    )
                 ranges.append(ChangelogRange(stream.stream_id, start, pos, self.key_groups, segs))
         return SubtaskStateHandle(
             operator_uid=self.operator_uid,
@@ -429,7 +464,7 @@ class KeyedStateBackend:
             parallelism=self.parallelism,
             key_groups=self.key_groups,
             changelog=tuple(ranges),
-            states=tuple(self.state_infos()),
+            states=infos,
             materialization=parts,
         )
 
@@ -471,11 +506,9 @@ class KeyedStateBackend:
         self._base_cid = manifest.checkpoint_id
         self._inherited = tuple(inherited)
         self._covered = {s.stream_id: covered[s.stream_id] for s in self._streams.values() if s.stream_id in covered}
-        for stream in self._streams.values():  # forget segments the new base covers
-            done = self._covered.get(stream.stream_id)
-            if done:
-                with stream.lock:
-                    stream.segments = [seg for seg in stream.segments if seg.end > done]
+        with self._pending_lock:
+            if self._pending == 0:  # else when the last pending snapshot is done
+                self._forget_covered_segments()
         self._lineage = {c for c in self._lineage if c >= manifest.checkpoint_id}
         log.info(
             "operator %r subtask %d: checkpoints now build on materialization %s (checkpoint %d)",
@@ -509,6 +542,15 @@ class PendingSnapshot:
         self.sealed = sealed
         self._futures = futures
         self.started = time.monotonic()
+        self._released = False
+        self._release_lock = threading.Lock()
+
+    def _release(self) -> None:
+        with self._release_lock:
+            if self._released:
+                return
+            self._released = True
+        self.backend._snapshot_done()
 
     def done(self) -> bool:
         return all(f.done() for f in self._futures)
@@ -517,6 +559,7 @@ class PendingSnapshot:
         """Abort: stop waiting and release the pending durability requests."""
         for f in self._futures:
             f.cancel()
+        self._release()
 
     def result(self, timeout: float | None = None) -> SubtaskStateHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -524,6 +567,7 @@ class PendingSnapshot:
             for f in self._futures:
                 f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except cf.CancelledError:
+            self._release()
             raise CheckpointAbortedError(
                 f"checkpoint {self.checkpoint_id} of operator {self.backend.operator_uid!r} was cancelled"
             ) from None
@@ -532,7 +576,10 @@ class PendingSnapshot:
                 f"checkpoint {self.checkpoint_id}: the changelog of operator {self.backend.operator_uid!r} "
                 f"subtask {self.backend.subtask} was not durable within {timeout}s"
             ) from None
-        return self.backend._handle(self.sealed, self._base)
+        try:
+            return self.backend._handle(self.sealed, self._base)
+        finally:
+            self._release()
 
 
 __all__ = ["KeyedStateBackend", "PendingSnapshot", "RestoredChanges", "SerializationError"]

@@ -23,6 +23,9 @@ class _PickleType:
     def __repr__(self) -> str:
         return "PICKLE"
 
+    def __reduce__(self) -> str:
+        return "PICKLE"  # unpickles to the module's singleton: PICKLE is compared by identity
+
 
 PICKLE = _PickleType()
 ValueType = pa.DataType | _PickleType

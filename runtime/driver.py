@@ -1,0 +1,535 @@
+"""The job master: deploys the job on worker processes, runs the checkpoint coordinator,
+detects failures and restarts the job from its latest completed checkpoint.
+
+One attempt of a job:
+
+1. sinks recover (commit the pending transactions of checkpoints ``<=`` the one restored,
+   abort the rest);
+2. ``parallelism`` worker processes start (``multiprocessing``, ``forkserver`` by default
+   with the runtime preloaded, or ``spawn``); each opens a listening socket and reports it;
+3. every worker gets the pickled job graph, the addresses of its peers, its source splits
+   with their positions (from the restored checkpoint) and the checkpoint to restore; it
+   builds its tasks, restores their backends and reports running;
+4. the coordinator checkpoints periodically; when every source has finished, a final
+   checkpoint commits the last output and the workers are stopped.
+
+A worker that exits (e.g. SIGKILL: its process sentinel fires, its pipe reaches EOF) or
+reports an exception, or too many failed checkpoints, fail the attempt: all workers are
+killed and, if the restart strategy allows, the job restarts from the latest checkpoint
+completed in this run (or the one it was started from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import pickle
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from runtime.api import JobConfig
+from runtime.coordinator import CheckpointCoordinator
+from runtime.errors import (
+    JobFailedError,
+    NonRestoredStateError,
+    RuntimeJobError,
+    TaskFailedError,
+    WorkerLostError,
+)
+from runtime.graph import JobGraph, StreamGraph
+from runtime.restart import RestartStrategy
+from statelog.checkpoint import CheckpointMetadata
+from statelog.job import StateJob
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+
+
+class JobCancelledError(RuntimeJobError):
+    """The job was cancelled through its client."""
+
+
+@dataclass
+class _SavepointRequest:
+    name: str
+    stop: bool
+    future: Future[CheckpointMetadata]
+    min_id: int | None = None  # the first checkpoint id the savepoint may be taken of
+    started: bool = False
+    checkpoint_id: int | None = None
+
+
+@dataclass
+class JobResult:
+    job_name: str
+    run_id: str
+    attempts: int
+    completed_checkpoints: list[int]
+    failed_checkpoints: int
+    final_checkpoint: int | None
+    restored_from: int | str | None
+    collected: dict[str, list[Any]]
+    checkpoint_stats: dict[int, dict[str, Any]]
+    failures: list[str]
+    duration_s: float
+    savepoint: str | None = None  # set when the job stopped with a savepoint
+
+    @property
+    def restarts(self) -> int:
+        return self.attempts - 1
+
+
+@dataclass
+class _WorkerProc:
+    index: int
+    proc: Any
+    conn: Connection
+    address: tuple[str, int] | None = None
+    pid: int | None = None
+    running: bool = False
+    stopped: bool = False
+
+
+def serialize_graph(graph: JobGraph) -> bytes:
+    """Pickle the job graph; fall back to cloudpickle (lambdas, closures) when available."""
+    try:
+        return pickle.dumps(graph, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError) as first:
+        try:
+            from pyspark import cloudpickle  # type: ignore[import-untyped]
+        except ImportError:
+            raise RuntimeJobError(
+                f"the job graph cannot be pickled ({first}); define functions at module level "
+                "(lambdas and closures need cloudpickle, shipped with pyspark)"
+            ) from None
+        return cloudpickle.dumps(graph, protocol=5)
+
+
+class JobMaster:
+    def __init__(
+        self,
+        name: str,
+        graph: StreamGraph,
+        config: JobConfig,
+        restart_strategy: RestartStrategy,
+        *,
+        restore: int | str | None = None,
+        allow_non_restored_state: bool = False,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.restart_strategy = restart_strategy
+        self.restore = restore
+        self.allow_non_restored_state = allow_non_restored_state
+        self.job_graph = JobGraph.build(graph)
+        self.graph_bytes = serialize_graph(self.job_graph)
+        self.run_id = uuid.uuid4().hex
+        self.lock = threading.Lock()
+        self.attempt = 0
+        self.running_attempt = 0
+        self.running_changed = threading.Condition(self.lock)
+        self.workers: list[_WorkerProc] = []
+        self.completed: list[int] = []
+        self.stats: dict[int, dict[str, Any]] = {}
+        self.failures: list[str] = []
+        self.failed_checkpoints = 0
+        self.collected: dict[str, list[Any]] = {}
+        self._uncommitted: list[tuple[int, str, list[Any]]] = []
+        self._cancel = threading.Event()
+        self._savepoints: list[_SavepointRequest] = []
+        self._stopped_with: _SavepointRequest | None = None
+        p = config.parallelism
+        self.task_keys = {f"{v.id}.{i}" for v in self.job_graph.vertices for i in range(p)}
+        self.source_task_keys = {
+            f"{v.id}.{i}" for v in self.job_graph.vertices if v.source is not None for i in range(p)
+        }
+
+    # -- client side ---------------------------------------------------------------------------
+
+    def worker_pids(self) -> list[int]:
+        with self.lock:
+            return [w.pid for w in self.workers if w.pid is not None]
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def request_savepoint(self, name: str, stop: bool) -> Future[CheckpointMetadata]:
+        from statelog.materialization import check_savepoint_name
+
+        req = _SavepointRequest(check_savepoint_name(name), stop, Future())
+        with self.lock:
+            self._savepoints.append(req)
+        return req.future
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> JobResult:
+        t0 = time.monotonic()
+        cfg = self.config
+        self.job = StateJob(
+            cfg.state_root,
+            max_parallelism=cfg.max_parallelism,
+            store_options=cfg.store_options,
+            retain_checkpoints=cfg.retain_checkpoints,
+        )
+        try:
+            meta = self.job.resolve_checkpoint(self.restore)
+            if self.restore is not None and meta is None:
+                log.info("restore=%r: no checkpoint yet, starting empty", self.restore)
+            if meta is not None:
+                self._check_restore(meta)
+            restore_ref: int | str | None = self._ref(meta)
+            self.next_id = self.job.next_checkpoint_id()
+            if meta is not None:
+                self.next_id = max(self.next_id, meta.checkpoint_id + 1)
+            self.first_id = self.next_id  # checkpoints of this run have ids >= first_id
+            final = None
+            while True:
+                self.attempt += 1
+                try:
+                    final = self._run_attempt(restore_ref, meta)
+                    break
+                except JobCancelledError:
+                    self._teardown(kill=True)
+                    raise
+                except Exception as exc:  # noqa: BLE001 - every failure goes through the restart strategy
+                    t_fail = time.monotonic()
+                    self._teardown(kill=True)
+                    reason = f"{type(exc).__name__}: {exc}"
+                    self.failures.append(reason)
+                    delay = self.restart_strategy.next_delay()
+                    if delay is None:
+                        raise JobFailedError(
+                            f"job {self.name!r} failed in attempt {self.attempt} and "
+                            f"{self.restart_strategy.describe()} allows no further restart: {reason}"
+                        ) from exc
+                    log.warning(
+                        "attempt %d failed (%s); restarting in %.2fs (teardown took %.2fs)",
+                        self.attempt, reason, delay, time.monotonic() - t_fail,
+                    )
+                    if self._cancel.wait(delay):
+                        raise JobCancelledError(f"job {self.name!r} was cancelled") from exc
+                    latest = self._latest_completed()
+                    if latest is not None:
+                        meta = self.job.load_checkpoint(latest)
+                        restore_ref = meta.checkpoint_id
+            self._teardown(kill=False)
+            for node in self.job_graph.stream.sinks():
+                assert node.sink is not None
+                node.sink.recover(final)  # commit what a lost notification left pending
+            return JobResult(
+                job_name=self.name,
+                run_id=self.run_id,
+                attempts=self.attempt,
+                completed_checkpoints=list(self.completed),
+                failed_checkpoints=self.failed_checkpoints,
+                final_checkpoint=final,
+                restored_from=self.restore,
+                collected=self.collected,
+                checkpoint_stats=self.stats,
+                failures=self.failures,
+                duration_s=time.monotonic() - t0,
+                savepoint=self._stopped_with.name if self._stopped_with is not None else None,
+            )
+        finally:
+            with self.lock:
+                left, self._savepoints = self._savepoints, []
+            for req in left:
+                if not req.started and not req.future.done():  # a started one finishes by itself
+                    req.future.set_exception(RuntimeJobError(f"job {self.name!r} ended before savepoint {req.name!r}"))
+            self.job.close(flush=False)
+
+    def _latest_completed(self) -> int | None:
+        """The newest checkpoint of this run: the catalog is the truth (a checkpoint exists
+        once its metadata does), whatever happened between its publish and its notification."""
+        ids = [i for i in self.job.catalog.checkpoint_ids() if i >= self.first_id]
+        with self.lock:
+            ids += self.completed
+        return max(ids) if ids else None
+
+    def _ref(self, meta: CheckpointMetadata | None) -> int | str | None:
+        """How workers name the checkpoint to restore: its id, or ``"savepoint:NAME"``."""
+        if meta is None:
+            return None
+        return self.restore if meta.kind == "savepoint" else meta.checkpoint_id
+
+    def _check_restore(self, meta: CheckpointMetadata) -> None:
+        stream = self.job_graph.stream
+        ops = sorted(set(meta.operators) - stream.stateful_uids())
+        srcs = sorted(set(meta.sources) - stream.source_uids())
+        if (ops or srcs) and not self.allow_non_restored_state:
+            what = []
+            if ops:
+                what.append(f"state of operator uid(s) {ops}")
+            if srcs:
+                what.append(f"positions of source uid(s) {srcs}")
+            raise NonRestoredStateError(
+                f"{meta.kind} {meta.checkpoint_id} holds {' and '.join(what)} that this job does not have "
+                f"(its stateful uids: {sorted(stream.stateful_uids())}, sources: {sorted(stream.source_uids())}); "
+                "keep the uids, or pass allow_non_restored_state=True to drop that state"
+            )
+        if ops or srcs:
+            log.warning("dropping non-restored state of %s", ops + srcs)
+
+    def _assignments(self, meta: CheckpointMetadata | None) -> list[dict[int, dict[str, Any]]]:
+        p = self.config.parallelism
+        out: list[dict[int, dict[str, Any]]] = [{} for _ in range(p)]
+        for node in self.job_graph.stream.nodes:
+            if node.source is None:
+                continue
+            restored: dict[str, Any] = dict(meta.sources.get(node.uid or "", {})) if meta is not None else {}
+            splits = sorted(set(node.source.splits()) | set(restored))
+            for k, split in enumerate(splits):
+                out[k % p].setdefault(node.id, {})[split] = restored.get(split)
+        return out
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    def _run_attempt(self, restore_ref: int | str | None, meta: CheckpointMetadata | None) -> int:
+        cfg = self.config
+        committed_upto = meta.checkpoint_id if meta is not None else None
+        for node in self.job_graph.stream.sinks():
+            assert node.sink is not None
+            node.sink.recover(committed_upto)
+        self._uncommitted.clear()
+        self._finished: set[str] = set()
+        ctx = mp.get_context(cfg.start_method)
+        if cfg.start_method == "forkserver":
+            ctx.set_forkserver_preload(["runtime.worker"])
+        from runtime.worker import worker_main
+
+        level = cfg.worker_log_level
+        if level is None:
+            level = logging.getLogger("runtime").getEffectiveLevel()
+        workers = []
+        t_start = time.monotonic()
+        for i in range(cfg.parallelism):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=worker_main, args=(i, child, level), daemon=True, name=f"statelog-worker-{i}")
+            proc.start()
+            child.close()
+            workers.append(_WorkerProc(i, proc, parent))
+        with self.lock:
+            self.workers = workers
+        log.info("attempt %d: started %d workers (restore %r)", self.attempt, len(workers), restore_ref)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while any(w.address is None for w in workers):
+            self._poll(min(1.0, deadline - time.monotonic()))
+            if time.monotonic() > deadline:
+                raise WorkerLostError(f"workers did not start within {START_TIMEOUT_S}s")
+        t_ready = time.monotonic()
+        peers = [w.address for w in workers]
+        assignments = self._assignments(meta)
+        for w in workers:
+            spec = {
+                "config": cfg,
+                "run_id": self.run_id,
+                "attempt": self.attempt,
+                "graph": self.graph_bytes,
+                "restore": restore_ref,
+                "peers": peers,
+                "assignments": assignments[w.index],
+            }
+            w.conn.send(("deploy", spec))
+        while not all(w.running for w in workers):
+            self._poll(min(1.0, deadline - time.monotonic()))
+            if time.monotonic() > deadline:
+                raise WorkerLostError(f"workers did not deploy within {START_TIMEOUT_S}s")
+        self.coordinator = CheckpointCoordinator(
+            self.job,
+            set(self.task_keys),
+            interval_s=cfg.checkpoint_interval_s,
+            timeout_s=cfg.checkpoint_timeout_s,
+            tolerable_failures=cfg.tolerable_failed_checkpoints,
+            first_id=self.next_id,
+            broadcast=self._broadcast,
+            on_complete=self._on_complete,
+            attempt=self.attempt,
+            mode=cfg.mode.value,
+        )
+        if self._finished >= self.source_task_keys:
+            self.coordinator.request_final()
+        with self.lock:
+            if any(r.stop and r.started for r in self._savepoints):
+                self.coordinator.suspended = True  # stopping with a savepoint already taken
+        with self.lock:
+            self.running_attempt = self.attempt
+            self.running_changed.notify_all()
+        log.info(
+            "attempt %d running: workers up in %.2fs, deployed and restored in %.2fs",
+            self.attempt, t_ready - t_start, time.monotonic() - t_ready,
+        )
+        try:
+            while self.coordinator.final_completed is None:
+                if self._cancel.is_set():
+                    raise JobCancelledError(f"job {self.name!r} was cancelled")
+                if self._service_savepoints():
+                    assert self._stopped_with is not None and self._stopped_with.checkpoint_id is not None
+                    return self._stopped_with.checkpoint_id
+                now = time.monotonic()
+                self.coordinator.tick(now)
+                self._poll(min(0.2, self.coordinator.next_wakeup(time.monotonic())))
+        finally:
+            self.next_id = self.coordinator.next_id
+            self.failed_checkpoints += self.coordinator.failed_total
+            self.coordinator.failed_total = 0
+        return self.coordinator.final_completed
+
+    def _service_savepoints(self) -> bool:
+        """Ask for checkpoints for new savepoint requests; True when the job stops with one."""
+        with self.lock:
+            reqs = list(self._savepoints)
+        for req in reqs:
+            if req.min_id is None:
+                req.min_id = self.coordinator.next_id
+                self.coordinator.trigger_soon()
+            if req.future.done():
+                with self.lock:
+                    self._savepoints.remove(req)
+                if req.stop:
+                    if req.future.exception() is None:
+                        self._stopped_with = req
+                        return True
+                    self.coordinator.suspended = False  # the savepoint failed: keep running
+        return False
+
+    def _start_savepoint(self, req: _SavepointRequest, cid: int) -> None:
+        from materializer.savepoint import create_savepoint
+        from statelog.store import open_store
+
+        req.started, req.checkpoint_id = True, cid
+        if req.stop:
+            self.coordinator.suspended = True  # nothing may commit after the savepoint's checkpoint
+        cfg = self.config
+
+        def run() -> None:
+            try:
+                store = open_store(cfg.state_root, cfg.store_options)
+                try:
+                    req.future.set_result(create_savepoint(store, cid, req.name))
+                finally:
+                    store.close()
+            except BaseException as e:  # noqa: BLE001 - reported through the future
+                req.future.set_exception(e)
+
+        threading.Thread(target=run, name=f"savepoint-{req.name}", daemon=True).start()
+
+    def _broadcast(self, msg: tuple[Any, ...]) -> None:
+        for w in self.workers:
+            try:
+                w.conn.send(msg)
+            except OSError as e:
+                raise WorkerLostError(f"worker {w.index} (pid {w.pid}) is unreachable: {e}") from None
+
+    def _poll(self, timeout: float) -> None:
+        by_obj: dict[Any, tuple[str, _WorkerProc]] = {}
+        for w in self.workers:
+            by_obj[w.conn] = ("conn", w)
+            by_obj[w.proc.sentinel] = ("exit", w)
+        ready = wait(list(by_obj), max(0.0, timeout))
+        # messages first: a failing worker's report comes before its exit
+        for obj in sorted(ready, key=lambda o: by_obj[o][0] != "conn"):
+            kind, w = by_obj[obj]
+            if kind == "conn":
+                self._drain(w)
+            else:
+                self._drain(w)
+                if not w.stopped:
+                    w.proc.join(0.1)
+                    raise WorkerLostError(
+                        f"worker {w.index} (pid {w.pid}) exited with code {w.proc.exitcode}"
+                    )
+
+    def _drain(self, w: _WorkerProc) -> None:
+        try:
+            while w.conn.poll():
+                self._on_message(w, w.conn.recv())
+        except (EOFError, OSError):
+            if not w.stopped:
+                raise WorkerLostError(f"worker {w.index} (pid {w.pid}) closed its connection") from None
+
+    def _on_message(self, w: _WorkerProc, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "ack":
+            _, cid, task, handles, sources, stats = msg
+            self.coordinator.ack(cid, task, handles, sources, stats)
+        elif kind == "committables":
+            _, cid, _task, by_uid = msg
+            for uid, records in by_uid.items():
+                self._uncommitted.append((cid, uid, records))
+        elif kind == "decline":
+            _, cid, task, reason = msg
+            self.coordinator.decline(cid, task, reason)
+        elif kind == "source_finished":
+            self._finished.add(msg[1])
+            if self._finished >= self.source_task_keys and self.running_attempt == self.attempt:
+                self.coordinator.request_final()
+        elif kind == "ready":
+            _, _i, address, pid = msg
+            with self.lock:
+                w.address, w.pid = tuple(address), pid
+        elif kind == "running":
+            w.running = True
+        elif kind == "failed":
+            if str(msg[2]).startswith("ChannelError"):  # usually secondary: name the dead worker
+                for other in self.workers:
+                    if other is not w and not other.proc.is_alive():
+                        raise WorkerLostError(
+                            f"worker {other.index} (pid {other.pid}) exited with code {other.proc.exitcode}"
+                        )
+            raise TaskFailedError(f"worker {w.index} (pid {w.pid}) failed:\n{msg[2]}")
+        elif kind == "stopped":
+            w.stopped = True
+        else:
+            log.warning("unknown message from worker %d: %r", w.index, kind)
+
+    def _on_complete(self, meta: CheckpointMetadata) -> None:
+        cid = meta.checkpoint_id
+        with self.lock:
+            self.completed.append(cid)
+            reqs = [r for r in self._savepoints if not r.started and r.min_id is not None and cid >= r.min_id]
+        self.stats[cid] = dict(meta.stats)
+        for req in reqs:
+            self._start_savepoint(req, cid)
+        keep = []
+        for entry in self._uncommitted:
+            if entry[0] <= cid:
+                self.collected.setdefault(entry[1], []).extend(entry[2])
+            else:
+                keep.append(entry)
+        self._uncommitted = keep
+
+    def _teardown(self, kill: bool) -> None:
+        workers = self.workers
+        if not kill:
+            for w in workers:
+                with contextlib.suppress(OSError):
+                    w.conn.send(("stop",))
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            while any(not w.stopped and w.proc.is_alive() for w in workers) and time.monotonic() < deadline:
+                for w in workers:
+                    try:
+                        while not w.stopped and w.conn.poll(0.01):
+                            msg = w.conn.recv()
+                            if msg[0] == "stopped":
+                                w.stopped = True
+                    except (EOFError, OSError):
+                        w.stopped = True
+        for w in workers:
+            if w.proc.is_alive() and (kill or not w.stopped):
+                w.proc.kill()
+        for w in workers:
+            w.proc.join(5.0)
+            w.conn.close()
+        with self.lock:
+            self.workers = []
+            self.running_attempt = 0
+            self.running_changed.notify_all()

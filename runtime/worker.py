@@ -1,0 +1,318 @@
+"""A worker process: runs subtask ``i`` of every vertex of the job (slot sharing).
+
+Threads of a worker:
+
+* the **task thread** (the process's main thread) runs :meth:`Worker.run`: a mailbox loop
+  that handles control messages from the job master (trigger, complete, abort, stop), steps
+  every task, fires processing-time timers and periodically lets the backends adopt the
+  newest materialization (``job.adopt_latest_materialization()``). All operator code and all
+  state access happen on this thread;
+* the **control reader** receives messages from the job master's pipe into the mailbox;
+* **channel** threads: one sender per outgoing and one reader per incoming remote channel
+  (:mod:`runtime.channels`);
+* the **snapshot pool** runs the asynchronous part of checkpoints (``pending.result()``)
+  and sends acknowledgements;
+* statelog's own changelog flusher and uploaders.
+
+Protocol with the job master (tuples over a ``multiprocessing`` pipe): the worker sends
+``("ready", i, address, pid)``, receives ``("deploy", spec)``, sends ``("running", i)``;
+then it receives ``("trigger", cid)``, ``("complete", cid)``, ``("abort", cid)``, ``("stop",)``
+and sends ``("ack", cid, task, handles, sources, stats)``, ``("decline", cid, task, reason)``,
+``("committables", cid, task, {uid: records})``, ``("source_finished", task)``,
+``("failed", i, traceback)`` and ``("stopped", i)``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import logging
+import os
+import pickle
+import threading
+import time
+import traceback
+from collections import deque
+from multiprocessing.connection import Connection
+from typing import Any
+
+from runtime.api import CheckpointingMode, JobConfig
+from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
+from runtime.errors import ChannelError
+from runtime.graph import JobGraph
+from runtime.operators import ChainedOutput, StreamOperator
+from runtime.router import EdgeOutput, Router
+from runtime.sources import SourceSplits
+from runtime.task import Task
+from statelog.backend import KeyedStateBackend, PendingSnapshot
+from statelog.job import StateJob
+
+log = logging.getLogger(__name__)
+
+ADOPT_EVERY_S = 0.5
+TIMERS_EVERY_S = 0.01
+IDLE_WAIT_S = 0.005
+
+
+def worker_main(index: int, conn: Connection, log_level: int | None) -> None:
+    """Entry point of a worker process."""
+    if log_level is not None:
+        logging.basicConfig(level=log_level, format=f"%(asctime)s worker-{index} %(name)s %(levelname)s %(message)s")
+    worker = Worker(index, conn)
+    try:
+        worker.main()
+    except ChannelError as e:  # secondary: the job master sees the peer's death as well
+        log.warning("worker %d: %s", index, e)
+        with contextlib.suppress(Exception):
+            worker.send(("failed", index, f"ChannelError: {e}"))
+        os._exit(1)
+    except BaseException:
+        tb = traceback.format_exc()
+        log.error("worker %d failed:\n%s", index, tb)
+        with contextlib.suppress(Exception):  # the job master notices the exit anyway
+            worker.send(("failed", index, tb))
+        os._exit(1)
+    os._exit(0)
+
+
+class _Ctx:
+    """The :class:`~runtime.operators.OperatorContext` of one task."""
+
+    def __init__(self, worker: Worker, subtask: int) -> None:
+        self.worker = worker
+        self.subtask = subtask
+        self.parallelism = worker.config.parallelism
+        self.max_parallelism = worker.config.max_parallelism
+        self.run_id = worker.run_id
+        self.attempt = worker.attempt
+
+    def keyed_backend(self, uid: str) -> KeyedStateBackend:
+        w = self.worker
+        return w.job.backend(uid, subtask=self.subtask, parallelism=self.parallelism, restore=w.restore_meta)
+
+
+class Worker:
+    def __init__(self, index: int, conn: Connection) -> None:
+        self.index = index
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self.mailbox: deque[tuple[Any, ...]] = deque()
+        self.wake = threading.Event()
+        self.tasks: list[Task] = []
+        self.stopping = False
+        self._async: dict[int, list[PendingSnapshot]] = {}
+        self._async_lock = threading.Lock()
+        self._inflight = 0  # asynchronous parts not finished (pending.result() may still run)
+        self.pool = cf.ThreadPoolExecutor(2, thread_name_prefix="snapshot")
+        self._errors: deque[str] = deque()
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self.conn.send(msg)
+
+    def _read_control(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                self.mailbox.append(msg)
+                self.wake.set()
+        except (EOFError, OSError):
+            os._exit(3)  # the job master is gone: nothing may continue
+
+    def channel_error(self, message: str) -> None:
+        if not self.stopping:
+            self._errors.append(message)
+            self.wake.set()
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def main(self) -> None:
+        self.server = ChannelServer(self.channel_error)
+        self.send(("ready", self.index, self.server.address, os.getpid()))
+        msg = self.conn.recv()
+        if msg[0] == "stop":
+            return
+        assert msg[0] == "deploy", msg
+        self.deploy(msg[1])
+        threading.Thread(target=self._read_control, name="control", daemon=True).start()
+        self.send(("running", self.index))
+        self.run()
+
+    def deploy(self, spec: dict[str, Any]) -> None:
+        self.config: JobConfig = spec["config"]
+        self.run_id: str = spec["run_id"]
+        self.attempt: int = spec["attempt"]
+        self.batch_size = self.config.batch_size
+        graph: JobGraph = pickle.loads(spec["graph"])
+        cfg = self.config
+        self.job = StateJob(
+            cfg.state_root,
+            max_parallelism=cfg.max_parallelism,
+            store_options=cfg.store_options,
+            writer_options=cfg.writer_options,
+            retain_checkpoints=cfg.retain_checkpoints,
+            create=False,
+        )
+        self.restore_meta = self.job.resolve_checkpoint(spec["restore"])
+        p, i = cfg.parallelism, self.index
+        peers: list[tuple[str, int]] = spec["peers"]
+        capacity = cfg.channel_capacity
+        # input channels of every local task first: local outputs write into them
+        inputs: dict[int, tuple[list[InputChannel], list[int]]] = {}
+        for v in graph.vertices:
+            chans, idxs = [], []
+            for edge, src in graph.input_channels(v, i, p):
+                ch = InputChannel(len(chans), capacity, self.wake)
+                chans.append(ch)
+                idxs.append(edge.input_index)
+                self.server.channels[(edge.id, src, i)] = ch
+            inputs[v.id] = (chans, idxs)
+        self.server.ready.set()
+        local_inputs = {(e.id, src): ch for v in graph.vertices for (e, src), ch in zip(
+            graph.input_channels(v, i, p), inputs[v.id][0], strict=True)}
+        aligned = cfg.mode == CheckpointingMode.EXACTLY_ONCE_ALIGNED
+        assignments: dict[int, dict[str, Any]] = spec["assignments"]
+        for v in graph.vertices:
+            edges = []
+            for e in v.outputs:
+                outs: list[Any] = []
+                dsts = [i] if e.partition == "forward" else list(range(p))
+                for dst in dsts:
+                    if dst == i:
+                        outs.append(LocalOutput(local_inputs[(e.id, i)]))
+                    else:
+                        outs.append(RemoteOutput(tuple(peers[dst]), (e.id, i, dst), self.channel_error))
+                edges.append(EdgeOutput(e.partition, e.key_selector, outs, cfg.max_parallelism, cfg.batch_size))
+            router = Router(edges, capacity)
+            ctx = _Ctx(self, i)
+            ops: list[StreamOperator] = []
+            for nid in v.chain:
+                node = graph.stream.nodes[nid]
+                if node.source is not None:
+                    continue
+                if node.sink is not None:
+                    assert node.uid is not None
+                    ops.append(node.sink.create_operator(node.uid))
+                else:
+                    assert node.operator is not None
+                    ops.append(node.operator)
+            for k, op in enumerate(ops):
+                op.setup(ctx, ChainedOutput(ops[k + 1]) if k + 1 < len(ops) else router)
+            key = f"{v.id}.{i}"
+            if v.source is not None:
+                node = graph.stream.nodes[v.source]
+                assert node.source is not None
+                splits = SourceSplits(node.source, assignments.get(node.id, {}), node.watermarks)
+                task = Task(self, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned)
+            else:
+                chans, idxs = inputs[v.id]
+                task = Task(self, key, v.id, ops, router, channels=chans, channel_inputs=idxs, aligned=aligned)
+            self.tasks.append(task)
+        for t in self.tasks:
+            t.open()
+
+    # -- the task thread -----------------------------------------------------------------------
+
+    def run(self) -> None:
+        next_timers = next_adopt = time.monotonic()
+        wake, mailbox = self.wake, self.mailbox
+        while not self.stopping:
+            wake.clear()
+            while mailbox:
+                self._handle(mailbox.popleft())
+                if self.stopping:
+                    return
+            if self._errors:
+                raise ChannelError(self._errors.popleft())
+            progressed = False
+            for t in self.tasks:
+                if t.step():
+                    progressed = True
+            now = time.monotonic()
+            if now >= next_timers:
+                next_timers = now + TIMERS_EVERY_S
+                now_ms = int(time.time() * 1000)
+                for t in self.tasks:
+                    t.on_processing_time(now_ms)
+            if now >= next_adopt and not self._inflight:
+                # never while an asynchronous part runs: adoption forgets the changelog segments
+                # the new base covers, which a pending snapshot's handle may still list
+                next_adopt = now + ADOPT_EVERY_S
+                self.job.adopt_latest_materialization()
+            if not progressed:
+                wake.wait(IDLE_WAIT_S)
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "trigger":
+            cid = msg[1]
+            for t in self.tasks:
+                if t.source is not None:
+                    t.checkpoint(cid)
+        elif kind == "complete":
+            cid = msg[1]
+            for t in self.tasks:
+                t.checkpoint_complete(cid)
+        elif kind == "abort":
+            with self._async_lock:
+                pendings = self._async.pop(msg[1], [])
+            for p in pendings:
+                p.cancel()
+        elif kind == "stop":
+            self.stop()
+        else:
+            raise RuntimeError(f"unknown control message {kind!r}")
+
+    def stop(self) -> None:
+        self.stopping = True
+        for t in self.tasks:
+            t.router.close()
+            t.close()
+        self.server.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.job.close(flush=False)
+        self.send(("stopped", self.index))
+
+    # -- asynchronous part of checkpoints ------------------------------------------------------
+
+    def acknowledge_async(
+        self,
+        checkpoint_id: int,
+        task: str,
+        pending: list[PendingSnapshot],
+        sources: dict[str, Any] | None,
+        stats: dict[str, Any],
+    ) -> None:
+        if pending:
+            with self._async_lock:
+                self._async.setdefault(checkpoint_id, []).extend(pending)
+                self._inflight += 1
+        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded if pending else 0
+        stats["worker"] = self.index
+        timeout = self.config.checkpoint_timeout_s
+        started = time.monotonic()
+
+        def finish() -> None:
+            try:
+                handles = [p.result(timeout) for p in pending]
+            except Exception as e:  # noqa: BLE001 - declined, the coordinator decides
+                self.send(("decline", checkpoint_id, task, f"{type(e).__name__}: {e}"))
+                return
+            finally:
+                with self._async_lock:
+                    left = [p for p in self._async.get(checkpoint_id, []) if p not in pending]
+                    if left:
+                        self._async[checkpoint_id] = left
+                    else:
+                        self._async.pop(checkpoint_id, None)
+                    self._inflight -= 1
+            stats["async_ms"] = (time.monotonic() - started) * 1000
+            self.send(("ack", checkpoint_id, task, handles, sources, stats))
+
+        if pending:
+            self.pool.submit(finish)
+        else:
+            stats["async_ms"] = 0.0
+            self.send(("ack", checkpoint_id, task, [], sources, stats))

@@ -1,0 +1,148 @@
+"""Exactly-once output through the file sink: windows and a two-input join, with and
+without worker SIGKILLs, against plain-Python golden outputs (``tests/runtime/jobs.py``)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import statelog
+from runtime import (
+    CollectSink,
+    FileSink,
+    FileSource,
+    FixedDelay,
+    GeneratorSource,
+    SlidingEventTimeWindows,
+    StreamExecutionEnvironment,
+    TumblingEventTimeWindows,
+    WatermarkStrategy,
+    read_committed,
+)
+from tests.runtime import jobs
+from tests.runtime.chaos import kill_workers
+from tests.s3server import RootSpec
+
+
+def make_env(root: RootSpec, **kw: Any) -> StreamExecutionEnvironment:
+    opts: dict[str, Any] = {
+        "parallelism": 2,
+        "checkpoint_interval_s": 0.2,
+        "checkpoint_timeout_s": 30.0,
+        "state_root": root.url,
+        "restart_strategy": FixedDelay(attempts=30, delay_s=0.0),
+    }
+    opts.update(kw)
+    return StreamExecutionEnvironment(**opts)
+
+
+def test_windows_and_join_produce_the_golden_output(file_root: RootSpec, tmp_path: Path) -> None:
+    env = make_env(file_root)
+    jobs.build_clicks(env, tmp_path / "windows", 1200)
+    jobs.build_join(env, tmp_path / "join", 800)
+    result = env.execute("golden", timeout_s=120)
+    assert result.attempts == 1 and result.final_checkpoint is not None
+    assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(1200)
+    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(800)
+    assert not list((tmp_path / "windows" / ".pending").iterdir())
+    with statelog.open(file_root.url) as job:
+        final = job.load_checkpoint(result.final_checkpoint)
+    # the final checkpoint: every split at its end, every stateful operator, statistics
+    assert final.sources["clicks"] == {f"{k:04d}": {"next": 1200, "max_ts": max(
+        jobs.make_click(k, i)[1] for i in range(1200))} for k in range(jobs.CLICK_SPLITS)}
+    assert set(final.operators) == {"window-count", "join"}
+    assert {"duration_ms", "sync_ms", "async_ms", "alignment_ms", "incremental_bytes", "records_per_s"} <= set(final.stats)
+    assert final.stats["source_records"] == 1200 * jobs.CLICK_SPLITS + 2 * 800 * jobs.ORDER_SPLITS
+
+
+def test_worker_kills_recover_to_identical_output(file_root: RootSpec, tmp_path: Path) -> None:
+    env = make_env(file_root)
+    jobs.build_clicks(env, tmp_path / "windows", 5000, rate=2500)
+    jobs.build_join(env, tmp_path / "join", 2400, order_rate=1200, payment_rate=1200)
+    client = env.execute_async("kills")
+    kills = kill_workers(client, 3, random.Random(5))
+    result = client.wait(180)
+    assert kills.count == 3, kills
+    assert result.attempts == 4, result.failures
+    assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(5000)
+    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(2400)
+
+
+def _click_json(line: bytes) -> Any:
+    return tuple(json.loads(line))
+
+
+def test_file_source_sliding_windows_and_collect_sink_with_a_kill(file_root: RootSpec, tmp_path: Path) -> None:
+    src = tmp_path / "input"
+    src.mkdir()
+    per_split = 2000
+    for k in range(jobs.CLICK_SPLITS):
+        with open(src / f"clicks-{k}.jsonl", "w") as f:
+            for i in range(per_split):
+                f.write(json.dumps(list(jobs.make_click(k, i))) + "\n")
+    env = make_env(file_root, parallelism=3)
+    clicks = env.from_source(
+        FileSource(src, parse=_click_json, records_per_s=2500),
+        uid="files",
+        watermarks=WatermarkStrategy(jobs.click_ts, jobs.OOO_MS),
+    )
+    counts = (
+        clicks.filter(jobs.click_user)  # every user is a non-empty string
+        .key_by(jobs.click_user)
+        .window(SlidingEventTimeWindows(jobs.WINDOW_MS, jobs.WINDOW_MS // 2))
+        .aggregate(jobs.CountAgg(), uid="sliding", window_function=jobs.window_row)
+    )
+    counts.sink_to(CollectSink(), uid="collected")
+    counts.map(tuple).sink_to(CollectSink(), uid="collected-tuples")
+    client = env.execute_async("files")
+    kills = kill_workers(client, 1, random.Random(11), 0.5, 1.0)
+    result = client.wait(180)
+    assert kills.count == 1
+    golden = jobs.golden_windows(per_split, slide=jobs.WINDOW_MS // 2)
+    assert sorted(result.collected["collected"]) == golden
+    assert sorted(list(t) for t in result.collected["collected-tuples"]) == golden
+
+
+def test_union_and_chained_stateless_operators(file_root: RootSpec, tmp_path: Path) -> None:
+    env = make_env(file_root, parallelism=2)
+    a = env.from_source(GeneratorSource(jobs.make_click, 500, splits=2), uid="a",
+                        watermarks=WatermarkStrategy(jobs.click_ts, jobs.OOO_MS))
+    b = env.from_source(GeneratorSource(jobs.make_click, 300, splits=3), uid="b",
+                        watermarks=WatermarkStrategy(jobs.click_ts, jobs.OOO_MS))
+    (
+        a.union(b)
+        .flat_map(jobs.twice)
+        .key_by(jobs.click_user)
+        .window(TumblingEventTimeWindows(jobs.WINDOW_MS))
+        .aggregate(jobs.CountAgg(), uid="union-count", window_function=jobs.window_row)
+        .sink_to(FileSink(tmp_path / "out"), uid="out")
+    )
+    env.execute("union", timeout_s=120)
+    c: Counter[tuple[str, int]] = Counter()
+    for splits, n in ((2, 500), (3, 300)):
+        for u, s, cnt in jobs.golden_windows(n, splits=splits):
+            c[(u, s)] += 2 * cnt
+    assert sorted(read_committed(tmp_path / "out")) == sorted([u, s, n] for (u, s), n in c.items())
+
+
+def test_kills_with_the_materializer_in_the_background(file_root: RootSpec, tmp_path: Path) -> None:
+    from materializer.daemon import start_background
+
+    env = make_env(file_root)
+    jobs.build_clicks(env, tmp_path / "windows", 6000, rate=2500)
+    jobs.build_join(env, tmp_path / "join", 2400, order_rate=1000, payment_rate=1000)
+    client = env.execute_async("materialized")
+    assert client.wait_running(1, timeout=60)
+    with start_background(file_root.url, interval_s=0.3, run_gc=False):
+        kills = kill_workers(client, 2, random.Random(8), 0.8, 1.5)
+        result = client.wait(180)
+    assert kills.count == 2
+    assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(6000)
+    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(2400)
+    with statelog.open(file_root.url) as job:
+        final = job.load_checkpoint(result.final_checkpoint)
+    # the workers adopted a materialization: the final checkpoint builds on one
+    assert any(h.materialization for op in final.operators.values() for h in op.subtasks)
