@@ -11,7 +11,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = {"backend": "bench.backend", "materializer": "bench.materializer"}
+BENCHMARKS = {"backend": "bench.backend", "materializer": "bench.materializer", "spark": "bench.spark"}
 
 
 def main(argv: list[str] | None = None) -> int:

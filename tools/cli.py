@@ -98,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     # command groups in their own modules: register(commands, command) adds their parsers
-    from tools import cli_maintenance, cli_materializer
+    from tools import cli_maintenance, cli_materializer, cli_spark
 
     cli_materializer.register(commands, command)
     cli_maintenance.register(commands, command)
+    cli_spark.register(commands, command)
 
     command(chk_cmds, "list", cmd_list, "list the retained checkpoints")
     show = command(chk_cmds, "show", cmd_show, "show one checkpoint in detail")

@@ -1,0 +1,327 @@
+"""The ``statelog`` PySpark data source: the keyed state of one operator's state at a checkpoint.
+
+::
+
+    spark.read.format("statelog")
+        .option("root", "file:///var/lib/job")        # or s3://bucket/prefix (+ store.* options)
+        .option("checkpoint", "latest")               # or an id, or "savepoint:NAME"
+        .option("operator", "counter").option("state", "count")
+        .option("keyType", "string")                  # optional: a typed key column
+        .load()
+
+One row per (key, namespace) (per timer for the timer pseudo-states), see docs/spark.md for
+the columns. Partitions are key-group ranges (``partitions`` of them, Flink's subtask
+ranges for that many subtasks); each partition restores its key groups like a runtime
+restore (materialized tables overlapping it, then the changelog tail) and turns the restored
+entries into Arrow record batches. With ``changesFrom``/``changesTo`` the source returns
+the change feed instead (:mod:`statelog.spark.changes`).
+
+The checkpoint is resolved once, when the DataFrame is created (``latest`` then stays the
+same checkpoint for every action on that DataFrame).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
+
+from statelog.changelog.format import TIMER_STATES
+from statelog.descriptors import StateInfo, StateKind
+from statelog.errors import ConfigError, StatelogError
+from statelog.keys import encode_key, key_group_range_for_subtask
+from statelog.spark import options as opt
+from statelog.spark.restore import namespace_tables, restored_backend, split_entries, timer_entries
+from statelog.spark.schema import (
+    Columns,
+    ValueLayout,
+    parse_key_type,
+    pickle_dump,
+    render,
+    spark_type_of,
+)
+
+BATCH_ROWS = 65_536
+
+
+# -- shared by state rows and change rows ---------------------------------------------------------
+
+
+def key_fields(key_type: pa.DataType | None) -> list[StructField]:
+    """``key`` typed by option ``keyType``, else its string rendering plus ``key_bytes``."""
+    if key_type is not None:
+        st = spark_type_of(key_type)
+        assert st is not None
+        return [StructField("key", st, True)]
+    return [StructField("key", StringType(), True), StructField("key_bytes", BinaryType(), False)]
+
+
+def namespace_fields() -> list[StructField]:
+    return [StructField("namespace", StringType(), True), StructField("namespace_bytes", BinaryType(), False)]
+
+
+def key_sources(key_type: pa.DataType | None) -> dict[str, pa.DataType]:
+    return {"key": key_type} if key_type is not None else {}
+
+
+def to_batch(columns: Columns, cols: dict[str, list[Any]], sources: dict[str, pa.DataType],
+             key_type: pa.DataType | None) -> pa.RecordBatch:
+    try:
+        return columns.batch(cols, sources)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
+        if key_type is not None:
+            bad = next((k for k in cols["key"] if k is not None and not _fits(k, key_type)), None)
+            if bad is not None:
+                raise ConfigError(
+                    f'option "keyType" is {key_type}, but the state holds key {bad!r} of type '
+                    f"{type(bad).__name__}; use a matching keyType or omit it (then key is a string "
+                    "rendering and key_bytes the encoded key)"
+                ) from None
+        raise StatelogError(f"cannot convert restored values to Spark's types: {e}") from None
+
+
+def _fits(key: Any, t: pa.DataType) -> bool:
+    try:
+        pa.array([key], type=t)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return False
+
+
+class KeyGroupPartition(InputPartition):
+    """Subtask ``index`` of ``count``: key groups ``[start, end]``."""
+
+    def __init__(self, index: int, count: int, start: int, end: int) -> None:
+        super().__init__(index)
+        self.index, self.count, self.start, self.end = index, count, start, end
+
+    def __repr__(self) -> str:
+        return f"KeyGroupPartition({self.index}/{self.count}, key groups {self.start}..{self.end})"
+
+
+def key_group_partitions(max_parallelism: int, count: int) -> list[InputPartition]:
+    out: list[InputPartition] = []
+    for i in range(count):
+        kgr = key_group_range_for_subtask(max_parallelism, count, i)
+        out.append(KeyGroupPartition(i, count, kgr.start, kgr.end))
+    return out
+
+
+# -- state rows ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """What ``schema()`` resolved (pickled with the data source to the readers)."""
+
+    target: str  # a checkpoint id, or "savepoint:NAME"
+    where: str
+    operator: str
+    info: dict[str, Any]  # StateInfo.to_json() (PICKLE survives only as JSON)
+    key_type: str | None
+    partitions: int
+    max_parallelism: int
+
+    @property
+    def state_info(self) -> StateInfo:
+        return StateInfo.from_json(self.info)
+
+
+def plan_state(options: Mapping[str, str]) -> StatePlan:
+    uid = opt.require(options, "operator", "the uid of the operator whose state to read")
+    name = opt.require(options, "state", "the state name (or __timers_event / __timers_processing)")
+    key_type_name = opt.get(options, "keyType")
+    parse_key_type(key_type_name)
+    job = opt.open_job(options)
+    try:
+        which = opt.get(options, "checkpoint")
+        meta = opt.resolve(job, which)
+        target = which.strip() if which and which.strip().startswith("savepoint:") else str(meta.checkpoint_id)
+        where = opt.describe(meta, target[len("savepoint:"):] if target.startswith("savepoint:") else None)
+        op = opt.operator_of(meta, uid, where)
+        info = opt.state_of(op, name, where)
+        partitions = opt.parse_partitions(options, max(2, op.parallelism), meta.max_parallelism)
+        return StatePlan(target, where, uid, info.to_json(), key_type_name, partitions, meta.max_parallelism)
+    finally:
+        job.close()
+
+
+def state_schema(info: StateInfo, key_type: pa.DataType | None) -> StructType:
+    fields = [StructField("key_group", IntegerType(), False), *key_fields(key_type), *namespace_fields()]
+    fields += ValueLayout.of(info).state_fields()
+    return StructType(fields)
+
+
+class StateReader(DataSourceReader):
+    def __init__(self, options: Mapping[str, str], plan: StatePlan, schema: StructType) -> None:
+        self.options = dict(options)
+        self.plan = plan
+        self.schema = schema
+
+    def partitions(self) -> list[InputPartition]:
+        return key_group_partitions(self.plan.max_parallelism, self.plan.partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KeyGroupPartition)
+        plan = self.plan
+        job = opt.open_job(self.options)
+        try:
+            meta = opt.resolve(job, plan.target)
+            op = opt.operator_of(meta, plan.operator, plan.where)
+            backend = restored_backend(job.store, meta, op, plan.state_info.name, partition.index, partition.count)
+            yield from state_batches(backend, plan.state_info, parse_key_type(plan.key_type),
+                                     meta.max_parallelism, Columns(self.schema))
+        finally:
+            job.close()
+
+
+def state_batches(backend: Any, info: StateInfo, key_type: pa.DataType | None, maxp: int,
+                  columns: Columns, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of the state rows of a restored backend.
+
+    Column-wise per namespace: the keys and entries of a namespace table are taken as lists,
+    keys are encoded with ``encode_key`` and their key groups computed in Arrow.
+    """
+    layout = ValueLayout.of(info)
+    sources = key_sources(key_type)
+    if layout.timers:
+        rows = list(timer_entries(backend, info.name))
+        for s in range(0, len(rows), batch_rows):
+            chunk = rows[s:s + batch_rows]
+            ks, nss, nsbs, tss = (list(c) for c in zip(*chunk, strict=True))
+            cols = _key_cells(ks, key_type, maxp)
+            cols.update({"namespace": [render(ns) for ns in nss], "namespace_bytes": nsbs, "timestamp": tss})
+            yield to_batch(columns, cols, sources, key_type)
+        return
+    v, uk = layout.value, layout.user_key
+    kind = info.kind
+    if kind is StateKind.LIST:
+        sources["value"] = pa.list_(v.arrow)
+    elif kind is StateKind.MAP:
+        assert uk is not None
+        sources["value"] = pa.map_(uk.arrow, v.arrow)
+        sources["expires_ms"] = pa.map_(uk.arrow, pa.int64())
+    else:
+        sources["value"] = v.arrow
+    for nsb, ns, table in namespace_tables(backend, info):
+        keys = list(table)
+        entries = list(table.values())
+        shown = render(ns)
+        for s in range(0, len(keys), batch_rows):
+            ks = keys[s:s + batch_rows]
+            values, exps = split_entries(info, entries[s:s + batch_rows])
+            n = len(ks)
+            cols = _key_cells(ks, key_type, maxp)
+            cols["namespace"] = [shown] * n
+            cols["namespace_bytes"] = [nsb] * n
+            _value_cells(layout, values, exps, n, cols)
+            yield to_batch(columns, cols, sources, key_type)
+
+
+def _key_cells(ks: list[Any], key_type: pa.DataType | None, maxp: int) -> dict[str, Any]:
+    kbs = list(map(encode_key, ks))
+    cols: dict[str, Any] = {"key_group": key_groups(kbs, maxp)}
+    if key_type is not None:
+        cols["key"] = ks
+    else:
+        cols["key"] = render_all(ks)
+        cols["key_bytes"] = kbs
+    return cols
+
+
+def render_all(ks: list[Any]) -> list[Any]:
+    """:func:`render` of every key (int and str keys in bulk)."""
+    if all(type(k) is str for k in ks):
+        return ks
+    if all(type(k) is int for k in ks):
+        try:
+            return pa.array(ks, pa.int64()).cast(pa.string()).to_pylist()
+        except (pa.ArrowInvalid, OverflowError):
+            pass
+    return [render(k) for k in ks]
+
+
+_U32 = {n: pa.scalar(n, pa.uint32()) for n in (13, 16, 0x85EBCA6B, 0xC2B2AE35)}
+
+
+def key_groups(kbs: list[bytes], maxp: int) -> pa.Array:
+    """``key_group_of_bytes`` of every encoded key, in Arrow (format.md 3.2: fmix32(crc32) mod M)."""
+    u = _U32
+    h = pa.array(list(map(zlib.crc32, kbs)), pa.uint32())
+    h = pc.bit_wise_xor(h, pc.shift_right(h, u[16]))
+    h = pc.multiply(h, u[0x85EBCA6B])
+    h = pc.bit_wise_xor(h, pc.shift_right(h, u[13]))
+    h = pc.multiply(h, u[0xC2B2AE35])
+    h = pc.bit_wise_xor(h, pc.shift_right(h, u[16]))
+    m = pa.scalar(maxp, pa.uint32())
+    return pc.subtract(h, pc.multiply(pc.divide(h, m), m)).cast(pa.int32())
+
+
+def _value_cells(layout: ValueLayout, values: list[Any], exps: list[Any] | None, n: int,
+                 cols: dict[str, Any]) -> None:
+    kind = layout.info.kind
+    v, uk = layout.value, layout.user_key
+    if kind is StateKind.LIST:
+        cols["value"] = values if v.typed else [[v.item(x) for x in e] for e in values]
+    elif kind is StateKind.MAP:
+        assert uk is not None
+        if v.typed and uk.typed:
+            cols["value"] = values
+        else:
+            cols["value"] = [{uk.item(k): v.item(x) for k, x in e.items()} for e in values]
+        if exps is not None and not uk.typed:
+            exps = [{uk.item(k): x for k, x in e.items()} for e in exps]
+    else:
+        cols["value"] = values if v.typed else [render(x) for x in values]
+    if layout.pickled:
+        cols["value_pickle"] = [pickle_dump(x) for x in values]
+    cols["expires_ms"] = exps if exps is not None else [None] * n
+
+
+# -- the data source -----------------------------------------------------------------------------
+
+
+class StatelogDataSource(DataSource):
+    """``format("statelog")``: state rows, or with ``changesFrom``/``changesTo`` the change feed."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "statelog"
+
+    def _feed(self) -> bool:
+        return opt.get(self.options, "changesFrom") is not None or opt.get(self.options, "changesTo") is not None
+
+    def _plan(self) -> Any:
+        plan = getattr(self, "_resolved", None)
+        if plan is None:
+            if self._feed():
+                from statelog.spark.changes import plan_feed
+
+                plan = plan_feed(self.options)
+            else:
+                plan = plan_state(self.options)
+            self._resolved = plan
+        return plan
+
+    def schema(self) -> StructType:
+        plan = self._plan()
+        if isinstance(plan, StatePlan):
+            return state_schema(plan.state_info, parse_key_type(plan.key_type))
+        return plan.schema()
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        plan = self._plan()
+        if isinstance(plan, StatePlan):
+            return StateReader(self.options, plan, schema)
+        from statelog.spark.changes import ChangeFeedReader
+
+        return ChangeFeedReader(self.options, plan, schema)
+
+
+__all__ = ["TIMER_STATES", "StatelogDataSource", "state_schema"]
