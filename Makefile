@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples

@@ -50,3 +50,10 @@ def store_root(request: pytest.FixtureRequest) -> RootSpec:
     """A fresh job root on each store: the local filesystem, then SeaweedFS."""
     name = "file_root" if request.param == "file" else "s3_root"
     return request.getfixturevalue(name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The Spark tests share one SparkSession: with ``--dist loadgroup`` they run on one worker."""
+    for item in items:
+        if "tests/spark/" in item.nodeid.replace("\\", "/"):
+            item.add_marker(pytest.mark.xdist_group("spark"))

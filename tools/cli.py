@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = argparse.ArgumentParser(
         prog="statelog",
-        description="Inspect and verify statelog job roots.",
+        description="Inspect, verify and maintain statelog job roots.",
         epilog="exit codes: 0 ok, 1 verify found faults, 2 usage or statelog error",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
