@@ -53,7 +53,11 @@ class CheckpointingMode(StrEnum):
     AT_LEAST_ONCE = "at_least_once"
 
 
-SUPPORTED_MODES = (CheckpointingMode.EXACTLY_ONCE_ALIGNED, CheckpointingMode.AT_LEAST_ONCE)
+SUPPORTED_MODES = (
+    CheckpointingMode.EXACTLY_ONCE_ALIGNED,
+    CheckpointingMode.EXACTLY_ONCE_UNALIGNED,
+    CheckpointingMode.AT_LEAST_ONCE,
+)
 
 
 @dataclass
@@ -107,8 +111,8 @@ class StreamExecutionEnvironment:
             ) from None
         if mode not in SUPPORTED_MODES:
             raise JobGraphError(
-                f"checkpointing mode {mode.value!r} is not implemented yet (docs/runtime.md); use "
-                f"{CheckpointingMode.EXACTLY_ONCE_ALIGNED.value!r} or {CheckpointingMode.AT_LEAST_ONCE.value!r}"
+                f"checkpointing mode {mode.value!r} is not implemented yet (docs/runtime.md); use one of "
+                f"{[m.value for m in SUPPORTED_MODES]}"
             )
         if not state_root:
             raise JobGraphError("state_root is required: the job root URL, e.g. file:///var/lib/job")

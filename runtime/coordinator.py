@@ -182,6 +182,7 @@ class CheckpointCoordinator:
             "async_ms": round(max((s.get("async_ms", 0.0) for s in ts), default=0.0), 3),
             "alignment_ms": round(max((s.get("alignment_ms", 0.0) for s in ts), default=0.0), 3),
             "incremental_bytes": uploaded,
+            "inflight_bytes": sum(s.get("inflight_bytes", 0) for s in ts),
             "source_records": records,
             "records_per_s": round((records - self._last_records) / elapsed, 1),
             "attempt": self.attempt,

@@ -43,6 +43,7 @@ from runtime.errors import (
     WorkerLostError,
 )
 from runtime.graph import JobGraph, StreamGraph
+from runtime.inflight import INFLIGHT_KEY, collect_inflight
 from runtime.restart import RestartStrategy
 from statelog.checkpoint import CheckpointMetadata
 from statelog.job import StateJob
@@ -264,7 +265,7 @@ class JobMaster:
     def _check_restore(self, meta: CheckpointMetadata) -> None:
         stream = self.job_graph.stream
         ops = sorted(set(meta.operators) - stream.stateful_uids())
-        srcs = sorted(set(meta.sources) - stream.source_uids())
+        srcs = sorted(set(meta.sources) - stream.source_uids() - {INFLIGHT_KEY})
         if (ops or srcs) and not self.allow_non_restored_state:
             what = []
             if ops:
@@ -506,6 +507,10 @@ class JobMaster:
             else:
                 keep.append(entry)
         self._uncommitted = keep
+        try:  # in-flight data (unaligned checkpoints) of checkpoints no longer retained
+            collect_inflight(self.job.store, self.job.catalog.checkpoint_ids(), cid)
+        except Exception as e:  # noqa: BLE001 - garbage only; the next checkpoint tries again
+            log.warning("could not delete old in-flight data: %s", e)
 
     def _teardown(self, kill: bool) -> None:
         workers = self.workers

@@ -10,7 +10,10 @@ hands barriers to its :class:`~runtime.barriers.BarrierHandler`.
 At a checkpoint (source: on trigger; input task: when the handler says so) the task runs
 the **synchronous part** on its thread: every operator of the chain snapshots (statelog
 ``backend.snapshot(cid)`` seals its changelog; a file sink pre-commits), then the barrier
-is sent on every output behind the records before it. The **asynchronous part** (waiting
+is sent on every output behind the records before it. In unaligned mode an input task
+snapshots at the *first* barrier, sends it ahead of its buffered output and records the
+records the barrier overtook until the last barrier (:mod:`runtime.inflight`); a task
+restored from such a checkpoint replays them in its first step. The **asynchronous part** (waiting
 for the changelog to be durable, ``pending.result()``) runs on the worker's snapshot pool,
 which then acknowledges to the coordinator.
 """
@@ -21,7 +24,8 @@ import pickle
 import time
 from typing import TYPE_CHECKING, Any
 
-from runtime.barriers import BarrierAligner, BarrierHandler, BarrierTracker
+from runtime import inflight
+from runtime.barriers import BarrierAligner, BarrierHandler, BarrierTracker, BarrierUnaligner
 from runtime.channels import BARRIER, WATERMARK, InputChannel
 from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
 from runtime.operators import ChainedOutput, Output, StreamOperator
@@ -48,6 +52,8 @@ class Task:
         source: SourceSplits | None = None,
         source_uid: str | None = None,
         aligned: bool = True,
+        unaligned: bool = False,
+        channel_edges: list[int] | None = None,
     ) -> None:
         self.worker = worker
         self.key = key
@@ -60,7 +66,18 @@ class Task:
         self.source_uid = source_uid
         self.source_done = False
         n = len(self.channels)
-        self.barriers: BarrierHandler = BarrierAligner(n) if aligned else BarrierTracker(n)
+        self.unaligned = unaligned and source is None
+        self.barriers: BarrierHandler = (
+            BarrierUnaligner(n) if self.unaligned else BarrierAligner(n) if aligned else BarrierTracker(n)
+        )
+        self.channel_edges = channel_edges or [0] * n
+        # unaligned: the checkpoint being recorded (first barrier seen, not yet the last one)
+        self._u_pending: list[Any] = []
+        self._u_input: list[tuple[int, int, Any, Any]] = []
+        self._u_output: list[tuple[int, Any, Any]] = []
+        self._u_sync: dict[str, Any] = {}
+        # in-flight data of the restored checkpoint, replayed before any new input
+        self.replay: tuple[list[Any], list[Any]] | None = None
         self.channel_wm = [MIN_WATERMARK] * n
         self.wm = MIN_WATERMARK
         self._rr = 0
@@ -90,6 +107,9 @@ class Task:
             return False
         if self.source is not None:
             return self._source_step()
+        if self.replay is not None:
+            self._replay()
+            return True
         progressed = False
         channels, blocked = self.channels, self.barriers.blocked
         n = len(channels)
@@ -149,6 +169,10 @@ class Task:
         records, event = frame
         if records:
             self.records_in += len(records)
+            if self.unaligned and self.barriers.recording and ci in self.barriers.waiting:  # type: ignore[attr-defined]
+                # overtaken by the barrier being recorded: in-flight data of that checkpoint
+                edge, idx = self.channel_edges[ci], self.channel_inputs[ci]
+                self._u_input.extend((edge, idx, v, t) for v, t in records)
             idx = self.channel_inputs[ci]
             head = self.ops[0]
             if idx == 0:
@@ -163,6 +187,8 @@ class Task:
             kind, arg = event
             if kind == WATERMARK:
                 self._on_watermark(ci, arg)
+            elif kind == BARRIER and self.unaligned:
+                self._on_unaligned_barrier(ci, arg)
             elif kind == BARRIER:
                 alignment_ms = self.barriers.on_barrier(ci, arg)
                 if alignment_ms is not None:
@@ -208,6 +234,113 @@ class Task:
             "records": self.source.emitted if self.source is not None else 0,
         }
         self.worker.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
+
+    # -- unaligned checkpoints -------------------------------------------------------------------
+
+    def _on_unaligned_barrier(self, ci: int, checkpoint_id: int) -> None:
+        handler = self.barriers
+        assert isinstance(handler, BarrierUnaligner)
+        finished = self.channel_wm[ci] >= MAX_WATERMARK
+        for action in handler.on_barrier_unaligned(ci, checkpoint_id, finished):
+            if action == "abandon":
+                self._abandon()
+            elif action == "start":
+                self._start_unaligned(checkpoint_id)
+            elif action == "done":
+                self._finish_unaligned(checkpoint_id, handler.alignment_ms())
+
+    def _start_unaligned(self, checkpoint_id: int) -> None:
+        """First barrier: snapshot now and send the barrier ahead of the buffered output."""
+        t0 = time.monotonic()
+        pending = []
+        committables = {}
+        for op in self.ops:
+            snap = op.snapshot(checkpoint_id)
+            if snap is None:
+                continue
+            pending.extend(snap.pending)
+            if snap.committables is not None:
+                committables[op.uid] = snap.committables
+        # the output emitted before the snapshot but still buffered is overtaken by the barrier
+        # (stored with the checkpoint, and still sent, right behind the barrier)
+        output: list[tuple[int, Any, Any]] = []
+        overtaken = []
+        for k, edge in enumerate(self.router.edges):
+            for j, buf in enumerate(edge.buffers):
+                if buf:
+                    output.extend((k, v, t) for v, t in buf)
+                    overtaken.append((edge.channels[j], buf))
+                    edge.buffers[j] = []
+        self.router.event((BARRIER, checkpoint_id))
+        for channel, buf in overtaken:
+            channel.send((buf, None))
+        if committables:
+            self.worker.send(("committables", checkpoint_id, self.key, committables))
+        if pending:
+            self.worker.hold_async()
+        self._u_pending, self._u_input, self._u_output = pending, [], output
+        self._u_sync = {"sync_ms": (time.monotonic() - t0) * 1000}
+
+    def _finish_unaligned(self, checkpoint_id: int, alignment_ms: float) -> None:
+        """Last barrier: the in-flight data is complete; write it, then acknowledge."""
+        pending, data_in, data_out = self._u_pending, self._u_input, self._u_output
+        self._u_pending, self._u_input, self._u_output = [], [], []
+        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0)
+        blob = None
+        sources = None
+        if data_in or data_out:
+            vertex, subtask = self.key.split(".")
+            payload = {
+                "version": inflight.VERSION,
+                "checkpoint": checkpoint_id,
+                "task": self.key,
+                "vertex": int(vertex),
+                "subtask": int(subtask),
+                "parallelism": self.worker.config.parallelism,
+                "input": data_in,
+                "output": data_out,
+            }
+            data, digest = inflight.encode(payload)
+            key = inflight.object_key(checkpoint_id, self.key)
+            blob = (key, data)
+            sources = {inflight.INFLIGHT_KEY: {self.key: {
+                "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
+                "parallelism": self.worker.config.parallelism,
+                "input": len(data_in), "output": len(data_out),
+            }}}
+            stats["inflight_bytes"] = len(data)
+            stats["inflight_records"] = len(data_in) + len(data_out)
+        self.worker.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
+
+    def _abandon(self) -> None:
+        pending, self._u_pending, self._u_input, self._u_output = self._u_pending, [], [], []
+        for p in pending:
+            p.cancel()
+        if pending:
+            self.worker.release_async()
+
+    def abort_checkpoint(self, checkpoint_id: int) -> None:
+        if self.unaligned:
+            assert isinstance(self.barriers, BarrierUnaligner)
+            if self.barriers.abort(checkpoint_id):
+                self._abandon()
+
+    def _replay(self) -> None:
+        """Feed the restored in-flight data: first the output, then the input records."""
+        assert self.replay is not None
+        data_in, data_out = self.replay
+        self.replay = None
+        edges = self.router.edges
+        for k, v, t in data_out:
+            edges[k].emit(v, t)
+        head = self.ops[0]
+        for _edge, idx, v, t in data_in:
+            if idx == 0:
+                self.head.emit(v, t)
+            else:
+                head.process(v, t, idx)
+        self.records_in += len(data_in)
+        self.router.flush()
 
     def checkpoint_complete(self, checkpoint_id: int) -> None:
         for op in self.ops:

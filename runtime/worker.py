@@ -36,6 +36,7 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+from runtime import inflight
 from runtime.api import CheckpointingMode, JobConfig
 from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.errors import ChannelError
@@ -173,6 +174,7 @@ class Worker:
         local_inputs = {(e.id, src): ch for v in graph.vertices for (e, src), ch in zip(
             graph.input_channels(v, i, p), inputs[v.id][0], strict=True)}
         aligned = cfg.mode == CheckpointingMode.EXACTLY_ONCE_ALIGNED
+        unaligned = cfg.mode == CheckpointingMode.EXACTLY_ONCE_UNALIGNED
         assignments: dict[int, dict[str, Any]] = spec["assignments"]
         for v in graph.vertices:
             edges = []
@@ -208,7 +210,17 @@ class Worker:
                 task = Task(self, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned)
             else:
                 chans, idxs = inputs[v.id]
-                task = Task(self, key, v.id, ops, router, channels=chans, channel_inputs=idxs, aligned=aligned)
+                chan_edges = [e.id for e, _src in graph.input_channels(v, i, p)]
+                task = Task(self, key, v.id, ops, router, channels=chans, channel_inputs=idxs, aligned=aligned,
+                            unaligned=unaligned, channel_edges=chan_edges)
+                if self.restore_meta is not None:
+                    # in-flight data of an unaligned checkpoint (whatever this run's mode)
+                    data_in, data_out = inflight.replay_for(
+                        self.job.store, self.restore_meta.sources, v.id, i, p, cfg.max_parallelism,
+                        {e.id: e for e in v.inputs},
+                    )
+                    if data_in or data_out:
+                        task.replay = (data_in, data_out)
             self.tasks.append(task)
         for t in self.tasks:
             t.open()
@@ -256,6 +268,8 @@ class Worker:
             for t in self.tasks:
                 t.checkpoint_complete(cid)
         elif kind == "abort":
+            for t in self.tasks:
+                t.abort_checkpoint(msg[1])
             with self._async_lock:
                 pendings = self._async.pop(msg[1], [])
             for p in pendings:
@@ -277,6 +291,16 @@ class Worker:
 
     # -- asynchronous part of checkpoints ------------------------------------------------------
 
+    def hold_async(self) -> None:
+        """Pending snapshots exist (unaligned: between the first and the last barrier): no
+        materialization may be adopted meanwhile."""
+        with self._async_lock:
+            self._inflight += 1
+
+    def release_async(self) -> None:
+        with self._async_lock:
+            self._inflight -= 1
+
     def acknowledge_async(
         self,
         checkpoint_id: int,
@@ -284,11 +308,20 @@ class Worker:
         pending: list[PendingSnapshot],
         sources: dict[str, Any] | None,
         stats: dict[str, Any],
+        *,
+        blob: tuple[str, bytes] | None = None,
+        held: bool = False,
     ) -> None:
+        """Run the asynchronous part of ``checkpoint_id`` at ``task`` and acknowledge it.
+
+        ``blob``: an object (in-flight data of an unaligned checkpoint) written under the job
+        root before the acknowledgement. ``held``: the caller already counted the pending
+        snapshots with :meth:`hold_async` (unaligned: from the first barrier on)."""
         if pending:
             with self._async_lock:
                 self._async.setdefault(checkpoint_id, []).extend(pending)
-                self._inflight += 1
+                if not held:
+                    self._inflight += 1
         stats["bytes_uploaded"] = self.job.writer.bytes_uploaded if pending else 0
         stats["worker"] = self.index
         timeout = self.config.checkpoint_timeout_s
@@ -296,6 +329,8 @@ class Worker:
 
         def finish() -> None:
             try:
+                if blob is not None:
+                    self.job.store.put(*blob)
                 handles = [p.result(timeout) for p in pending]
             except Exception as e:  # noqa: BLE001 - declined, the coordinator decides
                 self.send(("decline", checkpoint_id, task, f"{type(e).__name__}: {e}"))
@@ -307,11 +342,12 @@ class Worker:
                         self._async[checkpoint_id] = left
                     else:
                         self._async.pop(checkpoint_id, None)
-                    self._inflight -= 1
+                    if pending:
+                        self._inflight -= 1
             stats["async_ms"] = (time.monotonic() - started) * 1000
             self.send(("ack", checkpoint_id, task, handles, sources, stats))
 
-        if pending:
+        if pending or blob is not None:
             self.pool.submit(finish)
         else:
             stats["async_ms"] = 0.0

@@ -169,6 +169,70 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+def _ms(value: Any) -> str:
+    v = float(value)
+    return f"{v:.1f} ms" if v < 100 else f"{v:.0f} ms"
+
+
+def _rate(value: Any) -> str:
+    v = float(value)
+    if v >= 1_000_000:
+        return f"{v / 1_000_000:.1f}M ev/s"
+    if v >= 1_000:
+        return f"{v / 1_000:.0f}k ev/s" if v >= 10_000 else f"{v / 1_000:.1f}k ev/s"
+    return f"{v:.0f} ev/s"
+
+
+# (stats key, label in ``checkpoints show``, compact prefix in ``checkpoints list``, formatter)
+_STATS: tuple[tuple[str, str, str, Any], ...] = (
+    ("duration_ms", "duration", "total", _ms),
+    ("sync_ms", "synchronous part", "sync", _ms),
+    ("async_ms", "asynchronous part", "async", _ms),
+    ("alignment_ms", "alignment", "align", _ms),
+    ("incremental_bytes", "bytes uploaded", "", lambda v: human_bytes(int(v))),
+    ("inflight_bytes", "in-flight data", "in-flight", lambda v: human_bytes(int(v))),
+    ("records_per_s", "throughput", "", _rate),
+    ("source_records", "source records", None, lambda v: f"{int(v):,}"),
+    ("mode", "mode", None, str),
+    ("attempt", "attempt", None, str),
+    ("final", "final", None, lambda v: "yes" if v else "no"),
+)
+
+
+def stats_items(stats: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """``checkpoints show``: (label, formatted value) for every statistic; unknown keys last."""
+    if not stats:
+        return []
+    out, known = [], set()
+    for key, label, _, fmt in _STATS:
+        known.add(key)
+        if key in stats and stats[key] is not None:
+            try:
+                out.append((label, fmt(stats[key])))
+            except (TypeError, ValueError):
+                out.append((label, _compact(stats[key])))
+    out.extend((k, _compact(v)) for k, v in sorted(stats.items()) if k not in known)
+    return out
+
+
+def stats_text(stats: Mapping[str, Any] | None) -> str | None:
+    """``checkpoints list``: ``"sync 1.2 ms, async 8.0 ms, align 0.3 ms, 12.0 KiB, 40k ev/s"``."""
+    if not stats:
+        return None
+    parts = []
+    for key, _, prefix, fmt in _STATS:
+        if prefix is None or key == "duration_ms" or stats.get(key) is None:
+            continue
+        if key == "inflight_bytes" and not stats[key]:
+            continue  # only unaligned checkpoints that stored overtaken records have any
+        try:
+            text = fmt(stats[key])
+        except (TypeError, ValueError):
+            continue
+        parts.append(f"{prefix} {text}" if prefix else text)
+    return ", ".join(parts) or None
+
+
 def _console() -> Console:
     return Console(file=sys.stdout, highlight=False, markup=False)
 
@@ -237,8 +301,11 @@ def checkpoint_list(checkpoints: Sequence[CheckpointMetadata], root: str, *, as_
         "operators",
         "changelog",
         "materialization",
+        "stats",
         right=("id", "changelog"),
     )
+    for column in table.columns:  # narrow terminals fold the cells, never the headers
+        column.min_width = len(str(column.header))
     for r in rows:
         ops = "\n".join(
             f"{op['uid']} (p={op['parallelism']}): {', '.join(op['states']) or NONE}"
@@ -252,6 +319,7 @@ def checkpoint_list(checkpoints: Sequence[CheckpointMetadata], root: str, *, as_
             ops or NONE,
             human_bytes(r["changelog_bytes"]),
             _mat_text(r["materialization"]),
+            stats_text(r["stats"]),
         )
     console.print(table)
 
@@ -275,10 +343,17 @@ def render_checkpoint(meta: CheckpointMetadata, root: str, *, as_json: bool) -> 
             f"of {human_bytes(d['segment_bytes'])}",
         ),
         ("metadata object", d["metadata_key"]),
-        ("stats", _compact(d["stats"]) if d["stats"] else None),
     ):
         _row(head, name, value)
     console.print(head)
+    console.print()
+    if d["stats"]:
+        stats = _table("Checkpoint statistics", "statistic", "value")
+        for name, value in stats_items(d["stats"]):
+            _row(stats, name, value)
+        console.print(stats)
+    else:
+        console.print(Text("no checkpoint statistics"))
     sources = _table("Source positions", "source", "position")
     for name, pos in sorted(d["sources"].items()):
         _row(sources, name, _compact(pos))

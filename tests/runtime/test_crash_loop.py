@@ -1,5 +1,6 @@
 """Crash loop: at least 20 random SIGKILLs of worker processes while a job with windows and
-a two-input join runs in aligned exactly-once mode, with the materializer in the background.
+a two-input join runs in aligned (and in unaligned) exactly-once mode, with the materializer
+in the background.
 
 Afterwards:
 
@@ -95,3 +96,55 @@ def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_pat
     assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(8000)
     checked = check_checkpoints(file_root, tmp_path / "windows")
     print(f"{checked} checkpoints restored and checked against their source positions")
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_twenty_random_worker_kills_in_unaligned_mode(file_root: RootSpec, tmp_path: Path) -> None:
+    """The same crash loop in unaligned mode: every restore replays the in-flight records of
+    its checkpoint. Checked: the output is golden; the join state of checkpoints spread over
+    the run, plus their in-flight records, is what their source positions imply; the
+    in-flight objects of checkpoints no longer retained are deleted."""
+    from tests.runtime.test_modes import apply_inflight
+
+    env = make_env(
+        file_root,
+        mode="exactly_once_unaligned",
+        checkpoint_interval_s=0.1,
+        restart_strategy=FixedDelay(attempts=4 * KILLS, delay_s=0.0),
+        retain_checkpoints=1000,
+    )
+    jobs.build_clicks(env, tmp_path / "windows", 16_000, rate=2000)
+    jobs.build_join(env, tmp_path / "join", 8000, order_rate=1000, payment_rate=1000)
+    t0 = time.monotonic()
+    client = env.execute_async("crash-loop-unaligned")
+    assert client.wait_running(1, timeout=60)
+    with start_background(file_root.url, interval_s=1.0, run_gc=False):
+        kills = kill_workers(client, KILLS, random.Random(21), 0.1, 0.7)
+        result = client.wait(300)
+    took = time.monotonic() - t0
+    with_inflight = sum(1 for s in result.checkpoint_stats.values() if s.get("inflight_bytes", 0) > 0)
+    print(
+        f"unaligned: {kills.count} kills ({kills.after_checkpoint} after a checkpoint); "
+        f"{result.attempts} attempts, {len(result.completed_checkpoints)} checkpoints "
+        f"({with_inflight} with in-flight data), {took:.1f}s"
+    )
+    assert kills.count >= KILLS, f"the job ended before all kills landed: {kills}"
+    assert kills.after_checkpoint >= KILLS - 2
+    assert result.attempts >= KILLS + 1
+    assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(16_000)
+    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(8000)
+    assert with_inflight > 0
+    with statelog.open(file_root.url) as job:
+        ids = job.catalog.checkpoint_ids()
+        step = max(1, len(ids) // CHECKED)
+        for cid in ids[::step][:CHECKED] + [ids[-1]]:
+            meta = job.load_checkpoint(cid)
+            j = job.backend("join", restore=cid)
+            j.get_state(jobs.ORDER)
+            j.get_state(jobs.PAID)
+            state = ({k: v for k, _ns, v in j.entries("order")}, {k for k, _ns, v in j.entries("paid") if v})
+            j.close()
+            orders, paid, _n = apply_inflight(file_root, meta, state)
+            assert (orders, paid) == jobs.expected_join_state(meta.sources), f"join state of checkpoint {cid}"
+    assert took < 60

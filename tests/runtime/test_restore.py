@@ -62,6 +62,27 @@ def test_restore_an_older_checkpoint_at_another_parallelism(
     assert_continued_exactly_once(tmp_path / "a", tmp_path / "b", older)
 
 
+@pytest.mark.parametrize("parallelism", [3, 1])
+def test_restore_an_unaligned_checkpoint_with_inflight_data_at_another_parallelism(
+    file_root: RootSpec, tmp_path: Path, parallelism: int
+) -> None:
+    """The in-flight records of an unaligned checkpoint are redistributed by key group and
+    replayed before new input; the restored job (aligned) continues the output exactly once."""
+    env = make_env(file_root, mode="exactly_once_unaligned", checkpoint_interval_s=0.1, retain_checkpoints=50)
+    jobs.build_clicks(env, tmp_path / "a" / "windows", CLICKS, rate=2500)
+    jobs.build_join(env, tmp_path / "a" / "join", ORDERS, order_rate=1600, payment_rate=1600)
+    result = env.execute("first-unaligned", timeout_s=120)
+    candidates = [c for c in result.completed_checkpoints[:-1]
+                  if result.checkpoint_stats[c].get("inflight_bytes", 0) > 0]
+    assert candidates, "no checkpoint with in-flight data"
+    cid = candidates[len(candidates) // 2]
+    env = make_env(file_root, parallelism=parallelism)
+    jobs.build_clicks(env, tmp_path / "b" / "windows", CLICKS)
+    jobs.build_join(env, tmp_path / "b" / "join", ORDERS)
+    env.execute("restored", restore=cid, timeout_s=120)
+    assert_continued_exactly_once(tmp_path / "a", tmp_path / "b", cid)
+
+
 def test_restore_a_savepoint_at_another_parallelism(file_root: RootSpec, tmp_path: Path) -> None:
     completed = first_run(file_root, tmp_path / "a")
     cid = completed[1]

@@ -143,8 +143,7 @@ def test_graph_validation(tmp_path: Path) -> None:
 
 
 def test_environment_validation(tmp_path: Path) -> None:
-    with pytest.raises(JobGraphError, match="not implemented"):
-        env(tmp_path, mode="exactly_once_unaligned")
+    env(tmp_path, mode="exactly_once_unaligned")  # supported since issue #5's unaligned mode
     with pytest.raises(JobGraphError, match="unknown checkpointing mode"):
         env(tmp_path, mode="sometimes")
     with pytest.raises(ConfigError):
@@ -330,3 +329,116 @@ def test_coordinator_fails_the_job_after_too_many_failed_checkpoints() -> None:
     c.tick(c.next_trigger + 1)
     with pytest.raises(CheckpointFailureLimitError, match="2 checkpoints failed in a row"):
         c.tick(c.pending.started + 11)  # type: ignore[union-attr]  # checkpoint 4 times out
+
+
+# -- unaligned checkpoints -------------------------------------------------------------------------
+
+
+def test_unaligner_starts_at_the_first_barrier_and_finishes_at_the_last() -> None:
+    from runtime.barriers import BarrierUnaligner
+
+    u = BarrierUnaligner(3)
+    assert u.on_barrier_unaligned(1, 5) == ["start"]
+    assert u.recording and u.waiting == {0, 2} and not u.blocked  # nothing blocks
+    assert u.on_barrier_unaligned(1, 5) == []  # duplicate
+    assert u.on_barrier_unaligned(0, 5) == []
+    assert u.on_barrier_unaligned(2, 5) == ["done"]
+    assert not u.recording and u.on_barrier_unaligned(0, 5) == []  # already done
+    single = BarrierUnaligner(1)
+    assert single.on_barrier_unaligned(0, 1) == ["start", "done"]
+    # a newer barrier while recording: the older checkpoint was aborted
+    assert u.on_barrier_unaligned(0, 6) == ["start"]
+    assert u.on_barrier_unaligned(1, 7) == ["abandon", "start"]
+    assert u.on_barrier_unaligned(1, 6) == []
+    assert u.abort(7) and not u.recording
+    assert u.on_barrier_unaligned(0, 7) == []
+
+
+def test_unaligner_aligns_on_finished_channels_so_the_final_checkpoint_is_aligned() -> None:
+    from runtime.barriers import BarrierUnaligner
+
+    u = BarrierUnaligner(3)
+    assert u.on_barrier_unaligned(0, 1, finished=True) == []
+    assert u.blocked == {0} and not u.recording
+    assert u.on_barrier_unaligned(1, 1, finished=False) == ["start"]  # an unfinished input starts it
+    assert not u.blocked and u.waiting == {2}
+    assert u.on_barrier_unaligned(2, 1) == ["done"]
+    # every input finished (final checkpoint): snapshot at the last barrier, like aligned
+    assert u.on_barrier_unaligned(0, 2, finished=True) == []
+    assert u.on_barrier_unaligned(1, 2, finished=True) == []
+    assert u.blocked == {0, 1}
+    assert u.on_barrier_unaligned(2, 2, finished=True) == ["start", "done"]
+    assert not u.blocked
+
+
+def test_inflight_objects_are_checksummed_versioned_and_redistributed(tmp_path: Path) -> None:
+    from runtime import inflight
+    from runtime.errors import RuntimeJobError
+    from runtime.graph import JobEdge
+    from statelog.store import open_store
+
+    store = open_store(f"file://{tmp_path}/root")
+    keys = [f"k{i}" for i in range(40)]
+    sources: dict[str, Any] = {"src": {"0": 1}}
+    for sub in range(2):
+        payload = {"version": 1, "checkpoint": 3, "task": f"4.{sub}", "vertex": 4, "subtask": sub, "parallelism": 2,
+                   "input": [(9, 0, (k, sub), None) for k in keys] + [(8, 1, ("fwd", sub), 7)],
+                   "output": [(0, ("out", sub), None)]}
+        data, digest = inflight.encode(payload)
+        key = inflight.object_key(3, f"4.{sub}")
+        assert key == f"runtime/inflight/chk-3/4.{sub}.bin"
+        store.put(key, data)
+        sources.setdefault(inflight.INFLIGHT_KEY, {})[f"4.{sub}"] = {
+            "key": key, "sha256": digest, "version": 1, "parallelism": 2}
+    edges = {9: JobEdge(9, 1, 4, HASH, lambda v: v[0], 0), 8: JobEdge(8, 2, 4, FORWARD, None, 1)}
+    # same parallelism: each task its own object
+    data_in, data_out = inflight.replay_for(store, sources, 4, 1, 2, 128, edges)
+    assert data_out == [(0, ("out", 1), None)] and len(data_in) == 41
+    assert inflight.replay_for(store, sources, 5, 0, 2, 128, edges) == ([], [])  # another vertex
+    # parallelism 3: hash records by key group, forward records and output by old subtask % 3
+    for new in range(3):
+        data_in, data_out = inflight.replay_for(store, sources, 4, new, 3, 128, edges)
+        for _e, idx, v, _t in data_in:
+            if idx == 0:
+                assert subtask_for_key_group(128, 3, key_group_of(v[0], 128)) == new
+            else:
+                assert v[1] % 3 == new
+        assert [o[1][1] for o in data_out] == [s for s in range(2) if s % 3 == new]
+    total = sum(len(inflight.replay_for(store, sources, 4, n, 3, 128, edges)[0]) for n in range(3))
+    assert total == 82
+    # corruption, a replaced object and an unknown version are refused
+    raw = store.get(inflight.object_key(3, "4.0"))
+    store.delete(inflight.object_key(3, "4.0"))  # objects are write-once
+    store.put(inflight.object_key(3, "4.0"), raw[:-1] + bytes([raw[-1] ^ 1]))
+    with pytest.raises(RuntimeJobError, match="checksum"):
+        inflight.replay_for(store, sources, 4, 0, 2, 128, edges)
+    with pytest.raises(RuntimeJobError, match="version"):
+        inflight.decode(raw[:4] + b"\x09" + raw[5:], "x")
+    other, _ = inflight.encode({"input": [], "output": []})
+    store.delete(inflight.object_key(3, "4.0"))
+    store.put(inflight.object_key(3, "4.0"), other)
+    with pytest.raises(RuntimeJobError, match="checksum"):
+        inflight.read_all(store, sources)
+
+
+def test_inflight_cleanup_and_the_materializer_gc(tmp_path: Path) -> None:
+    import statelog
+    from materializer.gc import collect_garbage
+    from runtime import inflight
+
+    root = f"file://{tmp_path}/root"
+    with statelog.open(root, retain_checkpoints=2) as job:
+        b = job.backend("op")
+        for cid in range(1, 5):
+            b.set_current_key("k")
+            job.checkpoint({"s": {"0": cid}})
+            job.store.put(inflight.object_key(cid, "1.0"), b"x")
+        job.store.put(inflight.object_key(9, "1.0"), b"x")  # a checkpoint still in flight
+        retained = job.catalog.checkpoint_ids()
+        assert retained == [3, 4]
+        collect_garbage(job.store, grace_s=0.0)
+        names = sorted(i.key for i in job.store.list(inflight.PREFIX))
+        assert len(names) == 5  # the materializer's GC never touches runtime/
+        assert inflight.collect_inflight(job.store, retained, 4) == [1, 2]
+        names = sorted(i.key for i in job.store.list(inflight.PREFIX))
+        assert names == [inflight.object_key(c, "1.0") for c in (3, 4, 9)]

@@ -550,3 +550,65 @@ def test_console_script_in_a_subprocess(file_root: RootSpec, tmp_path: Path) -> 
         f"statelog: error: checkpoint 7 does not exist in {file_root.url}; retained checkpoints: "
         "1, 2 (see `statelog checkpoints list ROOT`)"
     )
+
+
+# -- checkpoint statistics of the runtime ---------------------------------------------------------
+
+
+def test_list_and_show_render_runtime_checkpoint_stats(
+    file_root: RootSpec, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # no folding of the stats column
+    runtime_stats = {
+        "duration_ms": 25.4,
+        "sync_ms": 1.234,
+        "async_ms": 8.0,
+        "alignment_ms": 0.3,
+        "incremental_bytes": 12 * 1024,
+        "source_records": 123_456,
+        "records_per_s": 40_123.4,
+        "attempt": 2,
+        "mode": "exactly_once_unaligned",
+        "final": False,
+        "inflight_bytes": 2048,
+    }
+    job = statelog.open(file_root.url, store_options=dict(file_root.options))
+    try:
+        backend = job.backend("counter")
+        backend.set_current_key("k")
+        backend.get_state(COUNT).update(1)
+        handle = backend.snapshot(1).result(30)
+        job.publish_checkpoint(1, [handle], {"events": {"p0": 1}}, runtime_stats)
+    finally:
+        job.close()
+    code, out, err = run(capsys, "checkpoints", "list", file_root.url)
+    assert code == 0, err
+    assert "stats" in out
+    assert (
+        "sync 1.2 ms, async 8.0 ms, align 0.3 ms, 12.0 KiB, in-flight 2.0 KiB, 40k ev/s" in out
+    )
+    code, rows, _ = run_json(capsys, "checkpoints", "list", file_root.url)
+    assert code == 0 and rows[0]["stats"] == runtime_stats
+    code, out, err = run(capsys, "checkpoints", "show", file_root.url, "1")
+    assert code == 0, err
+    assert "Checkpoint statistics" in out
+    lines = out.splitlines()
+    for label, value in (
+        ("duration", "25.4 ms"),
+        ("synchronous part", "1.2 ms"),
+        ("asynchronous part", "8.0 ms"),
+        ("alignment", "0.3 ms"),
+        ("bytes uploaded", "12.0 KiB"),
+        ("in-flight data", "2.0 KiB"),
+        ("throughput", "40k ev/s"),
+        ("source records", "123,456"),
+        ("mode", "exactly_once_unaligned"),
+        ("attempt", "2"),
+        ("final", "no"),
+    ):
+        assert any(label in ln and value in ln for ln in lines), (label, value, out)
+    # a checkpoint without runtime statistics (one-call checkpoint of the library) still renders
+    build_job(file_root, checkpoints=1)
+    code, out, err = run(capsys, "checkpoints", "list", file_root.url)
+    assert code == 0, err
+    assert out.count(", async ") == 2  # the library's own stats (sync, async, bytes) too
