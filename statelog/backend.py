@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
@@ -93,7 +92,8 @@ class RestoredChanges:
 
     def __init__(self) -> None:
         self.infos: dict[str, StateInfo] = {}
-        self.base: dict[str, list[pa.Table]] = {}
+        # per state: (table, its decoded keys) or a bare table
+        self.base: dict[str, list[Any]] = {}
         self.records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = {}
         self.parts: list[MaterializedPart] = []
         self.inherited: list[ChangelogRange] = []
@@ -141,15 +141,18 @@ class RestoredChanges:
                     for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
                         recs.append((kb, nsb, op, ukey, value, exp))
                     out.records_read += batch.table.num_rows
-        # table files are fetched and decoded in parallel (I/O and Parquet decoding release the GIL)
+        # Table files are fetched and decoded by a thread pool (I/O and Parquet decoding release
+        # the GIL) while this thread decodes the key columns of the files already read.
         if files:
-            with cf.ThreadPoolExecutor(min(4, len(files)), thread_name_prefix="statelog-restore") as pool:
-                tables = list(pool.map(lambda job: read_table_file(store, job[1], job[2], job[0]), files))
-            for (info, f, _kgr), table in zip(files, tables, strict=True):
-                out.bytes_read += f.bytes
-                if table.num_rows:
-                    out.base.setdefault(info.name, []).append(table)
-                    out.base_rows += table.num_rows
+            with cf.ThreadPoolExecutor(min(2, len(files)), thread_name_prefix="statelog-restore") as pool:
+                tables = pool.map(lambda job: read_table_file(store, job[1], job[2], job[0]), files)
+                for (info, f, _kgr), table in zip(files, tables, strict=True):
+                    out.bytes_read += f.bytes
+                    if table.num_rows:
+                        timers = info.name in TIMER_STATES  # timers keep encoded keys
+                        keys = None if timers else decode_key_array(table.column("key"))
+                        out.base.setdefault(info.name, []).append((table, keys))
+                        out.base_rows += table.num_rows
         out.bytes_read += reader.bytes_read
         return out
 
@@ -329,8 +332,11 @@ class KeyedStateBackend:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
         info = state.info
         ttl = bool(state._ttl)
-        for table in self._restored.base.pop(state.name, ()):
-            keys = decode_key_array(table.column("key"))
+        for chunk in self._restored.base.pop(state.name, ()):
+            # (table, decoded keys) from a restore, or a bare table (keys decoded here)
+            table, keys = chunk if isinstance(chunk, tuple) else (chunk, None)
+            if keys is None:
+                keys = decode_key_array(table.column("key"))
             nss = table.column("namespace").to_pylist()
             values = decode_values(info, table)
             if ttl:
@@ -344,7 +350,7 @@ class KeyedStateBackend:
                     ]
                 else:
                     values = [[v, x] for v, x in zip(values, exps, strict=True)]
-            if nss and nss[0] == nss[-1] and pc.count_distinct(table.column("namespace")).as_py() == 1:
+            if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
                 state._table_for(nss[0]).update(zip(keys, values, strict=True))
             else:
                 table_for = state._table_for
@@ -368,7 +374,8 @@ class KeyedStateBackend:
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):
-            for table in self._restored.base.pop(name, ()):
+            for chunk in self._restored.base.pop(name, ()):
+                table = chunk[0] if isinstance(chunk, tuple) else chunk
                 self.timers._sets[d].update(
                     zip(
                         table.column("timestamp").to_pylist(),

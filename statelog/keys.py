@@ -236,18 +236,17 @@ def decode_key_array(arr: Any) -> list[Any]:
     if n == 0:
         return []
     if arr.null_count == 0 and pa.types.is_binary(arr.type):
-        lengths = pc.binary_length(arr)
-        lo, hi = pc.min_max(lengths).values()
-        tags = pc.binary_slice(arr, 0, 1)
-        one_tag = pc.count_distinct(tags).as_py() == 1
-        tag = tags[0].as_py()[0] if one_tag else None
-        if tag == TAG_INT64 and lo.as_py() == hi.as_py() == 9:
+        lo, hi = (x.as_py() for x in pc.min_max(pc.binary_length(arr)).values())
+        if lo == hi == 9:  # int64 keys if every tag byte is TAG_INT64
             offsets = arr.buffers()[1]
             (first,) = struct.unpack_from("<i", offsets, arr.offset * 4)
             data = memoryview(arr.buffers()[2])[first : first + 9 * n]
-            sign = _SIGN
-            return [v - sign for (v,) in struct.iter_unpack(">xQ", data)]
-        if tag == TAG_STR and hi.as_py() <= 129:  # one-byte varint length: the rest is the string
+            if data[::9].tobytes().count(TAG_INT64) == n:
+                sign = _SIGN
+                return [v - sign for (v,) in struct.iter_unpack(">xQ", data)]
+        tags = pc.binary_slice(arr, 0, 1)
+        tag = tags[0].as_py()[0] if pc.count_distinct(tags).as_py() == 1 else None
+        if tag == TAG_STR and hi <= 129:  # one-byte varint length: the rest is the string
             try:  # tag and length (< 128) are ASCII, so they are the first two code units
                 return pc.utf8_slice_codeunits(arr.cast(pa.string()), 2).to_pylist()
             except pa.ArrowInvalid as e:
