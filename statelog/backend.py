@@ -86,13 +86,32 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+def base_entries(info: StateInfo, table: pa.Table) -> tuple[list[Any], list[bytes], list[Any]]:
+    """Keys, namespaces and in-memory entries (TTL: ``[value, expires]``) of a state table."""
+    keys = decode_key_array(table.column("key"))
+    nss = table.column("namespace").to_pylist()
+    values = decode_values(info, table)
+    if info.ttl is not None:
+        exps = table.column("expires_ms").to_pylist()
+        if info.kind is StateKind.LIST:
+            values = [[[v, x] for v, x in zip(vs, xs, strict=True)] for vs, xs in zip(values, exps, strict=True)]
+        elif info.kind is StateKind.MAP:
+            values = [
+                {k: [v, x] for (k, v), x in zip(m.items(), xs, strict=True)}
+                for m, xs in zip(values, exps, strict=True)
+            ]
+        else:
+            values = [[v, x] for v, x in zip(values, exps, strict=True)]
+    return keys, nss, values
+
+
 class RestoredChanges:
     """What a restore reads from checkpoint handles: materialized base tables per state, then
     change records grouped per state, in replay order."""
 
     def __init__(self) -> None:
         self.infos: dict[str, StateInfo] = {}
-        # per state: (table, its decoded keys) or a bare table
+        # per state: prepared (keys, namespaces, entries) or a bare table (timers, tools)
         self.base: dict[str, list[Any]] = {}
         self.records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = {}
         self.parts: list[MaterializedPart] = []
@@ -148,10 +167,9 @@ class RestoredChanges:
                 tables = pool.map(lambda job: read_table_file(store, job[1], job[2], job[0]), files)
                 for (info, f, _kgr), table in zip(files, tables, strict=True):
                     out.bytes_read += f.bytes
-                    if table.num_rows:
-                        timers = info.name in TIMER_STATES  # timers keep encoded keys
-                        keys = None if timers else decode_key_array(table.column("key"))
-                        out.base.setdefault(info.name, []).append((table, keys))
+                    if table.num_rows:  # timers keep their table (encoded keys)
+                        chunk = table if info.name in TIMER_STATES else base_entries(info, table)
+                        out.base.setdefault(info.name, []).append(chunk)
                         out.base_rows += table.num_rows
         out.bytes_read += reader.bytes_read
         return out
@@ -330,26 +348,11 @@ class KeyedStateBackend:
 
     def _load_base(self, state: KeyedState) -> None:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
-        info = state.info
-        ttl = bool(state._ttl)
         for chunk in self._restored.base.pop(state.name, ()):
-            # (table, decoded keys) from a restore, or a bare table (keys decoded here)
-            table, keys = chunk if isinstance(chunk, tuple) else (chunk, None)
-            if keys is None:
-                keys = decode_key_array(table.column("key"))
-            nss = table.column("namespace").to_pylist()
-            values = decode_values(info, table)
-            if ttl:
-                exps = table.column("expires_ms").to_pylist()
-                if info.kind is StateKind.LIST:
-                    values = [[[v, x] for v, x in zip(vs, xs, strict=True)] for vs, xs in zip(values, exps, strict=True)]
-                elif info.kind is StateKind.MAP:
-                    values = [
-                        {k: [v, x] for (k, v), x in zip(m.items(), xs, strict=True)}
-                        for m, xs in zip(values, exps, strict=True)
-                    ]
-                else:
-                    values = [[v, x] for v, x in zip(values, exps, strict=True)]
+            # prepared (keys, namespaces, entries) from a restore, or a bare table
+            if isinstance(chunk, pa.Table):
+                chunk = base_entries(state.info, chunk)
+            keys, nss, values = chunk
             if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
                 state._table_for(nss[0]).update(zip(keys, values, strict=True))
             else:
