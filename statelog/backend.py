@@ -161,16 +161,17 @@ class RestoredChanges:
                         recs.append((kb, nsb, op, ukey, value, exp))
                     out.records_read += batch.table.num_rows
         # Table files are fetched and decoded by a thread pool (I/O and Parquet decoding release
-        # the GIL) while this thread decodes the key columns of the files already read.
+        # the GIL); only then does this thread build Python objects: decoding keys while the
+        # pool runs would make the pool's threads wait for the GIL at every Python step.
         if files:
-            with cf.ThreadPoolExecutor(min(2, len(files)), thread_name_prefix="statelog-restore") as pool:
-                tables = pool.map(lambda job: read_table_file(store, job[1], job[2], job[0]), files)
-                for (info, f, _kgr), table in zip(files, tables, strict=True):
-                    out.bytes_read += f.bytes
-                    if table.num_rows:  # timers keep their table (encoded keys)
-                        chunk = table if info.name in TIMER_STATES else base_entries(info, table)
-                        out.base.setdefault(info.name, []).append(chunk)
-                        out.base_rows += table.num_rows
+            with cf.ThreadPoolExecutor(min(4, len(files)), thread_name_prefix="statelog-restore") as pool:
+                tables = list(pool.map(lambda job: read_table_file(store, job[1], job[2], job[0]), files))
+            for (info, f, _kgr), table in zip(files, tables, strict=True):
+                out.bytes_read += f.bytes
+                if table.num_rows:  # timers keep their table (encoded keys)
+                    chunk = table if info.name in TIMER_STATES else base_entries(info, table)
+                    out.base.setdefault(info.name, []).append(chunk)
+                    out.base_rows += table.num_rows
         out.bytes_read += reader.bytes_read
         return out
 
