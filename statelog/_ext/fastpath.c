@@ -1,31 +1,484 @@
-/* Hot path of value-like state in C: ValueState.update() without the interpreter.
+/* Hot path of value-like state in C: ValueState.update() without the interpreter, and the
+ * columnar record buffer of compact changelog streams.
+ *
+ * RecordBuffer holds the compact records (key bytes, key group, namespace bytes, op, value;
+ * statelog/changelog/format.py) of one stream as typed columns: key and namespace bytes as
+ * Arrow binary (int32 offsets + data), key group uint16, op uint8, and the value as int64
+ * or float64 with a validity bitmap when the state's Arrow type allows it (values that do
+ * not fit, e.g. an int above 2**63-1 in a uint64 state, go to an overflow list of
+ * (index, value) and the converter falls back to pyarrow for that batch), else as a Python
+ * list. take() hands the columns over as bytes objects that pyarrow wraps without
+ * per-record work (format.compact_columns). len() is in list items (records * 5), as for
+ * the flat list buffer it replaces, so the limit checks of every appender stay the same.
+ *
+ * A record is appended whole or not at all: every step that may run Python code (only the
+ * allocation of a container, which may start the cyclic GC and its finalizers) happens
+ * before the first byte of the record is written, and nothing between the first write and
+ * the record count increment releases the GIL, so a concurrent take() in the flusher never
+ * sees a partial record.
  *
  * update(v): type check (fast for the declared primitive type, else the Python validator),
  * table[backend._key] = v for the state's current namespace table, and with a changelog
- * stream: append the compact record (key bytes, key group, namespace bytes, op, v) to the
- * stream's flat buffer, then call stream.on_buffer_full() when len(buffer) reaches the
- * stream's limit cell. The state shares its [table, namespace bytes] as a list (updated
- * by set_namespace) and the stream its limit as a one-element list (0 while throttled). The five appends happen
- * without running Python code in between, so the flusher (which takes whole records under
- * the GIL) never sees a partial record. The pure-Python closure in statelog/state/kinds.py
- * is the reference implementation and the fallback when this module is not built.
+ * stream: append the compact record to the stream's buffer (a RecordBuffer, or a flat list:
+ * five list appends), then call stream.on_buffer_full() when len(buffer) reaches the
+ * stream's limit cell. The state shares its [table, namespace bytes] as a list (updated by
+ * set_namespace) and the stream its limit as a one-element list (0 while throttled). The
+ * pure-Python closure in statelog/state/kinds.py is the reference implementation and the
+ * fallback when this module is not built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #include <limits.h>
 
 static PyObject *s_key, *s_kinfo, *s_on_buffer_full;
+
+#define WIDTH 5 /* items per compact record, as in the flat list layout */
+
+enum { VK_OBJECT = 0, VK_INT64 = 1, VK_FLOAT64 = 2 };
+
+/* ---------------------------------------------------------------------------------------- */
+/* RecordBuffer                                                                             */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;          /* records */
+    Py_ssize_t cap;        /* record capacity of kg, op, vals, valid; koff/noff hold cap+1 */
+    int32_t *koff;         /* key offsets, koff[0] == 0 */
+    char *kdata;
+    Py_ssize_t kcap;
+    int32_t *noff;         /* namespace offsets */
+    char *ndata;
+    Py_ssize_t ncap;
+    uint16_t *kg;
+    uint8_t *op;
+    int vkind;
+    int64_t *vals;         /* VK_INT64 / VK_FLOAT64: 8 bytes per record (0 for nulls) */
+    uint8_t *valid;        /* validity bitmap (typed kinds) */
+    Py_ssize_t nulls;      /* records with a cleared validity bit (None or overflow) */
+    PyObject *values;      /* VK_OBJECT: list of values */
+    PyObject *overflow;    /* typed kinds: list of (index, value), or NULL */
+    long kg_min, kg_max;
+} RecordBuffer;
+
+static PyTypeObject RecordBufferType;
+
+/* grow a byte buffer to hold need bytes (need <= INT32_MAX; capacity stays <= INT32_MAX) */
+static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    Py_ssize_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    if (c > INT32_MAX) c = INT32_MAX;
+    void *q = PyMem_Realloc(*p, (size_t)c * elem);
+    if (q == NULL) { PyErr_NoMemory(); return -1; }
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+#if defined(__GNUC__)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE static inline
+#endif
+
+/* o as a C long when it is an exact int in [0, 2**30) (the common key group and buffer
+ * limit), read without a call where the int layout allows; -1 otherwise. */
+ALWAYS_INLINE long small_nonneg(PyObject *o) {
+#if PY_VERSION_HEX < 0x030C0000 && PYLONG_BITS_IN_DIGIT == 30
+    if (PyLong_CheckExact(o)) {
+        Py_ssize_t size = Py_SIZE(o);
+        if (size == 0) return 0;
+        if (size == 1) return (long)((PyLongObject *)o)->ob_digit[0];
+    }
+#elif PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o)) {
+        Py_ssize_t v = PyUnstable_Long_CompactValue((PyLongObject *)o);
+        if (v >= 0 && v < (1L << 30)) return (long)v;
+    }
+#endif
+    return -1;
+}
+
+/* memcpy of a short key without a call (two overlapping word copies) */
+ALWAYS_INLINE void copy_bytes(char *dst, const char *src, Py_ssize_t n) {
+    if (n >= 8 && n <= 16) {
+        uint64_t a, b;
+        memcpy(&a, src, 8);
+        memcpy(&b, src + n - 8, 8);
+        memcpy(dst, &a, 8);
+        memcpy(dst + n - 8, &b, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t a, b;
+        memcpy(&a, src, 4);
+        memcpy(&b, src + n - 4, 4);
+        memcpy(dst, &a, 4);
+        memcpy(dst + n - 4, &b, 4);
+    } else if (n > 16) {
+        memcpy(dst, src, (size_t)n);
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) dst[i] = src[i];
+    }
+}
+
+/* Room for one more record with ks key bytes and ns namespace bytes (no Python code).
+ * Keeps kcap and ncap <= INT32_MAX, so that fitting in them means fitting the offsets. */
+static int rb_grow(RecordBuffer *rb, Py_ssize_t ks, Py_ssize_t ns) {
+    Py_ssize_t n = rb->n;
+    if ((Py_ssize_t)rb->koff[n] + ks > INT32_MAX || (Py_ssize_t)rb->noff[n] + ns > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "changelog buffer: more than 2 GiB of key or namespace bytes in one batch");
+        return -1;
+    }
+    if (n + 1 > rb->cap) {
+        Py_ssize_t c = rb->cap * 2;
+        int32_t *ko = PyMem_Realloc(rb->koff, (size_t)(c + 1) * sizeof(int32_t));
+        if (ko == NULL) { PyErr_NoMemory(); return -1; }
+        rb->koff = ko;
+        int32_t *no = PyMem_Realloc(rb->noff, (size_t)(c + 1) * sizeof(int32_t));
+        if (no == NULL) { PyErr_NoMemory(); return -1; }
+        rb->noff = no;
+        uint16_t *kg = PyMem_Realloc(rb->kg, (size_t)c * sizeof(uint16_t));
+        if (kg == NULL) { PyErr_NoMemory(); return -1; }
+        rb->kg = kg;
+        uint8_t *op = PyMem_Realloc(rb->op, (size_t)c);
+        if (op == NULL) { PyErr_NoMemory(); return -1; }
+        rb->op = op;
+        if (rb->vkind != VK_OBJECT) {
+            int64_t *v = PyMem_Realloc(rb->vals, (size_t)c * sizeof(int64_t));
+            if (v == NULL) { PyErr_NoMemory(); return -1; }
+            rb->vals = v;
+            uint8_t *b = PyMem_Realloc(rb->valid, (size_t)(c + 7) / 8);
+            if (b == NULL) { PyErr_NoMemory(); return -1; }
+            rb->valid = b;
+        }
+        rb->cap = c;
+    }
+    if (grow((void **)&rb->kdata, &rb->kcap, rb->koff[n] + ks, 1) < 0) return -1;
+    if (grow((void **)&rb->ndata, &rb->ncap, rb->noff[n] + ns, 1) < 0) return -1;
+    return 0;
+}
+
+ALWAYS_INLINE int rb_reserve(RecordBuffer *rb, Py_ssize_t ks, Py_ssize_t ns) {
+    Py_ssize_t n = rb->n;
+    if (n < rb->cap && rb->koff[n] + ks <= rb->kcap && rb->noff[n] + ns <= rb->ncap) return 0;
+    return rb_grow(rb, ks, ns);
+}
+
+/* Append one record. fast: x is the value, already known to be a valid int64 (VK_INT64).
+ * On error nothing was appended. */
+ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObject *nsb, int op,
+                            PyObject *v, int fast, long long x) {
+    if (!PyBytes_Check(kb) || !PyBytes_Check(nsb)) {
+        PyErr_SetString(PyExc_TypeError, "changelog record: key and namespace must be bytes");
+        return -1;
+    }
+    long kg = small_nonneg(kgo);
+    if (kg < 0) {
+        kg = PyLong_AsLong(kgo);
+        if (kg == -1 && PyErr_Occurred()) return -1;
+    }
+    if (kg < 0 || kg > 65535) {
+        PyErr_Format(PyExc_ValueError, "changelog record: key group %ld out of range", kg);
+        return -1;
+    }
+    /* classify the value (no Python code) */
+    int vmode; /* 0: null, 1: typed bits, 2: Python object */
+    int64_t bits = 0;
+    if (rb->vkind == VK_OBJECT) vmode = 2;
+    else if (v == Py_None) vmode = 0;
+    else if (fast) { vmode = 1; bits = (int64_t)x; }
+    else if (rb->vkind == VK_INT64 && PyLong_CheckExact(v)) {
+        int of = 0;
+        long long y = PyLong_AsLongLongAndOverflow(v, &of);
+        if (y == -1 && PyErr_Occurred()) return -1;
+        if (of) vmode = 2;
+        else { vmode = 1; bits = (int64_t)y; }
+    } else if (rb->vkind == VK_FLOAT64 && PyFloat_CheckExact(v)) {
+        double d = PyFloat_AS_DOUBLE(v);
+        memcpy(&bits, &d, sizeof bits);
+        vmode = 1;
+    } else vmode = 2;
+
+    /* phase 1: allocations that may start the GC (and so run Python code) */
+    PyObject *item = NULL;
+    if (vmode == 2 && rb->vkind != VK_OBJECT) {
+        if (rb->overflow == NULL && (rb->overflow = PyList_New(0)) == NULL) return -1;
+        if ((item = PyTuple_New(2)) == NULL) return -1;
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(item, 0, Py_None);
+        Py_INCREF(v);
+        PyTuple_SET_ITEM(item, 1, v);
+    }
+    /* phase 2: no Python code runs from here on */
+    Py_ssize_t ks = PyBytes_GET_SIZE(kb), ns = PyBytes_GET_SIZE(nsb);
+    if (rb_reserve(rb, ks, ns) < 0) { Py_XDECREF(item); return -1; }
+    Py_ssize_t n = rb->n;
+    if (vmode == 2) {
+        if (rb->vkind == VK_OBJECT) {
+            if (PyList_Append(rb->values, v) < 0) return -1;
+        } else {
+            PyObject *idx = PyLong_FromSsize_t(n);
+            if (idx == NULL) { Py_DECREF(item); return -1; }
+            if (PyList_Append(rb->overflow, item) < 0) { Py_DECREF(idx); Py_DECREF(item); return -1; }
+            PyTuple_SET_ITEM(item, 0, idx); /* replaces the None placeholder */
+            Py_DECREF(Py_None);
+            Py_DECREF(item);
+        }
+    }
+    int32_t ko = rb->koff[n], no = rb->noff[n];
+    copy_bytes(rb->kdata + ko, PyBytes_AS_STRING(kb), ks);
+    rb->koff[n + 1] = ko + (int32_t)ks;
+    copy_bytes(rb->ndata + no, PyBytes_AS_STRING(nsb), ns);
+    rb->noff[n + 1] = no + (int32_t)ns;
+    rb->kg[n] = (uint16_t)kg;
+    rb->op[n] = (uint8_t)op;
+    if (rb->vkind != VK_OBJECT) {
+        rb->vals[n] = bits;
+        uint8_t m = (uint8_t)(1u << (n & 7));
+        if (vmode == 1) rb->valid[n >> 3] |= m;
+        else { rb->valid[n >> 3] &= (uint8_t)~m; rb->nulls++; }
+    }
+    if (kg < rb->kg_min) rb->kg_min = kg;
+    if (kg > rb->kg_max) rb->kg_max = kg;
+    rb->n = n + 1;
+    return 0;
+}
+
+static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    int vkind = VK_OBJECT;
+    static char *kwlist[] = {"value_kind", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:RecordBuffer", kwlist, &vkind)) return NULL;
+    if (vkind < VK_OBJECT || vkind > VK_FLOAT64) {
+        PyErr_Format(PyExc_ValueError, "RecordBuffer: unknown value kind %d", vkind);
+        return NULL;
+    }
+    RecordBuffer *rb = (RecordBuffer *)type->tp_alloc(type, 0);
+    if (rb == NULL) return NULL;
+    rb->vkind = vkind;
+    rb->kg_min = 65536;
+    rb->kg_max = -1;
+    rb->cap = 64;
+    rb->koff = PyMem_Calloc((size_t)rb->cap + 1, sizeof(int32_t));
+    rb->noff = PyMem_Calloc((size_t)rb->cap + 1, sizeof(int32_t));
+    rb->kg = PyMem_Malloc((size_t)rb->cap * sizeof(uint16_t));
+    rb->op = PyMem_Malloc((size_t)rb->cap);
+    int ok = rb->koff && rb->noff && rb->kg && rb->op;
+    if (vkind == VK_OBJECT) {
+        rb->values = PyList_New(0);
+        ok = ok && rb->values;
+    } else {
+        rb->vals = PyMem_Malloc((size_t)rb->cap * sizeof(int64_t));
+        rb->valid = PyMem_Calloc((size_t)(rb->cap + 7) / 8, 1);
+        ok = ok && rb->vals && rb->valid;
+    }
+    if (!ok) {
+        Py_DECREF(rb);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
+    return (PyObject *)rb;
+}
+
+static int rb_traverse(RecordBuffer *rb, visitproc visit, void *arg) {
+    Py_VISIT(rb->values);
+    Py_VISIT(rb->overflow);
+    return 0;
+}
+
+static int rb_clear(RecordBuffer *rb) {
+    Py_CLEAR(rb->values);
+    Py_CLEAR(rb->overflow);
+    return 0;
+}
+
+static void rb_dealloc(RecordBuffer *rb) {
+    PyObject_GC_UnTrack(rb);
+    rb_clear(rb);
+    PyMem_Free(rb->koff); PyMem_Free(rb->kdata); PyMem_Free(rb->noff); PyMem_Free(rb->ndata);
+    PyMem_Free(rb->kg); PyMem_Free(rb->op); PyMem_Free(rb->vals); PyMem_Free(rb->valid);
+    Py_TYPE(rb)->tp_free((PyObject *)rb);
+}
+
+static Py_ssize_t rb_len(RecordBuffer *rb) { return rb->n * WIDTH; }
+
+static PyObject *rb_extend(RecordBuffer *rb, PyObject *rec) {
+    if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != WIDTH) {
+        PyErr_SetString(PyExc_TypeError, "RecordBuffer.extend: expected a compact record (5-tuple)");
+        return NULL;
+    }
+    long op = PyLong_AsLong(PyTuple_GET_ITEM(rec, 3));
+    if (op == -1 && PyErr_Occurred()) return NULL;
+    if (op < 0 || op > 255) {
+        PyErr_Format(PyExc_ValueError, "changelog record: op %ld out of range", op);
+        return NULL;
+    }
+    /* hold the fields: the GC may run while the record is appended */
+    Py_INCREF(rec);
+    int rc = rb_append(rb, PyTuple_GET_ITEM(rec, 0), PyTuple_GET_ITEM(rec, 1),
+                       PyTuple_GET_ITEM(rec, 2), (int)op, PyTuple_GET_ITEM(rec, 4), 0, 0);
+    Py_DECREF(rec);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* After a take of n records from an empty buffer: give back memory when the buffer held
+ * far more than this batch (e.g. after a burst while the flusher was behind). Shrinking
+ * realloc failures just keep the larger block. No Python code runs. */
+#define SHRINK_MIN_RECORDS 16384
+#define SHRINK_MIN_BYTES (1 << 20)
+static void shrink_bytes(char **p, Py_ssize_t *cap, Py_ssize_t used) {
+    if (*cap <= SHRINK_MIN_BYTES || used * 4 >= *cap) return;
+    Py_ssize_t c = *cap;
+    while (c > SHRINK_MIN_BYTES && used * 4 < c) c /= 2;
+    char *q = PyMem_Realloc(*p, (size_t)c);
+    if (q != NULL) { *p = q; *cap = c; }
+}
+
+static void rb_shrink(RecordBuffer *rb, Py_ssize_t n, Py_ssize_t kused, Py_ssize_t nused) {
+    Py_ssize_t c = rb->cap;
+    while (c > SHRINK_MIN_RECORDS && n * 4 < c) c /= 2;
+    if (c < rb->cap) {
+        /* every array keeps at least c (+1) entries: each realloc either succeeds or leaves a
+         * larger block, so cap = c stays true for all of them */
+        int32_t *ko = PyMem_Realloc(rb->koff, (size_t)(c + 1) * sizeof(int32_t));
+        if (ko != NULL) rb->koff = ko;
+        int32_t *no = PyMem_Realloc(rb->noff, (size_t)(c + 1) * sizeof(int32_t));
+        if (no != NULL) rb->noff = no;
+        uint16_t *kg = PyMem_Realloc(rb->kg, (size_t)c * sizeof(uint16_t));
+        if (kg != NULL) rb->kg = kg;
+        uint8_t *op = PyMem_Realloc(rb->op, (size_t)c);
+        if (op != NULL) rb->op = op;
+        if (rb->vkind != VK_OBJECT) {
+            int64_t *v = PyMem_Realloc(rb->vals, (size_t)c * sizeof(int64_t));
+            if (v != NULL) rb->vals = v;
+            uint8_t *b = PyMem_Realloc(rb->valid, (size_t)(c + 7) / 8);
+            if (b != NULL) rb->valid = b;
+        }
+        rb->cap = c;
+    }
+    shrink_bytes(&rb->kdata, &rb->kcap, kused);
+    shrink_bytes(&rb->ndata, &rb->ncap, nused);
+}
+
+/* take() -> (n, key_offsets, key_data, key_groups, ns_offsets, ns_data, ops, values,
+ *            validity, null_count, overflow, kg_min, kg_max)
+ * Removes every record. Typed columns are bytes (little-endian native layout, Arrow's);
+ * values is bytes (typed kinds) or a list; validity is None without nulls; overflow is a
+ * list of (index, value) or None. kg_min > kg_max when n == 0. */
+static PyObject *rb_take(RecordBuffer *rb, PyObject *Py_UNUSED(ignored)) {
+    /* allocations of containers first: they may start the GC, which may run Python code */
+    PyObject *fresh = NULL;
+    if (rb->vkind == VK_OBJECT && (fresh = PyList_New(0)) == NULL) return NULL;
+    PyObject *res = PyTuple_New(13);
+    if (res == NULL) { Py_XDECREF(fresh); return NULL; }
+    /* no Python code from here on */
+    Py_ssize_t n = rb->n;
+    PyObject *items[13] = {NULL};
+    items[0] = PyLong_FromSsize_t(n);
+    items[1] = PyBytes_FromStringAndSize((const char *)rb->koff, (n + 1) * (Py_ssize_t)sizeof(int32_t));
+    items[2] = PyBytes_FromStringAndSize(rb->kdata ? rb->kdata : "", rb->koff[n]);
+    items[3] = PyBytes_FromStringAndSize((const char *)rb->kg, n * (Py_ssize_t)sizeof(uint16_t));
+    items[4] = PyBytes_FromStringAndSize((const char *)rb->noff, (n + 1) * (Py_ssize_t)sizeof(int32_t));
+    items[5] = PyBytes_FromStringAndSize(rb->ndata ? rb->ndata : "", rb->noff[n]);
+    items[6] = PyBytes_FromStringAndSize((const char *)rb->op, n);
+    if (rb->vkind == VK_OBJECT) {
+        items[7] = rb->values; /* swapped below */
+        Py_INCREF(items[7]);
+    } else {
+        items[7] = PyBytes_FromStringAndSize((const char *)rb->vals, n * (Py_ssize_t)sizeof(int64_t));
+    }
+    if (rb->vkind != VK_OBJECT && rb->nulls > 0) {
+        Py_ssize_t nb = (n + 7) / 8;
+        items[8] = PyBytes_FromStringAndSize(NULL, nb);
+        if (items[8] != NULL) {
+            char *p = PyBytes_AS_STRING(items[8]);
+            memcpy(p, rb->valid, (size_t)nb);
+            if (n & 7) p[nb - 1] &= (char)((1u << (n & 7)) - 1); /* bits past the end are 0 */
+        }
+    } else {
+        items[8] = Py_None;
+        Py_INCREF(Py_None);
+    }
+    items[9] = PyLong_FromSsize_t(rb->nulls);
+    items[10] = rb->overflow ? rb->overflow : Py_None;
+    Py_INCREF(items[10]);
+    items[11] = PyLong_FromLong(rb->kg_min);
+    items[12] = PyLong_FromLong(rb->kg_max);
+    for (int i = 0; i < 13; i++) {
+        if (items[i] == NULL) {
+            for (int j = 0; j < 13; j++) Py_XDECREF(items[j]);
+            Py_DECREF(res);
+            Py_XDECREF(fresh);
+            return NULL;
+        }
+    }
+    /* commit: the buffer is empty */
+    if (rb->vkind == VK_OBJECT) {
+        Py_DECREF(rb->values); /* items[7] holds it */
+        rb->values = fresh;
+    }
+    if (rb->overflow != NULL) {
+        Py_DECREF(rb->overflow); /* items[10] holds it */
+        rb->overflow = NULL;
+    }
+    Py_ssize_t kused = rb->koff[n], nused = rb->noff[n];
+    rb->n = 0;
+    rb->nulls = 0;
+    rb->kg_min = 65536;
+    rb->kg_max = -1;
+    rb_shrink(rb, n, kused, nused);
+    for (int i = 0; i < 13; i++) PyTuple_SET_ITEM(res, i, items[i]);
+    return res;
+}
+
+static PyObject *rb_get_value_kind(RecordBuffer *rb, void *closure) { return PyLong_FromLong(rb->vkind); }
+static PyObject *rb_get_records(RecordBuffer *rb, void *closure) { return PyLong_FromSsize_t(rb->n); }
+
+static PyMethodDef rb_methods[] = {
+    {"extend", (PyCFunction)rb_extend, METH_O, "Append one compact record (a 5-tuple)."},
+    {"take", (PyCFunction)rb_take, METH_NOARGS, "Remove and return every record as columns."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef rb_getset[] = {
+    {"value_kind", (getter)rb_get_value_kind, NULL, "0: Python objects, 1: int64, 2: float64", NULL},
+    {"records", (getter)rb_get_records, NULL, "number of records", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods rb_as_sequence = {.sq_length = (lenfunc)rb_len};
+
+static PyTypeObject RecordBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "statelog._ext.fastpath.RecordBuffer",
+    .tp_basicsize = sizeof(RecordBuffer),
+    .tp_dealloc = (destructor)rb_dealloc,
+    .tp_as_sequence = &rb_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)rb_traverse,
+    .tp_clear = (inquiry)rb_clear,
+    .tp_methods = rb_methods,
+    .tp_getset = rb_getset,
+    .tp_new = rb_new,
+    .tp_doc = "RecordBuffer(value_kind=0): the compact records of one changelog stream, as columns.",
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* ValueUpdate                                                                              */
 
 typedef struct {
     PyObject_HEAD
     PyObject *nsctx;    /* the state's [current table, current namespace bytes] */
     PyObject *cell;     /* the stream's [buffer limit], or NULL */
     PyObject *backend;
-    PyObject *buf;      /* list, or NULL without changelog */
+    PyObject *buf;      /* RecordBuffer or list, or NULL without changelog */
+    RecordBuffer *rb;   /* buf when it is a RecordBuffer, else NULL */
     PyObject *stream;   /* stream, or NULL */
     PyObject *pytype;   /* the Python type that passes without calling check */
     int is_int;
+    int opc;
     long long lo, hi;
     PyObject *check;
     PyObject *clear;
@@ -56,10 +509,11 @@ static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf,
     }
     PyObject *v = args[0];
     int ok = 0;
+    long long x = 0;
     if ((PyObject *)Py_TYPE(v) == self->pytype) {
         if (self->is_int) {
             int overflow = 0;
-            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            x = PyLong_AsLongLongAndOverflow(v, &overflow);
             if (x == -1 && PyErr_Occurred()) return NULL;
             ok = !overflow && x >= self->lo && x <= self->hi;
         } else {
@@ -89,18 +543,35 @@ static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf,
         PyErr_SetString(PyExc_TypeError, "fast path: backend._kinfo must be a 3-tuple");
         return NULL;
     }
-    Py_ssize_t limit = PyLong_AsSsize_t(PyList_GET_ITEM(self->cell, 0));
-    if (limit == -1 && PyErr_Occurred()) { Py_DECREF(kinfo); return NULL; }
-    /* one whole record; no Python code runs between these appends */
-    if (PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 1)) < 0 ||
-        PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 2)) < 0 ||
-        PyList_Append(self->buf, PyList_GET_ITEM(self->nsctx, 1)) < 0 ||
-        PyList_Append(self->buf, self->op) < 0 || PyList_Append(self->buf, v) < 0) {
-        Py_DECREF(kinfo);
-        return NULL;
+    PyObject *lim = PyList_GET_ITEM(self->cell, 0);
+    Py_ssize_t limit = small_nonneg(lim);
+    if (limit < 0) {
+        limit = PyLong_AsSsize_t(lim);
+        if (limit == -1 && PyErr_Occurred()) { Py_DECREF(kinfo); return NULL; }
     }
-    Py_DECREF(kinfo);
-    if (PyList_GET_SIZE(self->buf) >= limit) {
+    Py_ssize_t len;
+    if (self->rb != NULL) {
+        PyObject *nsb = PyList_GET_ITEM(self->nsctx, 1);
+        Py_INCREF(nsb);
+        rc = rb_append(self->rb, PyTuple_GET_ITEM(kinfo, 1), PyTuple_GET_ITEM(kinfo, 2), nsb,
+                       self->opc, v, ok && self->is_int && self->rb->vkind == VK_INT64, x);
+        Py_DECREF(nsb);
+        Py_DECREF(kinfo);
+        if (rc < 0) return NULL;
+        len = self->rb->n * WIDTH;
+    } else {
+        /* one whole record; no Python code runs between these appends */
+        if (PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 1)) < 0 ||
+            PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 2)) < 0 ||
+            PyList_Append(self->buf, PyList_GET_ITEM(self->nsctx, 1)) < 0 ||
+            PyList_Append(self->buf, self->op) < 0 || PyList_Append(self->buf, v) < 0) {
+            Py_DECREF(kinfo);
+            return NULL;
+        }
+        Py_DECREF(kinfo);
+        len = PyList_GET_SIZE(self->buf);
+    }
+    if (len >= limit) {
         PyObject *r = PyObject_CallMethodNoArgs(self->stream, s_on_buffer_full);
         if (r == NULL) return NULL;
         Py_DECREF(r);
@@ -126,14 +597,22 @@ static PyObject *make_update(PyObject *module, PyObject *args) {
     if (!PyArg_UnpackTuple(args, "make_update", 11, 11, &backend, &buf, &stream, &pytype, &lo,
                            &hi, &check, &clear, &op, &nsctx, &cell))
         return NULL;
-    if ((buf != Py_None && (!PyList_CheckExact(buf) || !PyList_CheckExact(cell) ||
+    int is_rb = Py_IS_TYPE(buf, &RecordBufferType);
+    if ((buf != Py_None && ((!is_rb && !PyList_CheckExact(buf)) || !PyList_CheckExact(cell) ||
                             PyList_GET_SIZE(cell) != 1)) ||
         !PyList_CheckExact(nsctx) || PyList_GET_SIZE(nsctx) != 2) {
         PyErr_SetString(PyExc_TypeError, "make_update: bad buffer, limit cell or namespace context");
         return NULL;
     }
+    long opc = PyLong_AsLong(op);
+    if (opc == -1 && PyErr_Occurred()) return NULL;
+    if (opc < 0 || opc > 255) {
+        PyErr_SetString(PyExc_ValueError, "make_update: op out of range");
+        return NULL;
+    }
     Update *self = PyObject_GC_New(Update, &UpdateType);
     if (self == NULL) return NULL;
+    self->opc = (int)opc;
     self->is_int = (pytype == (PyObject *)&PyLong_Type);
     self->lo = LLONG_MIN;
     self->hi = LLONG_MAX;
@@ -148,9 +627,10 @@ static PyObject *make_update(PyObject *module, PyObject *args) {
     }
     Py_INCREF(backend); self->backend = backend;
     Py_INCREF(nsctx); self->nsctx = nsctx;
-    if (buf == Py_None) { self->buf = NULL; self->stream = NULL; self->cell = NULL; }
+    if (buf == Py_None) { self->buf = NULL; self->rb = NULL; self->stream = NULL; self->cell = NULL; }
     else {
         Py_INCREF(buf); self->buf = buf;
+        self->rb = is_rb ? (RecordBuffer *)buf : NULL;
         Py_INCREF(stream); self->stream = stream;
         Py_INCREF(cell); self->cell = cell;
     }
@@ -172,7 +652,20 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "fastpath", NULL, 
 
 PyMODINIT_FUNC PyInit_fastpath(void) {
     if (PyType_Ready(&UpdateType) < 0) return NULL;
+    if (PyType_Ready(&RecordBufferType) < 0) return NULL;
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
     INTERN(s_key, "_key") INTERN(s_kinfo, "_kinfo") INTERN(s_on_buffer_full, "on_buffer_full")
-    return PyModule_Create(&moduledef);
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    Py_INCREF(&RecordBufferType);
+    if (PyModule_AddObject(m, "RecordBuffer", (PyObject *)&RecordBufferType) < 0 ||
+        PyModule_AddIntConstant(m, "VALUE_OBJECT", VK_OBJECT) < 0 ||
+        PyModule_AddIntConstant(m, "VALUE_INT64", VK_INT64) < 0 ||
+        PyModule_AddIntConstant(m, "VALUE_FLOAT64", VK_FLOAT64) < 0 ||
+        PyModule_AddIntConstant(m, "WIDTH", WIDTH) < 0) {
+        Py_DECREF(&RecordBufferType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

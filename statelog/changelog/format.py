@@ -74,6 +74,12 @@ C_VALUE = 4  # compact layout
 F_UKEY, F_VALUE, F_EXPIRES = 4, 5, 6  # full layout
 COMPACT_WIDTH = 5
 FULL_WIDTH = 7
+# A compact stream buffers its records as columns when the C extension is built
+# (``RecordBuffer`` in ``statelog/_ext/fastpath.c``): key and namespace bytes as Arrow binary,
+# key group uint16, op uint8, and the value by kind (these numbers are the C ``VK_*``):
+VALUE_OBJECT = 0  # a list of Python values, converted like the flat-list layout
+VALUE_INT64 = 1  # int64 + validity bitmap (every integer type; cast to the declared type)
+VALUE_FLOAT64 = 2  # float64 + validity bitmap
 
 META_STATE = b"statelog.state"
 COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without zstd body compression
@@ -147,8 +153,12 @@ class BlockEncoder:
 
     def __init__(self, level: int = 1) -> None:
         # Arrow's own IPC body compression runs in C++ without holding the GIL, so the
-        # flusher's compression overlaps with the task thread on another core.
-        self._ipc_options = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=level))
+        # flusher's compression overlaps with the task thread on another core. One core:
+        # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
+        # which on a small machine takes the task thread's core too.
+        self._ipc_options = pa.ipc.IpcWriteOptions(
+            compression=pa.Codec("zstd", compression_level=level), use_threads=False
+        )
         self._schemas: dict[tuple, Any] = {}
 
     def encode_batch(
@@ -158,11 +168,14 @@ class BlockEncoder:
         user_key_type: ValueType | None,
         is_list: bool,
         seqs: list[int] | tuple[int, int],
-        cols: list[list[Any]],
+        cols: list[Any],
+        kg_range: tuple[int, int] | None = None,
     ) -> EncodedBatch:
         """Convert records given as columns (compact or full layout) to Arrow.
 
-        ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones.
+        ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones. A
+        column is a list of Python values or an Arrow array of its stored type (columns from
+        :func:`compact_columns`). ``kg_range`` is ``(min, max)`` of the key groups when known.
         """
         n = len(cols[C_KEY])
         compact = len(cols) == COMPACT_WIDTH
@@ -176,14 +189,16 @@ class BlockEncoder:
             schema = cached[0]
         if isinstance(seqs, tuple):
             first, count = seqs
-            seq_arr = pc.add(_iota(count), pa.scalar(first, pa.int64()))
+            seq_arr = _seq(first, count)
             last = first + count - 1
         else:
             seq_arr = pa.array(seqs, pa.int64())
             first, last = seqs[0], seqs[-1]
-        kgs = pa.array(cols[C_KG], pa.uint16())
+        kgs = _array(cols[C_KG], pa.uint16())
         values = cols[C_VALUE if compact else F_VALUE]
-        if is_list:
+        if isinstance(values, pa.Array):
+            value_arr = values
+        elif is_list:
             if value_type is PICKLE:
                 dumps = pickle.dumps
                 values = [None if v is None else [dumps(x, protocol=5) for x in v] for v in values]
@@ -191,7 +206,7 @@ class BlockEncoder:
         else:
             value_arr = to_arrow(values, value_type)
         if user_key_type is None or compact:
-            ukey_arr = pa.nulls(n, schema.field("user_key").type)
+            ukey_arr = _nulls(n, schema.field("user_key").type)
         else:
             ukey_arr = to_arrow(cols[F_UKEY], user_key_type)
         batch = pa.record_batch(
@@ -199,16 +214,18 @@ class BlockEncoder:
                 seq_arr,
                 kgs,
                 _column(cols[C_OP], pa.uint8()),
-                pa.array(cols[C_KEY], pa.binary()),
+                _array(cols[C_KEY], pa.binary()),
                 _column(cols[C_NS], pa.binary()),
                 ukey_arr,
                 value_arr,
-                pa.nulls(n, pa.int64()) if compact else _column(cols[F_EXPIRES], pa.int64()),
+                _nulls(n, pa.int64()) if compact else _column(cols[F_EXPIRES], pa.int64()),
             ],
             schema=schema,
         )
-        mm = pc.min_max(kgs)
-        return EncodedBatch(batch, first, last, mm["min"].as_py(), mm["max"].as_py())
+        if kg_range is None:
+            mm = pc.min_max(kgs)
+            kg_range = (mm["min"].as_py(), mm["max"].as_py())
+        return EncodedBatch(batch, first, last, kg_range[0], kg_range[1])
 
     def write_block(self, batches: list[EncodedBatch]) -> tuple[bytes, int, int]:
         """Serialize the batches of one (stream, state) as one block.
@@ -224,7 +241,7 @@ class BlockEncoder:
             for b in batches:
                 w.write_batch(b.batch)
         stored = sink.getvalue().to_pybytes()
-        raw = sum(b.batch.nbytes for b in batches) if compress else len(stored)
+        raw = sum(batch_nbytes(b.batch) for b in batches) if compress else len(stored)
         return stored, raw, zlib.crc32(stored)
 
 
@@ -244,6 +261,67 @@ _NONE_NS = b"\x00"  # the serialized default namespace (None)
 _CONSTANTS: dict[tuple[Any, Any], pa.Array] = {}
 
 
+_ARANGE = getattr(pa, "arange", None)  # pyarrow >= 19
+
+
+def _seq(first: int, count: int) -> pa.Array:
+    """``[first, first + 1, ..., first + count - 1]`` as int64."""
+    if _ARANGE is not None:
+        return _ARANGE(first, first + count)
+    return pc.add(_iota(count), pa.scalar(first, pa.int64()))
+
+
+_NULLS: dict[tuple[int, pa.DataType], pa.Array] = {}
+
+
+def _nulls(n: int, type_: pa.DataType) -> pa.Array:
+    """``pa.nulls(n, type_)``, cached per length and type (the batch size recurs)."""
+    key = (n, type_)
+    a = _NULLS.get(key)
+    if a is None:
+        if len(_NULLS) >= 64:
+            _NULLS.clear()
+        a = _NULLS[key] = pa.nulls(n, type_)
+    return a
+
+
+def batch_nbytes(batch: pa.RecordBatch) -> int:
+    """``batch.nbytes`` (the bytes of the buffer ranges its columns reference), computed
+    directly for the column types of change records; other types ask Arrow, whose
+    ``nbytes`` builds a table of byte ranges (tens of microseconds per batch)."""
+    total = 0
+    for a in batch.columns:
+        kind = _NBYTES_KIND.get(a.type)
+        if kind is None:
+            kind = _NBYTES_KIND[a.type] = _nbytes_kind(a.type)
+        if kind == 0:  # null: no buffers
+            continue
+        if kind == -1:
+            total += a.nbytes
+            continue
+        off, n = a.offset, len(a)
+        if kind == 1:  # binary: int32 offsets + the referenced values
+            total += 4 * n + a.total_values_length
+        else:  # fixed width, ``kind`` bits per value
+            total += (off * kind + n * kind + 7) // 8 - off * kind // 8
+        if a.buffers()[0] is not None:  # validity bitmap: the bytes covering bits [off, off + n)
+            total += (off % 8 + n + 7) // 8
+    return total
+
+
+_NBYTES_KIND: dict[pa.DataType, int] = {}
+
+
+def _nbytes_kind(t: pa.DataType) -> int:
+    if pa.types.is_null(t):
+        return 0
+    if pa.types.is_binary(t):
+        return 1
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return t.bit_width
+    return -1
+
+
 def _iota(n: int) -> pa.Array:
     """``[0, 1, ..., n-1]`` as int64 (a zero-copy slice of a cached array)."""
     if n > len(_IOTA[0]):
@@ -251,8 +329,14 @@ def _iota(n: int) -> pa.Array:
     return _IOTA[0].slice(0, n)
 
 
-def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
+def _array(values: list[Any] | pa.Array, type_: pa.DataType) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, type_)
+
+
+def _column(values: list[Any] | pa.Array, type_: pa.DataType) -> pa.Array:
     """An Arrow array of ``values``; constant columns (the common case) are cached slices."""
+    if isinstance(values, pa.Array):
+        return values
     n = len(values)
     if n and values.count(values[0]) == n:
         v = values[0]
@@ -268,6 +352,46 @@ def _column(values: list[Any], type_: pa.DataType) -> pa.Array:
         return const.slice(0, n)
     return pa.array(values, type_)
 
+
+def buffer_value_kind(value_type: ValueType) -> int:
+    """How a columnar record buffer stores the values of a state of ``value_type``."""
+    if value_type is PICKLE:
+        return VALUE_OBJECT
+    if pa.types.is_integer(value_type):
+        return VALUE_INT64
+    if pa.types.is_float64(value_type):
+        return VALUE_FLOAT64
+    return VALUE_OBJECT
+
+
+def compact_columns(chunk: tuple, value_type: ValueType) -> tuple[list[Any], int, int]:
+    """The compact columns of records taken from a columnar buffer (``RecordBuffer.take()``).
+
+    Returns ``([key, key group, namespace, op, value], kg_min, kg_max)``: Arrow arrays built on
+    the taken bytes without per-record work; the value column is a list of Python values for
+    ``VALUE_OBJECT``. Values the C buffer could not store typed (its overflow list, e.g. an int
+    in a float64 state) make the value column go through :func:`to_arrow` like the flat-list
+    layout.
+    """
+    n, koff, kdata, kgs, noff, ndata, ops, vals, validity, nulls, overflow, kg_min, kg_max = chunk
+    buf = pa.py_buffer
+    key = pa.Array.from_buffers(pa.binary(), n, [None, buf(koff), buf(kdata)], null_count=0)
+    kg = pa.Array.from_buffers(pa.uint16(), n, [None, buf(kgs)], null_count=0)
+    ns = pa.Array.from_buffers(pa.binary(), n, [None, buf(noff), buf(ndata)], null_count=0)
+    op = pa.Array.from_buffers(pa.uint8(), n, [None, buf(ops)], null_count=0)
+    value: Any = vals
+    if not isinstance(vals, list):
+        storage = pa.int64() if buffer_value_kind(value_type) == VALUE_INT64 else pa.float64()
+        bitmap = None if validity is None else buf(validity)
+        value = pa.Array.from_buffers(storage, n, [bitmap, buf(vals)], null_count=nulls)
+        if overflow:
+            py = value.to_pylist()
+            for i, v in overflow:
+                py[i] = v
+            value = to_arrow(py, value_type)
+        elif storage != value_type:
+            value = value.cast(value_type)  # validated values: always in range
+    return [key, kg, ns, op, value], kg_min, kg_max
 
 
 def decode_block(data: bytes, info: BlockInfo, object_key: str) -> pa.Table:

@@ -14,12 +14,19 @@ converts its buffer to Arrow itself (while the records are hot in its cache), an
 flusher ships the converted batches, taking raw records only from slow streams or when a
 checkpoint waits for them. A stream's position is the number of records ever appended to
 it; the records of the stream have sequence numbers ``0, 1, 2, ...``.
+
+When the C extension is built, a compact stream's buffer is a columnar ``RecordBuffer``
+(``statelog/_ext/fastpath.c``) instead of a flat list: same ``extend(record)`` and ``len``
+(in list items), but the records are stored as typed columns that become Arrow arrays
+without per-record work (:func:`statelog.changelog.format.compact_columns`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -28,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from statelog.changelog import format as fmt
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
@@ -35,6 +44,15 @@ from statelog.store.base import ObjectStore
 from statelog.store.retry import RetryPolicy, call_with_retry
 
 log = logging.getLogger(__name__)
+
+try:
+    from statelog._ext import fastpath as _fastpath
+except ImportError:  # not built: compact streams buffer flat lists
+    _fastpath = None
+# Compact streams buffer their records as columns (RecordBuffer) when the extension is built;
+# STATELOG_PURE_PYTHON=1 keeps the flat lists (the reference layout). Read when a writer is
+# created; ChangelogWriter(columnar=...) overrides it.
+COLUMNAR_BUFFERS = _fastpath is not None and os.environ.get("STATELOG_PURE_PYTHON", "") in ("", "0")
 
 CHANGELOG_PREFIX = "changelog/"
 # A busy task converts its own records; the flusher converts a partial batch only after
@@ -75,7 +93,14 @@ class ChangelogStream:
         self.info = info
         self.compact = compact
         self.width = fmt.COMPACT_WIDTH if compact else fmt.FULL_WIDTH
-        self.buf: list[Any] = []  # flat: ``width`` items per record
+        # flat list (``width`` items per record) or, for compact streams, a RecordBuffer
+        # (columns; the same ``extend`` and ``len``); ``take_raw`` empties either
+        self.columnar = compact and writer.columnar
+        self.buf: Any = (
+            _fastpath.RecordBuffer(fmt.buffer_value_kind(info.value_type))  # type: ignore[union-attr]
+            if self.columnar
+            else []
+        )
         self.append: Callable[[tuple], None] = self.buf.extend
         self.owner: Any = None  # the state writing to this stream (its ``_append`` is swapped)
         self.lock = threading.Lock()
@@ -127,22 +152,32 @@ class ChangelogStream:
         if self.buffered >= w.max_buffered_records:
             w._wait_drained(self)
 
+    def take_raw(self) -> tuple[Any, int]:
+        """Remove the buffered records: ``(raw, count)`` for ``writer._encode`` (call under
+        ``self.lock``). The task may append meanwhile: a RecordBuffer hands over every record
+        at once; a list is sliced up to the length read first (the task only appends past it).
+        """
+        buf = self.buf
+        if self.columnar:
+            raw = buf.take()
+            return raw, raw[0]
+        n = len(buf)
+        width = self.width
+        cols = [buf[i:n:width] for i in range(width)]
+        del buf[:n]
+        return cols, n // width
+
     def encode_buffer(self) -> None:
         w = self.writer
         with self.lock:
-            buf = self.buf
-            n = len(buf)
-            if n == 0:
+            if len(self.buf) == 0:
                 return
-            width = self.width
-            cols = [buf[i:n:width] for i in range(width)]
-            del buf[:n]
+            raw, count = self.take_raw()
             start = self.taken + self.encoded_records
-            count = n // width
             seals = sorted(p - start for p in self.seals if start < p < start + count)
             self.seals = [p for p in self.seals if p > start + count]
             try:
-                batches = w._encode(self, start, cols, seals)
+                batches = w._encode(self, start, raw, seals)
             except BaseException as e:
                 w._fail(e)
                 raise w._failed_error() from e
@@ -195,6 +230,7 @@ class ChangelogWriter:
         retry: RetryPolicy | None = None,
         encode_in_task: bool = True,
         encode_batch_records: int = 4096,
+        columnar: bool | None = None,
     ) -> None:
         if persist_delay < 0:
             raise ConfigError(f"persist_delay must be >= 0 seconds, got {persist_delay!r}")
@@ -208,6 +244,8 @@ class ChangelogWriter:
         self.max_inflight_bytes = max_inflight_bytes
         self.coalesce = coalesce
         self.encode_in_task = encode_in_task
+        # columnar buffers for compact streams (None: COLUMNAR_BUFFERS; needs the extension)
+        self.columnar = (COLUMNAR_BUFFERS if columnar is None else columnar) and _fastpath is not None
         self.encode_batch_records = max(1, min(encode_batch_records, max_buffered_records))
         self.retry = retry or RetryPolicy()
         self._encoder = fmt.BlockEncoder(compression_level)
@@ -392,7 +430,8 @@ class ChangelogWriter:
         err = self._failed_error()
         for _, fut in waiters:
             if not fut.done():
-                fut.set_exception(err)
+                with contextlib.suppress(cf.InvalidStateError):  # cancelled meanwhile
+                    fut.set_exception(err)
 
     def _flush_once(self) -> None:
         if self._failure is not None:
@@ -402,12 +441,11 @@ class ChangelogWriter:
                 self._update_throttle_locked()
                 self._cond.wait(0.05)
         taken: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]] = []
-        raw: list[tuple[int, list[list[Any]] | None, list[int]]] = []
+        raw: list[tuple[int, Any, list[int]]] = []
         now = time.monotonic()
         for s in list(self._streams.values()):
             with s.lock:
-                buf = s.buf
-                n = len(buf)
+                n = len(s.buf)
                 # A busy task converts its records itself, batch by batch: ship those and leave
                 # the partial batch to it, unless a checkpoint waits for it or the task has not
                 # completed a batch within the persist delay (a slow stream).
@@ -420,15 +458,12 @@ class ChangelogWriter:
                     n = 0
                 if n == 0 and not s.encoded:
                     continue
-                width = s.width
-                # the task only appends past n, so slicing the live list is safe
-                cols = [buf[i:n:width] for i in range(width)] if n else None
-                del buf[:n]
+                cols, count = s.take_raw() if n else (None, 0)
                 encoded, s.encoded = s.encoded, []
                 start = s.taken
                 raw_start = start + s.encoded_records
                 s.encoded_records = 0
-                s.taken = raw_start + n // width
+                s.taken = raw_start + count
                 s._pending.append([start, s.taken, None])
                 seals = sorted(p - raw_start for p in s.seals if raw_start < p < s.taken)
                 s.seals = [p for p in s.seals if p > s.taken]
@@ -477,28 +512,42 @@ class ChangelogWriter:
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
 
     def _encode(
-        self, stream: ChangelogStream, start: int, cols: list[list[Any]], seals: list[int]
+        self, stream: ChangelogStream, start: int, raw: Any, seals: list[int]
     ) -> list[fmt.EncodedBatch]:
-        """Convert a chunk (as columns) to Arrow, coalescing first if enabled.
+        """Convert a chunk (from ``stream.take_raw``) to Arrow, coalescing first if enabled.
 
         Coalescing never crosses a sealed checkpoint position: records before it must stay
         visible to that checkpoint.
         """
+        info = stream.info
+        kg_range: tuple[int, int] | None = None
+        if isinstance(raw, tuple):  # taken from a RecordBuffer
+            cols, kg_min, kg_max = fmt.compact_columns(raw, info.value_type)
+            kg_range = (kg_min, kg_max)
+        else:
+            cols = raw
         n = len(cols[0])
         seqs: list[int] | tuple[int, int] = (start, n)
         if self.coalesce:
+            # the identity columns as lists (Arrow columns converted back)
+            ident = [fmt.C_KEY, fmt.C_NS, fmt.C_OP] + ([] if stream.compact else [fmt.F_UKEY])
+            pycols: list[Any] = [None] * len(cols)
+            for i in ident:
+                pycols[i] = cols[i].to_pylist() if isinstance(cols[i], pa.Array) else cols[i]
             keep: list[int] = []
             bounds = [0, *seals, n]
             for lo, hi in zip(bounds, bounds[1:], strict=False):
-                keep.extend(lo + i for i in _coalesce([c[lo:hi] for c in cols], stream.compact))
+                part = [None if c is None else c[lo:hi] for c in pycols]
+                keep.extend(lo + i for i in _coalesce(part, stream.compact))
             if len(keep) < n:
-                cols = [[c[i] for i in keep] for c in cols]
+                idx = pa.array(keep, pa.int64())
+                cols = [c.take(idx) if isinstance(c, pa.Array) else [c[i] for i in keep] for c in cols]
                 seqs = [start + i for i in keep]
-        info = stream.info
+                kg_range = None
         return [
             self._encoder.encode_batch(
                 info.name, info.value_type, info.user_key_type,
-                info.kind is StateKind.LIST, seqs, cols,
+                info.kind is StateKind.LIST, seqs, cols, kg_range,
             )
         ]
 
@@ -544,10 +593,11 @@ class ChangelogWriter:
                     s._waiters = keep
         for w, upto in resolved:
             if not w.done():
-                w.set_result(upto)
+                with contextlib.suppress(cf.InvalidStateError):  # cancelled by its owner meanwhile
+                    w.set_result(upto)
 
 
-def _coalesce(cols: list[list[Any]], compact: bool) -> list[int]:
+def _coalesce(cols: list[Any], compact: bool) -> list[int]:
     """Indexes of the records (of one state's chunk, as columns) that survive coalescing.
 
     A record is dropped when a later record of the same key and namespace overwrites the

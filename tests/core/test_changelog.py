@@ -9,7 +9,15 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+import statelog.changelog.writer as writer_mod
+from statelog import (
+    PICKLE,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+from statelog.changelog import format as fmt
 from statelog.changelog.reader import SegmentReader
 from statelog.errors import (
     CheckpointAbortedError,
@@ -298,3 +306,197 @@ def test_a_range_whose_segments_leave_a_gap_fails_instead_of_skipping_records(tm
     with pytest.raises(CorruptionError, match="does not hold records") as e:
         list(reader.read_range(rng.stream, rng.start, rng.end, rng.key_groups, (wrong,)))
     assert wrong.name in str(e.value)
+
+
+# -- columnar record buffers (statelog/_ext/fastpath.c RecordBuffer) ---------------------------
+
+needs_ext = pytest.mark.skipif(writer_mod._fastpath is None, reason="the C extension is not built")
+
+MIXED = [
+    COUNT,
+    ValueStateDescriptor("small", pa.int8()),  # int64 storage, cast to int8
+    ValueStateDescriptor("big", pa.uint64()),  # values past int64 go through the overflow list
+    ValueStateDescriptor("real", pa.float64()),  # ints go through the overflow list
+    ValueStateDescriptor("f32", pa.float32()),  # Python objects
+    ValueStateDescriptor("text", pa.string()),  # Python objects
+    ValueStateDescriptor("obj", PICKLE),  # Python objects
+    ReducingStateDescriptor("sum", pa.int64(), reduce_fn=lambda a, b: a + b),
+    ListStateDescriptor("l", pa.int64()),  # full layout: a flat list either way
+]
+
+
+def _mixed_workload(b, lo, hi):
+    states = [b.get_state(d) for d in MIXED]
+    count, small, big, real, f32, text, obj, total, lst = states
+    for i in range(lo, hi):
+        b.set_current_key(i % 37 if i % 5 else ("k", i % 7))
+        for st in states:
+            st.set_namespace(None if i % 3 else ("w", i % 4))
+        count.update(count.value() + 1)
+        small.update(i % 100 - 50)
+        big.update(2**64 - 1 - i if i % 2 else i)
+        real.update(i if i % 4 == 0 else (float("nan") if i % 4 == 1 else i / 3))
+        f32.update(i / 7)
+        text.update(f"t{i}")
+        obj.update({"i": i})
+        total.add(i)
+        lst.add(i)
+        if i % 11 == 0:
+            count.update(None)
+            big.clear()
+            real.update(None)
+            text.clear()
+        b.timers.register_event_time_timer(i)
+        if i % 13 == 0:
+            b.timers.delete_event_time_timer(i - 1)
+    return states
+
+
+def _segment_blocks(job):
+    """Every block of every segment: its index entry (without byte counts, which depend on
+    how Arrow pads the buffers it is given) and its decoded content."""
+    reader = SegmentReader(job.store)
+    out = []
+    for obj in sorted(job.store.list("changelog/"), key=lambda o: o.key):
+        footer = reader.verify_segment(obj.key)
+        data = job.store.get(obj.key)
+        for i in footer.blocks:
+            info = (i.state, i.rows, i.first_seq, i.last_seq, i.kg_min, i.kg_max)
+            table = fmt.decode_block(data[i.offset : i.offset + i.length], i, obj.key)
+            out.append((info, table.schema, repr(table.to_pydict())))  # repr: NaN != NaN
+    return out
+
+
+@needs_ext
+@pytest.mark.parametrize("coalesce", [False, True])
+@pytest.mark.parametrize("batch", [4096, 7])
+def test_columnar_buffers_write_the_same_segments_as_flat_lists(tmp_path, monkeypatch, coalesce, batch):
+    """Same records, same blocks: the columnar buffer only changes how the records wait in
+    memory. ``batch`` 7 makes the task convert many small batches."""
+
+    def run(columnar):
+        monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", columnar)
+        root = (tmp_path / str(columnar)).as_uri()
+        job = statelog.open(root, writer_options={"coalesce": coalesce, "encode_batch_records": batch})
+        b = job.backend("op")
+        _stop_flusher(job.writer)
+        _mixed_workload(b, 0, 150)
+        snap1 = b.snapshot(1)  # a seal between the two halves: coalescing keeps both sides
+        states = _mixed_workload(b, 150, 300)
+        assert [b._streams[d.name].columnar for d in MIXED] == [columnar] * 8 + [False]
+        job.writer._flush_once()
+        snap1.result(10)
+        states = _mixed_workload(b, 300, 320)
+        snap2 = b.snapshot(2)
+        job.writer._flush_once()
+        job.publish_checkpoint(2, [snap2.result(10)], {})
+        live = [len(list(st.entries())) for st in states]
+        blocks = _segment_blocks(job)
+        job.close(flush=False)
+        r = statelog.open(root).backend("op", restore=2)
+        restored = [sorted(r.get_state(d).entries(), key=repr) for d in MIXED]
+        assert [len(e) for e in restored] == live
+        return blocks, repr(restored)  # repr: NaN != NaN
+
+    (columnar, columnar_state), (flat, flat_state) = run(True), run(False)
+    assert [b[0] for b in columnar] == [b[0] for b in flat]
+    assert columnar == flat
+    assert columnar_state == flat_state
+
+
+@needs_ext
+def test_record_buffer_columns_match_pyarrow_conversion():
+    """RecordBuffer.take() + compact_columns give the arrays pa.array gives for the lists."""
+    cases = [
+        (pa.int64(), [1, None, -(2**63), 2**63 - 1, 0]),
+        (pa.uint64(), [2**64 - 1, None, 3, 2**63]),
+        (pa.int16(), [-5, None, 300]),
+        (pa.float64(), [1.5, None, 2, float("inf"), -0.0]),
+        (pa.string(), ["a", None, ""]),
+        (PICKLE, [{"a": 1}, None]),
+    ]
+    for value_type, values in cases:
+        rb = writer_mod._fastpath.RecordBuffer(fmt.buffer_value_kind(value_type))
+        recs = [(b"k%d" % i * (i + 1), (i * 7919) % 65536, b"\x00" if i % 2 else b"ns", i % 3 + 1, v)
+                for i, v in enumerate(values)]
+        for rec in recs:
+            rb.extend(rec)
+        assert len(rb) == len(recs) * fmt.COMPACT_WIDTH and rb.records == len(recs)
+        cols, kg_min, kg_max = fmt.compact_columns(rb.take(), value_type)
+        assert len(rb) == 0
+        want = [list(c) for c in zip(*recs, strict=True)]
+        assert cols[fmt.C_KEY].equals(pa.array(want[0], pa.binary()))
+        assert cols[fmt.C_KG].equals(pa.array(want[1], pa.uint16()))
+        assert cols[fmt.C_NS].equals(pa.array(want[2], pa.binary()))
+        assert cols[fmt.C_OP].equals(pa.array(want[3], pa.uint8()))
+        assert (kg_min, kg_max) == (min(want[1]), max(want[1]))
+        value = cols[fmt.C_VALUE]
+        if isinstance(value, list):
+            assert value == want[4]
+        else:
+            assert value.equals(pa.array(want[4], value_type))
+    empty = writer_mod._fastpath.RecordBuffer(1).take()
+    assert empty[0] == 0 and empty[11] > empty[12]
+
+
+@needs_ext
+def test_record_buffer_rejects_bad_records_without_appending_part_of_them():
+    rb = writer_mod._fastpath.RecordBuffer(1)
+    rb.extend((b"k", 1, b"\x00", 1, 5))
+    for bad in [
+        (b"k", 1, b"\x00", 1),  # too short
+        ("k", 1, b"\x00", 1, 5),  # key not bytes
+        (b"k", 1, None, 1, 5),  # namespace not bytes
+        (b"k", -1, b"\x00", 1, 5),  # key group out of range
+        (b"k", 65536, b"\x00", 1, 5),
+        (b"k", 1, b"\x00", 256, 5),  # op out of range
+        [b"k", 1, b"\x00", 1, 5],  # not a tuple
+    ]:
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            rb.extend(bad)
+        assert rb.records == 1
+    rb.extend((b"k2", 2, b"\x00", 1, 2**70))  # fits no int64: kept as an object
+    raw = rb.take()
+    assert raw[0] == 2 and raw[10] == [(1, 2**70)]
+
+
+@needs_ext
+def test_record_buffer_take_is_all_or_nothing_under_concurrent_appends(tmp_path, monkeypatch):
+    """The flusher takes whole records while a task thread appends through the C update."""
+    monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", True)
+    job = statelog.open(tmp_path.as_uri(), writer_options={"persist_delay": 0.0005})
+    b = job.backend("op")
+    count = b.get_state(COUNT)
+    assert b._streams["count"].columnar
+    for i in range(60_000):
+        b.set_current_key(i % 1000)
+        count.update(i)
+    meta = job.checkpoint(sources={})
+    job.close()
+    r = statelog.open(tmp_path.as_uri()).backend("op", restore=meta)
+    got = {k: v for k, _, v in r.get_state(COUNT).entries()}
+    assert got == {k: 59_000 + k for k in range(1000)}
+
+
+def test_batch_nbytes_is_arrow_nbytes():
+    """The footer's raw_length is documented as the sum of RecordBatch.nbytes."""
+    n = 300
+    cols = [
+        pa.array([1, None, 3] * 100, pa.int64()),
+        pa.array([b"ab", b"", None] * 100, pa.binary()),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, pa.null()),
+        pa.array(["x", "yz", None] * 100, pa.large_string()),
+        pa.array([1.5, None, 2.0] * 100, pa.float32()),
+        pa.array([True, False, None] * 100),
+        pa.array([[1], None, [2, 3]] * 100),
+        pa.array([1, 2, 3] * 100, pa.uint16()),
+        pa.array(["é", "yz", None] * 100, pa.string()),
+        pa.array([1, 2, 3] * 100, pa.int8()),
+        pa.array([{"a": 1}, None, {"a": 2}] * 100),
+        pa.repeat(pa.scalar(b"\x00", pa.binary()), 4096).slice(0, n),
+    ]
+    batch = pa.RecordBatch.from_arrays(cols, names=[str(i) for i in range(len(cols))])
+    for off, length in [(0, n), (3, 50), (7, 1), (13, 200), (0, 0), (n - 1, 1), (1, n - 1)]:
+        part = batch.slice(off, length)
+        assert fmt.batch_nbytes(part) == part.nbytes

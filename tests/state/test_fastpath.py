@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
+import statelog.changelog.writer as writer_mod
 import statelog.state.kinds as kinds
 from statelog import ValueStateDescriptor
 from statelog.errors import StateTypeError
@@ -55,6 +56,30 @@ def test_c_and_python_updates_agree(tmp_path, monkeypatch, value_type, values):
     c = _run(tmp_path, False, monkeypatch, value_type, values)
     py = _run(tmp_path, True, monkeypatch, value_type, values)
     assert c == py
+
+
+@pytest.mark.parametrize("value_type, values", CASES, ids=[str(c[0]) for c in CASES])
+def test_c_update_on_columnar_buffers_agrees_with_python_on_flat_lists(
+    tmp_path, monkeypatch, value_type, values
+):
+    """The fast configuration against the reference one (pure Python, flat-list buffers)."""
+    monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", True)
+    c = _run(tmp_path / "c", False, monkeypatch, value_type, values)
+    monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", False)
+    py = _run(tmp_path / "py", True, monkeypatch, value_type, values)
+    assert c == py
+
+
+def test_stream_buffers_follow_the_switch(tmp_path, monkeypatch):
+    for columnar in (True, False):
+        monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", columnar)
+        job = statelog.open((tmp_path / str(columnar)).as_uri())
+        b = job.backend("op")
+        b.get_state(ValueStateDescriptor("v", pa.int64()))
+        stream = b._streams["v"]
+        assert stream.columnar is columnar
+        assert type(stream.buf).__name__ == ("RecordBuffer" if columnar else "list")
+        job.close()
 
 
 def test_c_update_respects_back_pressure_and_namespaces(tmp_path):
