@@ -12,40 +12,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
-import re
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 from statelog.errors import ConfigError
+from tools.output import NONE, _console, _json, _row, _table, human_bytes
 from tools.roots import Root, open_root, resolve_checkpoint_id
 
 log = logging.getLogger("tools.cli")
 
 EXIT_OK, EXIT_FAULTS = 0, 1
-NONE = "-"
 
 # -- argument values -----------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def parse_duration(text: str, option: str = "duration") -> float:
-    """``"30s"``, ``"10m"``, ``"1h"``, ``"1.5h"``, ``"2d"``, ``"500ms"`` or plain seconds (``"0"``)."""
-    m = _DURATION.match(text or "")
-    if m is None:
-        raise ConfigError(
-            f"{option}: invalid duration {text!r}; use a number with an optional unit ms, s, m, h or d "
-            "(e.g. 30s, 10m, 1h, or 0; a plain number is seconds)"
-        )
-    return float(m.group(1)) * _UNITS[(m.group(2) or "s").lower()]
+    """``"30s"``, ``"10m"``, ``"1h"``, ``"500ms"``, ``"2d"`` or plain seconds, named by ``option``."""
+    from tools.cli_materializer import parse_duration as parse
+
+    try:
+        return parse(text)
+    except ConfigError as e:
+        raise ConfigError(f"{option}: {e}") from None
 
 
 def parse_count(text: str, option: str) -> int:
@@ -88,23 +76,12 @@ def register(commands: Any, command: Any) -> None:
                         help="delete even if retained checkpoints still build on the savepoint's files")
 
 
-def _verbosity(args: argparse.Namespace) -> int:
-    return int(getattr(args, "verbose", 0)) + int(getattr(args, "verbose_sub", 0))
-
-
 @contextlib.contextmanager
 def _session(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Root]:
-    """The opened root (which must hold a job), with ``materializer`` logs at the CLI's verbosity."""
-    logger = logging.getLogger("materializer")
-    saved = logger.level
-    v = _verbosity(args)
-    logger.setLevel(logging.WARNING if v <= 0 else logging.INFO if v == 1 else logging.DEBUG)
-    try:
-        with open_root(args.root, options) as root:
-            root.require_job()
-            yield root
-    finally:
-        logger.setLevel(saved)
+    """The opened root, which must hold a job (logging to stderr is set up by ``tools.cli``)."""
+    with open_root(args.root, options) as root:
+        root.require_job()
+        yield root
 
 
 def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
@@ -151,34 +128,6 @@ def cmd_savepoint_delete(args: argparse.Namespace, options: dict[str, Any]) -> i
 
 
 # -- rendering -----------------------------------------------------------------------------------
-
-
-def _console() -> Console:
-    return Console(file=sys.stdout, highlight=False, markup=False)
-
-
-def _json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _table(title: str | None, *columns: str, right: Sequence[str] = ()) -> Table:
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for c in columns:
-        table.add_column(c, justify="right" if c in right else "left", overflow="fold")
-    return table
-
-
-def _row(table: Table, *cells: Any) -> None:
-    table.add_row(*(Text(NONE if c is None else str(c)) for c in cells))
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _ids(ids: Sequence[int]) -> str:

@@ -130,22 +130,6 @@ def register(commands: Any, command: Any) -> None:
     command(sub, "status", cmd_status, "show the lease holder and the newest materialization of ROOT")
 
 
-def _verbosity(args: argparse.Namespace) -> int:
-    return int(getattr(args, "verbose", 0)) + int(getattr(args, "verbose_sub", 0))
-
-
-@contextlib.contextmanager
-def _materializer_logging(verbosity: int) -> Iterator[None]:
-    """``tools.output.log_to_stderr`` covers ``statelog`` and ``tools``; add ``materializer``."""
-    logger = logging.getLogger("materializer")
-    saved = logger.level
-    logger.setLevel(logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG)
-    try:
-        yield
-    finally:
-        logger.setLevel(saved)
-
-
 @contextlib.contextmanager
 def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGTERM and SIGINT set ``stop`` (a second SIGINT interrupts at once)."""
@@ -269,7 +253,7 @@ def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
                 previous[:] = [key]
 
         daemon.on_cycle = on_cycle
-        with _materializer_logging(_verbosity(args)), _stop_on_signals(stop), \
+        with _stop_on_signals(stop), \
                 (view if view is not None else contextlib.nullcontext()):
             last = daemon.run(stop, once=args.once)
     finally:

@@ -28,15 +28,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from statelog import errors as statelog_errors
 from statelog.errors import StatelogError
 from statelog.job import StateJob
+from tools.output import _console, _json, _row, _table
 
 EXIT_OK = 0
-NONE = "-"
 METADATA_VIEW_PREFIX = "statelog_"
 
 
@@ -386,20 +384,3 @@ def _cell(v: Any) -> str | None:
     return json.dumps(_plain(v), default=str)
 
 
-def _console() -> Console:
-    return Console(file=sys.stdout, highlight=False, markup=False)
-
-
-def _json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-
-
-def _table(title: str | None, *columns: str, right: Sequence[str] = ()) -> Table:
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for c in columns:
-        table.add_column(c, justify="right" if c in right else "left", overflow="fold")
-    return table
-
-
-def _row(table: Table, *cells: Any) -> None:
-    table.add_row(*(Text(NONE if c is None else str(c)) for c in cells))
