@@ -365,7 +365,7 @@ class Materializer:
             tail = self._read_tail(h, stats)
             for name, info in sorted(infos.items()):
                 out = files.setdefault(name, [])
-                self._state(info, h, bases, tail.get(name, []), unit, idx, len(infos), dir_, self_contained,
+                self._state(info, h, bases, tail.get(name, []), unit, idx, dir_, self_contained,
                             out, futures, stats)
         for f in futures:
             f.result()
@@ -400,7 +400,6 @@ class Materializer:
         tail_tables: list[pa.Table],
         unit: int,
         op_idx: int,
-        _n_states: int,
         dir_: str,
         self_contained: bool,
         out: list[TableFile],

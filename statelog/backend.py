@@ -43,7 +43,6 @@ from statelog.errors import (
 )
 from statelog.keys import (
     KeyGroupRange,
-    decode_key,
     decode_key_array,
     encode_key,
     key_group_of_bytes,
@@ -340,12 +339,6 @@ class KeyedStateBackend:
 
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
         return self.get_state(descriptor)
-
-    def _decode(self, kb: bytes) -> Any:
-        key = self._decoded_keys.get(kb)
-        if key is None:
-            key = self._decoded_keys[kb] = decode_key(kb)
-        return key
 
     def _load_base(self, state: KeyedState) -> None:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""

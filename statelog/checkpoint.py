@@ -24,6 +24,28 @@ CHECKPOINT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # v1: written before materializations existed (no base)
 
 
+def dump_checked(body: dict[str, Any]) -> bytes:
+    """``{"crc32": CRC-32 of the canonical JSON of body, "body": body}`` as canonical JSON."""
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def load_checked(data: bytes, key: str, what: str) -> dict[str, Any]:
+    """The verified body of a :func:`dump_checked` object; ``what`` names it in errors."""
+    try:
+        wrapped = json.loads(data)
+        body = wrapped["body"]
+        crc = wrapped["crc32"]
+        if not isinstance(body, dict):
+            raise TypeError("body is not a JSON object")
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptionError(f"{what} {key} is not valid JSON of the expected shape: {e}", key=key) from None
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    if zlib.crc32(canon) != crc:
+        raise CorruptionError(f"{what} {key}: checksum mismatch; the object is corrupt", key=key)
+    return body
+
+
 @dataclass(frozen=True)
 class MaterializedPart:
     """The key groups ``key_groups`` of a materialization (manifest object key) as a base."""
@@ -198,30 +220,11 @@ class CheckpointMetadata:
         }
 
     def to_bytes(self) -> bytes:
-        body = self.body()
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        wrapped = {"crc32": zlib.crc32(canon), "body": body}
-        return json.dumps(wrapped, sort_keys=True, separators=(",", ":")).encode("utf-8")
+        return dump_checked(self.body())
 
     @staticmethod
     def from_bytes(data: bytes, object_key: str) -> CheckpointMetadata:
-        try:
-            wrapped = json.loads(data)
-            body = wrapped["body"]
-            crc = wrapped["crc32"]
-            if not isinstance(body, dict):
-                raise TypeError("body is not a JSON object")
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(
-                f"checkpoint metadata {object_key} is not valid JSON of the expected shape: {e}",
-                key=object_key,
-            ) from None
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-        if zlib.crc32(canon) != crc:
-            raise CorruptionError(
-                f"checkpoint metadata {object_key}: checksum mismatch; the object is corrupt",
-                key=object_key,
-            )
+        body = load_checked(data, object_key, "checkpoint metadata")
         if body.get("format") != CHECKPOINT_FORMAT:
             raise CorruptionError(f"{object_key} is not checkpoint metadata", key=object_key)
         if body.get("version") not in READABLE_VERSIONS:

@@ -16,7 +16,6 @@ files of its base by their original path.
 from __future__ import annotations
 
 import io
-import json
 import pickle
 import re
 import zlib
@@ -29,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from statelog.changelog.format import TIMER_STATES
+from statelog.checkpoint import dump_checked, load_checked
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, CorruptionError, FormatVersionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange
@@ -200,23 +200,11 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
-        body = self.body()
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True, separators=(",", ":")).encode()
+        return dump_checked(self.body())
 
     @staticmethod
     def from_bytes(data: bytes, key: str) -> Manifest:
-        try:
-            wrapped = json.loads(data)
-            body = wrapped["body"]
-            crc = wrapped["crc32"]
-            if not isinstance(body, dict):
-                raise TypeError("body is not a JSON object")
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(f"materialization manifest {key} is not valid JSON of the expected shape: {e}", key=key) from None
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        if zlib.crc32(canon) != crc:
-            raise CorruptionError(f"materialization manifest {key}: checksum mismatch; the object is corrupt", key=key)
+        body = load_checked(data, key, "materialization manifest")
         if body.get("format") != MANIFEST_FORMAT:
             raise CorruptionError(f"{key} is not a materialization manifest", key=key)
         if body.get("version") != MANIFEST_VERSION:
