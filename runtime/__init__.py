@@ -35,7 +35,7 @@ from runtime.functions import (
 )
 from runtime.restart import ExponentialBackoff, FailureRate, FixedDelay, NoRestart, RestartStrategy
 from runtime.sinks import CollectSink, FileSink, PrintSink, Sink, committed_files, read_committed
-from runtime.sources import FileSource, GeneratorSource, Source, WatermarkStrategy
+from runtime.sources import FileSource, GeneratorSource, ParquetSource, Source, WatermarkStrategy
 from runtime.windows import SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "KeyedStream",
     "NoRestart",
     "NonRestoredStateError",
+    "ParquetSource",
     "PrintSink",
     "ProcessContext",
     "RestartStrategy",

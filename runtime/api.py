@@ -78,6 +78,18 @@ class JobConfig:
     channel_capacity: int = 8  # frames queued per channel before back-pressure
     start_method: str = "forkserver"
     worker_log_level: int | None = None
+    # options of a background materializer run by the job master (None: none runs)
+    materializer: dict[str, Any] | None = None
+
+
+def _check_materializer_options(daemon: type, options: Mapping[str, Any]) -> None:
+    import inspect
+
+    params = inspect.signature(daemon.__init__).parameters
+    allowed = sorted(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n not in ("owner", "clock", "progress"))
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise JobGraphError(f"unknown materializer option(s) {unknown}; use some of {allowed}")
 
 
 class StreamExecutionEnvironment:
@@ -100,6 +112,7 @@ class StreamExecutionEnvironment:
         batch_size: int = 256,
         channel_capacity: int = 8,
         start_method: str = "forkserver",
+        materializer: bool | Mapping[str, Any] | None = None,
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)
@@ -128,6 +141,19 @@ class StreamExecutionEnvironment:
             raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
         if type(batch_size) is not int or batch_size < 1 or type(channel_capacity) is not int or channel_capacity < 1:
             raise JobGraphError("batch_size and channel_capacity must be ints >= 1")
+        if materializer is True:
+            materializer = {}
+        elif materializer is False:
+            materializer = None
+        if materializer is not None and not isinstance(materializer, Mapping):
+            raise JobGraphError(
+                "materializer must be True, False, None or a dict of materializer options "
+                f"(interval_s, max_tail_bytes, ...), got {type(materializer).__name__}"
+            )
+        if materializer is not None:
+            from materializer.daemon import MaterializerDaemon
+
+            _check_materializer_options(MaterializerDaemon, materializer)
         self.config = JobConfig(
             parallelism=parallelism,
             max_parallelism=max_parallelism,
@@ -142,6 +168,7 @@ class StreamExecutionEnvironment:
             batch_size=batch_size,
             channel_capacity=channel_capacity,
             start_method=start_method,
+            materializer=None if materializer is None else dict(materializer),
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
         self.graph = StreamGraph()

@@ -182,6 +182,9 @@ class JobMaster:
             retain_checkpoints=cfg.retain_checkpoints,
         )
         try:
+            if cfg.materializer is not None:
+                opts = {"retain_checkpoints": cfg.retain_checkpoints, **cfg.materializer}
+                self.job.start_materializer(**opts)  # stopped by job.close()
             meta = self.job.resolve_checkpoint(self.restore)
             if self.restore is not None and meta is None:
                 log.info("restore=%r: no checkpoint yet, starting empty", self.restore)
