@@ -34,7 +34,7 @@ from runtime.operators import (
     MapOperator,
     StreamOperator,
 )
-from runtime.restart import FixedDelay, RestartStrategy
+from runtime.restart import FixedDelay, NoRestart, RestartStrategy
 from runtime.sinks import Sink
 from runtime.sources import Source, WatermarkStrategy
 from runtime.windows import WindowAssigner, WindowOperator
@@ -45,6 +45,11 @@ from statelog.types import PICKLE
 if TYPE_CHECKING:
     from runtime.client import JobClient
     from runtime.driver import JobResult
+
+
+CHANGELOG = "changelog"
+FULL_SNAPSHOT = "full-snapshot"
+STATE_BACKENDS = (CHANGELOG, FULL_SNAPSHOT)
 
 
 class CheckpointingMode(StrEnum):
@@ -80,6 +85,8 @@ class JobConfig:
     worker_log_level: int | None = None
     # options of a background materializer run by the job master (None: none runs)
     materializer: dict[str, Any] | None = None
+    # "changelog" (statelog) or "full-snapshot" (the benchmark baseline, see docs/runtime.md)
+    state_backend: str = "changelog"
 
 
 def _check_materializer_options(daemon: type, options: Mapping[str, Any]) -> None:
@@ -113,6 +120,7 @@ class StreamExecutionEnvironment:
         channel_capacity: int = 8,
         start_method: str = "forkserver",
         materializer: bool | Mapping[str, Any] | None = None,
+        state_backend: str = "changelog",
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)
@@ -141,6 +149,17 @@ class StreamExecutionEnvironment:
             raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
         if type(batch_size) is not int or batch_size < 1 or type(channel_capacity) is not int or channel_capacity < 1:
             raise JobGraphError("batch_size and channel_capacity must be ints >= 1")
+        if state_backend not in STATE_BACKENDS:
+            raise JobGraphError(f"unknown state_backend {state_backend!r}; use one of {list(STATE_BACKENDS)}")
+        if state_backend == FULL_SNAPSHOT:
+            if restart_strategy is not None and not isinstance(restart_strategy, NoRestart):
+                raise JobGraphError(
+                    "state_backend='full-snapshot' is a benchmark baseline whose checkpoints cannot be "
+                    "restored: it runs without restarts (leave restart_strategy unset)"
+                )
+            if materializer:
+                raise JobGraphError("state_backend='full-snapshot' writes no changelog: there is nothing to materialize")
+            restart_strategy = NoRestart()
         if materializer is True:
             materializer = {}
         elif materializer is False:
@@ -169,6 +188,7 @@ class StreamExecutionEnvironment:
             channel_capacity=channel_capacity,
             start_method=start_method,
             materializer=None if materializer is None else dict(materializer),
+            state_backend=state_backend,
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
         self.graph = StreamGraph()
@@ -200,6 +220,10 @@ class StreamExecutionEnvironment:
         from runtime.client import JobClient
         from runtime.driver import JobMaster
 
+        if restore is not None and self.config.state_backend == FULL_SNAPSHOT:
+            raise JobGraphError(
+                "state_backend='full-snapshot' (a benchmark baseline) cannot restore; use the changelog backend"
+            )
         master = JobMaster(
             job_name, self.graph, self.config, self.restart_strategy,
             restore=restore, allow_non_restored_state=allow_non_restored_state,

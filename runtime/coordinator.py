@@ -63,6 +63,7 @@ class CheckpointCoordinator:
         on_complete: Callable[[CheckpointMetadata], None],
         attempt: int,
         mode: str,
+        publish: bool = True,
     ) -> None:
         self.job = job
         self.tasks = tasks
@@ -74,6 +75,7 @@ class CheckpointCoordinator:
         self.on_complete = on_complete
         self.attempt = attempt
         self.mode = mode
+        self.publish = publish  # False: the full-snapshot baseline, nothing restorable to publish
         self.pending: PendingCheckpoint | None = None
         self.failed_in_row = 0
         self.failed_total = 0
@@ -190,7 +192,14 @@ class CheckpointCoordinator:
             "final": p.final,
         }
         try:
-            meta = self.job.publish_checkpoint(p.checkpoint_id, p.handles, p.sources, stats)
+            if self.publish:
+                meta = self.job.publish_checkpoint(p.checkpoint_id, p.handles, p.sources, stats)
+            else:
+                stats["state_backend"] = "full-snapshot"
+                meta = CheckpointMetadata(
+                    p.checkpoint_id, self.job.job_id, int(time.time() * 1000), self.job.max_parallelism,
+                    dict(p.sources), {}, stats,
+                )
         except StatelogError as e:  # e.g. the store failed: this checkpoint failed, not the job
             try:  # an ambiguous failure may have written the metadata: then it exists
                 meta = self.job.load_checkpoint(p.checkpoint_id)

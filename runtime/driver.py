@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from runtime.api import JobConfig
+from runtime.api import CHANGELOG, JobConfig
 from runtime.coordinator import CheckpointCoordinator
 from runtime.errors import (
     JobFailedError,
@@ -165,6 +165,10 @@ class JobMaster:
     def request_savepoint(self, name: str, stop: bool) -> Future[CheckpointMetadata]:
         from statelog.materialization import check_savepoint_name
 
+        if self.config.state_backend != CHANGELOG:
+            raise RuntimeJobError(
+                f"state_backend={self.config.state_backend!r} is a benchmark baseline: it takes no savepoints"
+            )
         req = _SavepointRequest(check_savepoint_name(name), stop, Future())
         with self.lock:
             self._savepoints.append(req)
@@ -357,6 +361,7 @@ class JobMaster:
             broadcast=self._broadcast,
             on_complete=self._on_complete,
             attempt=self.attempt,
+            publish=cfg.state_backend == CHANGELOG,
             mode=cfg.mode.value,
         )
         if self._finished >= self.source_task_keys:

@@ -45,6 +45,10 @@ class OperatorContext(Protocol):
 
     def keyed_backend(self, uid: str) -> KeyedStateBackend: ...
 
+    def snapshot_backend(self, backend: KeyedStateBackend, checkpoint_id: int) -> PendingSnapshot: ...
+
+    def backend_checkpoint_completed(self, backend: KeyedStateBackend, checkpoint_id: int) -> None: ...
+
 
 @dataclass
 class OperatorSnapshot:
@@ -185,10 +189,10 @@ class KeyedOperator(StreamOperator):
         self.backend = ctx.keyed_backend(self.uid)
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
-        return OperatorSnapshot([self.backend.snapshot(checkpoint_id)])
+        return OperatorSnapshot([self.ctx.snapshot_backend(self.backend, checkpoint_id)])
 
     def checkpoint_complete(self, checkpoint_id: int) -> None:
-        self.backend.checkpoint_completed(checkpoint_id)
+        self.ctx.backend_checkpoint_completed(self.backend, checkpoint_id)
 
     def on_processing_time(self, now_ms: int) -> None:
         timers = self.backend.timers

@@ -24,6 +24,7 @@ from statelog.backend import KeyedStateBackend
 from statelog.descriptors import StateKind
 from statelog.errors import CorruptionError
 from statelog.keys import encode_key, key_group_of_bytes
+from statelog.state.kinds import _MISSING
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, arrow_type, to_arrow
 
@@ -31,29 +32,69 @@ MAGIC = b"STLGFUL1"
 _TRAILER = struct.Struct(">I8s")
 
 
+class CapturedState:
+    """The synchronous part of a full snapshot: shallow copies of every state's tables.
+
+    Taking it costs one ``dict.copy()`` per namespace table (plus a copy of each list or map
+    value, which the task may mutate in place); :func:`encode_captured` then serializes it
+    off the task thread while the task goes on changing the live tables (copy-on-capture,
+    the role of the copy-on-write tables of Flink's heap backend).
+    """
+
+    def __init__(self, backend: KeyedStateBackend) -> None:
+        self.max_parallelism = backend.max_parallelism
+        self.kcache = backend._kcache
+        self.now = backend.clock()
+        self.states: list[tuple[str, Any, list[tuple[Any, dict[Any, Any]]]]] = []
+        for name in backend.state_names():
+            state = backend._states[name]
+            mutable = state.info.kind in (StateKind.LIST, StateKind.MAP)
+            tables = []
+            for nsb, table in state._tables.items():
+                if not table:
+                    continue
+                if mutable:
+                    copy = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+                            for k, v in table.items()}
+                else:
+                    copy = table.copy()
+                tables.append((state._namespaces[nsb], copy))
+            self.states.append((name, state, tables))
+
+
 def encode_full_snapshot(backend: KeyedStateBackend) -> bytes:
+    return encode_captured(CapturedState(backend))
+
+
+def encode_captured(captured: CapturedState) -> bytes:
     sink = pa.BufferOutputStream()
     opts = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
-    cache = backend._kcache
-    maxp = backend.max_parallelism
-    for name in backend.state_names():
-        state = backend._states[name]
+    cache = captured.kcache
+    maxp = captured.max_parallelism
+    now = captured.now
+    for name, state, tables in captured.states:
         info = state.info
         kbs: list[bytes] = []
         kgs: list[int] = []
         nss: list[bytes] = []
         values: list[Any] = []
-        for key, ns, value in state.entries():
-            hit = cache.get(key)
-            if hit is not None and hit[0] is type(key):
-                kb, kg = hit[1], hit[2]
-            else:
-                kb = encode_key(key)
-                kg = key_group_of_bytes(kb, maxp)
-            kbs.append(kb)
-            kgs.append(kg)
-            nss.append(encode_key(ns))
-            values.append(value)
+        visible = state._visible
+        for ns, table in tables:
+            nsb = encode_key(ns)
+            for key, entry in table.items():
+                value = visible(entry, now)
+                if value is _MISSING:
+                    continue
+                hit = cache.get(key)
+                if hit is not None and hit[0] is type(key):
+                    kb, kg = hit[1], hit[2]
+                else:
+                    kb = encode_key(key)
+                    kg = key_group_of_bytes(kb, maxp)
+                kbs.append(kb)
+                kgs.append(kg)
+                nss.append(nsb)
+                values.append(value)
         if info.kind in (StateKind.LIST, StateKind.MAP) or info.value_type is PICKLE:
             import pickle
 
