@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml statelog/_ext/fastpath.c
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.window_count
+	$(PY) -m examples.clickstream
 
 test: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
