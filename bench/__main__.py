@@ -11,7 +11,12 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = {"backend": "bench.backend", "materializer": "bench.materializer", "spark": "bench.spark"}
+BENCHMARKS = {
+    "backend": "bench.backend",
+    "materializer": "bench.materializer",
+    "runtime": "bench.runtime",
+    "spark": "bench.spark",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
