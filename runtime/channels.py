@@ -115,10 +115,16 @@ class RemoteOutput:
         address: tuple[str, int],
         channel_id: tuple[int, int, int],
         on_error: Callable[[str], None],
+        wake: threading.Event | None = None,
+        capacity: int = 0,
     ) -> None:
         self.address = address
         self.channel_id = channel_id
         self.on_error = on_error
+        # set when the queue drops below ``capacity``: a task blocked by back-pressure on
+        # this channel runs again at once instead of after its idle wait
+        self.wake = wake
+        self.capacity = capacity
         self.q: queue.Queue[bytes | None] = queue.Queue()
         self.closing = False
         self.thread = threading.Thread(target=self._run, name=f"send-{channel_id}", daemon=True)
@@ -148,6 +154,8 @@ class RemoteOutput:
                 data = self.q.get()
                 if data is None:
                     break
+                if self.wake is not None and self.q.qsize() < self.capacity:
+                    self.wake.set()
                 sock.sendall(_LEN.pack(len(data)))
                 sock.sendall(data)
         except OSError as e:

@@ -205,7 +205,9 @@ class Worker:
                     if dst == i:
                         outs.append(LocalOutput(local_inputs[(e.id, i)]))
                     else:
-                        outs.append(RemoteOutput(tuple(peers[dst]), (e.id, i, dst), self.channel_error))
+                        outs.append(RemoteOutput(
+                            tuple(peers[dst]), (e.id, i, dst), self.channel_error, self.wake, capacity
+                        ))
                 edges.append(EdgeOutput(e.partition, e.key_selector, outs, cfg.max_parallelism, cfg.batch_size))
             router = Router(edges, capacity)
             ctx = _Ctx(self, i)
