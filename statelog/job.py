@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges
+from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges, gc_paused
 from statelog.catalog import JobCatalog, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
@@ -163,7 +163,8 @@ class StateJob:
         op = meta.operators.get(operator_uid)
         handles = op.handles_for(kgr) if op is not None else []
         t0 = time.monotonic()
-        restored = RestoredChanges.read(SegmentReader(self.store), handles, kgr, self._manifests)
+        with gc_paused():
+            restored = RestoredChanges.read(SegmentReader(self.store), handles, kgr, self._manifests)
         if meta.kind == "checkpoint":
             restored.checkpoint_id = meta.checkpoint_id
         log.info(
