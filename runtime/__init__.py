@@ -6,7 +6,6 @@ worker processes with :meth:`~StreamExecutionEnvironment.execute`. Design:
 ``docs/runtime.md``.
 """
 
-import runtime._pickling  # noqa: F401 - keeps PICKLE a singleton across processes
 from runtime.api import (
     CheckpointingMode,
     ConnectedStreams,
