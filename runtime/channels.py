@@ -39,6 +39,10 @@ WATERMARK = "wm"
 BARRIER = "barrier"
 _LEN = struct.Struct("!I")
 CONNECT_TIMEOUT_S = 30.0
+# Kernel buffers of a channel's TCP connection. Loopback autotuning grows them to megabytes,
+# i.e. hundreds of frames (a second of records) between two tasks, which barriers queue behind
+# (alignment time) and back-pressure reacts to late; 64 KiB per side keeps a few dozen frames.
+SOCKET_BUFFER_BYTES = 64 << 10
 
 
 class InputChannel:
@@ -170,12 +174,16 @@ class RemoteOutput:
 def _connect(address: tuple[str, int]) -> socket.socket:
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock = socket.create_connection(address, timeout=5.0)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            sock.settimeout(5.0)
+            sock.connect(address)
             sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return sock
         except OSError:
+            sock.close()
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.05)
@@ -197,7 +205,11 @@ class ChannelServer:
     """The listening socket of a worker: accepts one connection per incoming remote channel."""
 
     def __init__(self, on_error: Callable[[str], None]) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # set before listen: accepted connections inherit it (and the window scale it implies)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self.channels: dict[tuple[int, int, int], InputChannel] = {}
         self.ready = threading.Event()  # set once ``channels`` is complete

@@ -220,7 +220,7 @@ class ChangelogWriter:
         store: ObjectStore,
         *,
         writer_id: str | None = None,
-        persist_delay: float = 0.010,
+        persist_delay: float = 0.25,
         flush_records: int = 50_000,
         max_buffered_records: int = 500_000,
         max_inflight_bytes: int = 64 << 20,
