@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,10 +209,15 @@ def kill_half_way(client: Any, root: str, total: int, rng: random.Random, timeou
     return {"happened": False}
 
 
+def _width() -> int:
+    """Columns for the checkpoint table: the terminal's, at least 120 (lines may wrap)."""
+    return max(120, shutil.get_terminal_size((160, 24)).columns)
+
+
 def list_checkpoints(root: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "tools", "checkpoints", "list", root],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": str(_width())},
     )  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"statelog checkpoints list failed ({proc.returncode}): {proc.stderr}")
@@ -349,7 +355,7 @@ def _fresh_dir() -> Path:
 def report(r: dict[str, Any]) -> None:
     from rich.console import Console
 
-    con = Console(highlight=False)
+    con = Console(highlight=False, soft_wrap=True)
     ok = lambda b: "[bold green]PASS[/]" if b else "[bold red]FAIL[/]"  # noqa: E731
     con.print(f"[bold]clickstream demo[/]: {r['events']:,} clicks of {r['users']:,} users in "
               f"{r['partitions']} files, parallelism 2, checkpoints every second")
@@ -369,7 +375,7 @@ def report(r: dict[str, Any]) -> None:
     con.print("[bold]$ statelog checkpoints list[/]")
     lines = r["checkpoints_list"].rstrip("\n").splitlines()
     shown = lines if len(lines) <= 14 else [*lines[:6], "  ...", *lines[-7:]]
-    con.print("\n".join(shown), markup=False)
+    con.print("\n".join(shown), markup=False, soft_wrap=True)
     s = r["spark_sql"]
     for cid, c in s["checkpoints"].items():
         con.print(f"{ok(c['passed'])} Spark SQL at checkpoint {cid}: {c['users']:,} users, {c['clicks']:,} clicks "
