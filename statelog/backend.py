@@ -387,13 +387,11 @@ class KeyedStateBackend:
         if not records:
             state.compact()
             return
-        apply = state.apply
         known = self._decoded_keys
         new = list({r[0] for r in records if r[0] not in known})
         if new:  # decode the keys in bulk (int and short-string columns decode without a loop)
             known.update(zip(new, decode_key_array(pa.array(new, pa.binary())), strict=True))
-        for kb, nsb, op, ukey, value, exp in records:
-            apply(known[kb], nsb, op, ukey, value, exp)
+        state.apply_many(records, known)
         state.compact()
 
     def _restore_timers(self) -> None:

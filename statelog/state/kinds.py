@@ -12,7 +12,7 @@ individually); expired entries are invisible and are dropped lazily.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from statelog.changelog.format import (
@@ -164,6 +164,30 @@ class KeyedState:
             table = self._tables[nsb] = {}
             self._namespaces[nsb] = decode_key(nsb)
         return table
+
+    def apply_many(self, records: Iterable[tuple[bytes, bytes, int, Any, Any, int | None]], keys: dict[bytes, Any]) -> None:
+        """Apply change records ``(key bytes, namespace bytes, op, user key, value, expires)``
+        in order (restore path); ``keys`` maps key bytes to decoded keys."""
+        if type(self).apply is not KeyedState.apply:  # list and map states
+            apply = self.apply
+            for kb, nsb, op, ukey, value, exp in records:
+                apply(keys[kb], nsb, op, ukey, value, exp)
+            return
+        # value-like states: the loop of apply() inlined, one table lookup per namespace run
+        ttl = self._ttl
+        last: bytes | None = None
+        table: dict[Any, Any] = {}
+        for kb, nsb, op, _ukey, value, exp in records:
+            if nsb != last:
+                table, last = self._table_for(nsb), nsb
+            if op == OP_PUT:
+                table[keys[kb]] = [value, exp] if ttl else value
+            elif op == OP_DELETE:
+                table.pop(keys[kb], None)
+            else:
+                raise CorruptionError(
+                    f"state {self.name!r}: operation {op} is not valid for {self.info.kind.value} state"
+                )
 
     def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
         """Apply one change record (restore path)."""
