@@ -261,6 +261,8 @@ class MaterializerDaemon:
         self._cond = threading.Condition()
         self._requested = 0  # forced cycles requested (request_cycle), ...
         self._served = 0  # ... and the newest request a completed cycle served
+        # (summary, error) of the newest forced cycle
+        self.forced_result: tuple[dict[str, Any] | None, BaseException | None] = (None, None)
         self._busy = False
         self._stop_events: tuple[threading.Event, ...] = (self._stop,)
         self.on_cycle: Callable[[dict[str, Any]], None] | None = None  # called by run() after each cycle
@@ -535,8 +537,9 @@ class MaterializerDaemon:
                     force = ticket > self._served
                     self._busy = True
                 error: BaseException | None = None
+                cycle: dict[str, Any] | None = None
                 try:
-                    last = self.run_once(force=force)
+                    last = cycle = self.run_once(force=force)
                     failures = 0
                     if self.on_cycle is not None:
                         self.on_cycle(last)
@@ -557,6 +560,8 @@ class MaterializerDaemon:
                         self._busy = False
                         self._served = max(self._served, ticket)
                         self.last_error = error
+                        if force:  # what trigger() returns: later unforced cycles do not replace it
+                            self.forced_result = (cycle, error)
                         self._cond.notify_all()
                 if once:
                     assert last is not None
@@ -650,10 +655,13 @@ class BackgroundMaterializer:
             raise TimeoutError(f"the forced materializer cycle did not complete within {timeout}s")
         if self.daemon._stopping():
             raise StatelogError("the background materializer was stopped")
-        if self.daemon.last_error is not None:
-            raise self.daemon.last_error
-        assert self.daemon.last_summary is not None
-        return self.daemon.last_summary
+        # the cycle that served the ticket was forced (or a later forced one): its result, not
+        # that of an unforced cycle which may have run since
+        summary, error = self.daemon.forced_result
+        if error is not None:
+            raise error
+        assert summary is not None
+        return summary
 
     def wait_idle(self, timeout: float | None = 60.0) -> bool:
         """Wait until no cycle is running or requested; ``False`` on timeout."""

@@ -552,3 +552,25 @@ def test_stop_event_interrupts_the_loop_promptly(file_job: Job, file_root: RootS
         t.join(5)
         assert not t.is_alive() and time.monotonic() - t0 < 1.0
         assert current_holder(store)["released"] is True
+
+
+def test_trigger_returns_the_forced_cycle_even_if_unforced_cycles_ran_since(file_job: Job) -> None:
+    bg = start_background(file_job.job, interval_s=3600.0, lease_ttl_s=5.0, poll_s=0.02, run_gc=False)
+    try:
+        file_job.write()
+        file_job.checkpoint()
+        served = bg.daemon.wait_served
+
+        def late_wake(ticket: int, timeout: float | None = None) -> bool:
+            ok = served(ticket, timeout)
+            time.sleep(0.3)  # the caller wakes late (a loaded machine): unforced cycles run meanwhile
+            return ok
+
+        bg.daemon.wait_served = late_wake  # type: ignore[method-assign]
+        cycles = bg.daemon.cycles
+        s = bg.trigger(timeout=20)
+        assert bg.daemon.cycles >= cycles + 3  # unforced cycles ran after the forced one
+        assert bg.daemon.last_summary is not None and bg.daemon.last_summary["action"] == "none"
+        assert (s["action"], s["reason"], s["materialization"]["checkpoint_id"]) == ("materialized", "first", 1)
+    finally:
+        bg.stop()
