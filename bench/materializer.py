@@ -45,7 +45,7 @@ from materializer.compact import materialize
 from materializer.daemon import due
 from materializer.gc import collect_garbage
 from statelog import ValueStateDescriptor
-from statelog.backend import KeyedStateBackend, RestoredChanges
+from statelog.backend import KeyedStateBackend, RestoredChanges, gc_paused
 from statelog.checkpoint import CheckpointMetadata
 from statelog.materialization import latest_manifest_key, load_manifest
 from statelog.snapshot import decode_full_snapshot, encode_full_snapshot
@@ -69,11 +69,8 @@ def _no_gc() -> Iterator[None]:
     it (tens of ms) wherever it happens to fall, inside one timed section or after the other.
     """
     gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         yield
-    finally:
-        gc.enable()
 
 
 def _restore_from_snapshot(data: bytes, like: KeyedStateBackend) -> KeyedStateBackend:

@@ -105,6 +105,20 @@ def total_count(root: str, checkpoint_id: int) -> int:
         return total
 
 
+def run_checked(input_dir: Path, root_dir: Path, backend: str, interval_s: float | None, events: int) -> Any:
+    """``run_job`` on a fresh root that is deleted afterwards; a changelog run must restore
+    its final checkpoint to a total count of ``events``."""
+    try:
+        res = run_job(input_dir, root_dir.as_uri(), backend, interval_s)
+        if backend == "changelog":
+            got = total_count(root_dir.as_uri(), res.final_checkpoint)
+            if got != events:
+                raise RuntimeError(f"changelog run: the final checkpoint counts {got} events, not {events}")
+        return res
+    finally:
+        shutil.rmtree(root_dir, ignore_errors=True)
+
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest rank."""
     s = sorted(values)
@@ -142,35 +156,23 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
                 ("full_snapshot", "full-snapshot", 1.0),
             ):
                 n += 1
-                job_root = (work / f"root-{n}").as_uri()
-                res = run_job(tp_dir, job_root, backend, interval)
+                res = run_checked(tp_dir, work / f"root-{n}", backend, interval, tp_events)
                 rates[name].append(tp_events / res.duration_s)
                 checkpoints[name].append(len(res.completed_checkpoints))
-                if name == "changelog":
-                    got = total_count(job_root, res.final_checkpoint)
-                    if got != tp_events:
-                        raise RuntimeError(f"changelog run: the final checkpoint counts {got} events, not {tp_events}")
                 _log(progress, f"round {r + 1} {name}: {rates[name][-1]:,.0f} events/s "
                      f"({res.duration_s:.2f}s, {len(res.completed_checkpoints)} checkpoints)")
-                shutil.rmtree(work / f"root-{n}", ignore_errors=True)
 
         dur: dict[str, list[float]] = {}
         d_rates: dict[str, float] = {}
         d_bytes: dict[str, int] = {}
         for name, backend in (("changelog", "changelog"), ("full_snapshot", "full-snapshot")):
             n += 1
-            job_root = (work / f"root-{n}").as_uri()
-            res = run_job(d_dir, job_root, backend, 1.0)
+            res = run_checked(d_dir, work / f"root-{n}", backend, 1.0, d_events)
             dur[name] = durations(res)
             d_rates[name] = d_events / res.duration_s
             d_bytes[name] = max((st.get("incremental_bytes", 0) for st in res.checkpoint_stats.values()), default=0)
-            if name == "changelog":
-                got = total_count(job_root, res.final_checkpoint)
-                if got != d_events:
-                    raise RuntimeError(f"10^6-key changelog run: the final checkpoint counts {got}, not {d_events}")
             _log(progress, f"{d_keys:,} keys {name}: {len(dur[name])} checkpoints, p50 "
                  f"{percentile(dur[name], 0.5):.1f} ms, p99 {percentile(dur[name], 0.99):.1f} ms")
-            shutil.rmtree(work / f"root-{n}", ignore_errors=True)
 
         spark = run_spark(
             tp_dir, events=tp_events, keys=tp_keys,

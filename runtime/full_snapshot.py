@@ -16,9 +16,6 @@ without restarts and refuses ``restore=``.
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from statelog.backend import KeyedStateBackend
 from statelog.snapshot import CapturedState, encode_captured
 from statelog.store.base import ObjectStore
@@ -39,11 +36,7 @@ class FullSnapshotPending:
         self.store = store
         self.captured: CapturedState | None = CapturedState(backend)
         self.nbytes = 0
-        self.started = time.monotonic()
         self._done = False
-
-    def done(self) -> bool:
-        return self._done
 
     def cancel(self) -> None:
         self.captured = None
@@ -70,7 +63,3 @@ def delete_older(store: ObjectStore, uid: str, subtask: int, completed: int) -> 
         name = obj.key[len(prefix):].removesuffix(".snapshot")
         if name.isdigit() and int(name) < completed:
             store.delete(obj.key)
-
-
-def is_full_snapshot(p: Any) -> bool:
-    return isinstance(p, FullSnapshotPending)

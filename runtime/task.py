@@ -210,14 +210,10 @@ class Task:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def checkpoint(self, checkpoint_id: int, alignment_ms: float = 0.0) -> None:
-        """The synchronous part of checkpoint ``checkpoint_id`` at this task (at its barrier)."""
-        t0 = time.monotonic()
-        sources = None
-        if self.source is not None:
-            sources = {self.source_uid: self.source.positions()}
-        pending = []
-        committables = {}
+    def _snapshot_operators(self, checkpoint_id: int) -> tuple[list[Any], dict[str, Any]]:
+        """Snapshot every operator of the chain, in chain order: (pending snapshots, committables by uid)."""
+        pending: list[Any] = []
+        committables: dict[str, Any] = {}
         for op in self.ops:
             snap = op.snapshot(checkpoint_id)
             if snap is None:
@@ -225,6 +221,15 @@ class Task:
             pending.extend(snap.pending)
             if snap.committables is not None:
                 committables[op.uid] = snap.committables
+        return pending, committables
+
+    def checkpoint(self, checkpoint_id: int, alignment_ms: float = 0.0) -> None:
+        """The synchronous part of checkpoint ``checkpoint_id`` at this task (at its barrier)."""
+        t0 = time.monotonic()
+        sources = None
+        if self.source is not None:
+            sources = {self.source_uid: self.source.positions()}
+        pending, committables = self._snapshot_operators(checkpoint_id)
         self.router.event((BARRIER, checkpoint_id))
         if committables:
             self.worker.send(("committables", checkpoint_id, self.key, committables))
@@ -252,15 +257,7 @@ class Task:
     def _start_unaligned(self, checkpoint_id: int) -> None:
         """First barrier: snapshot now and send the barrier ahead of the buffered output."""
         t0 = time.monotonic()
-        pending = []
-        committables = {}
-        for op in self.ops:
-            snap = op.snapshot(checkpoint_id)
-            if snap is None:
-                continue
-            pending.extend(snap.pending)
-            if snap.committables is not None:
-                committables[op.uid] = snap.committables
+        pending, committables = self._snapshot_operators(checkpoint_id)
         # the output emitted before the snapshot but still buffered is overtaken by the barrier
         # (stored with the checkpoint, and still sent, right behind the barrier)
         output: list[tuple[int, Any, Any]] = []

@@ -130,8 +130,9 @@ class RestoredChanges:
 
     def __init__(self) -> None:
         self.infos: dict[str, StateInfo] = {}
-        # per state: prepared (keys, namespaces, entries) or a bare table (timers, tools)
-        self.base: dict[str, list[Any]] = {}
+        # per state (timers included): its materialized tables, turned into entries when the
+        # state registers
+        self.base: dict[str, list[pa.Table]] = {}
         self.records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = {}
         self.parts: list[MaterializedPart] = []
         self.inherited: list[ChangelogRange] = []
@@ -369,11 +370,8 @@ class KeyedStateBackend:
 
     def _load_base(self, state: KeyedState) -> None:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
-        for chunk in self._restored.base.pop(state.name, ()):
-            # prepared (keys, namespaces, entries) from a restore, or a bare table
-            if isinstance(chunk, pa.Table):
-                chunk = base_entries(state.info, chunk)
-            keys, nss, values = chunk
+        for table in self._restored.base.pop(state.name, ()):
+            keys, nss, values = base_entries(state.info, table)
             if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
                 state._table_for(nss[0]).update(zip(keys, values, strict=True))
             else:
@@ -396,8 +394,7 @@ class KeyedStateBackend:
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):
-            for chunk in self._restored.base.pop(name, ()):
-                table = chunk[0] if isinstance(chunk, tuple) else chunk
+            for table in self._restored.base.pop(name, ()):
                 self.timers._sets[d].update(
                     zip(
                         table.column("timestamp").to_pylist(),

@@ -45,7 +45,7 @@ class CapturedState:
         self.max_parallelism = backend.max_parallelism
         self.kcache = backend._kcache
         self.now = backend.clock()
-        self.states: list[tuple[str, Any, list[tuple[Any, dict[Any, Any]]]]] = []
+        self.states: list[tuple[str, Any, list[tuple[bytes, dict[Any, Any]]]]] = []
         for name in backend.state_names():
             state = backend._states[name]
             mutable = state.info.kind in (StateKind.LIST, StateKind.MAP)
@@ -58,7 +58,7 @@ class CapturedState:
                             for k, v in table.items()}
                 else:
                     copy = table.copy()
-                tables.append((state._namespaces[nsb], copy))
+                tables.append((nsb, copy))  # namespace tables are keyed by the encoded namespace
             self.states.append((name, state, tables))
 
 
@@ -79,8 +79,7 @@ def encode_captured(captured: CapturedState) -> bytes:
         nss: list[bytes] = []
         values: list[Any] = []
         visible = state._visible
-        for ns, table in tables:
-            nsb = encode_key(ns)
+        for nsb, table in tables:
             for key, entry in table.items():
                 value = visible(entry, now)
                 if value is _MISSING:

@@ -15,7 +15,8 @@ NAMESPACES = st.sampled_from([None, (0, 10), (10, 20), "w"])
 SMALL = st.integers(-5, 100)
 TEXT = st.text(max_size=6)
 
-OPS = st.one_of(
+# operations on state and timers (also used by tests/materializer/test_property_materialized.py)
+STATE_OPS = st.one_of(
     st.tuples(st.just("key"), KEYS),
     st.tuples(st.just("ns"), NAMESPACES),
     st.tuples(st.just("value_rmw"), SMALL),
@@ -37,6 +38,9 @@ OPS = st.one_of(
     st.tuples(st.just("timer_add"), st.sampled_from(["event", "processing"]), st.integers(0, 200)),
     st.tuples(st.just("timer_del"), st.sampled_from(["event", "processing"]), st.integers(0, 200)),
     st.tuples(st.just("fire"), st.integers(0, 200)),
+)
+OPS = st.one_of(  # nested one_of is flattened: every operation keeps its weight
+    STATE_OPS,
     st.tuples(st.just("checkpoint")),
     st.tuples(st.just("checkpoint")),
     st.tuples(st.just("snap")),

@@ -51,36 +51,13 @@ from tests.core.harness import (
     backend_view,
     register_all,
 )
-from tests.core.test_property import KEYS, NAMESPACES, SMALL, TEXT
+from tests.core.test_property import STATE_OPS
 from tools.cli import main as cli_main
 
 MAXP = 16
 UID = "op"
 JOB_RETAIN = 4
 
-STATE_OPS = st.one_of(
-    st.tuples(st.just("key"), KEYS),
-    st.tuples(st.just("ns"), NAMESPACES),
-    st.tuples(st.just("value_rmw"), SMALL),
-    st.tuples(st.just("value_clear")),
-    st.tuples(st.just("text"), TEXT),
-    st.tuples(st.just("list_add"), TEXT),
-    st.tuples(st.just("list_update"), st.lists(TEXT, max_size=3)),
-    st.tuples(st.just("list_get")),
-    st.tuples(st.just("list_clear")),
-    st.tuples(st.just("map_put"), st.sampled_from(["p", "q", "r"]), SMALL),
-    st.tuples(st.just("map_remove"), st.sampled_from(["p", "q", "r"])),
-    st.tuples(st.just("map_get"), st.sampled_from(["p", "q", "r"])),
-    st.tuples(st.just("sum"), SMALL),
-    st.tuples(st.just("avg"), SMALL),
-    st.tuples(st.just("ttl_put"), SMALL),
-    st.tuples(st.just("ttl_get")),
-    st.tuples(st.just("obj"), st.dictionaries(st.sampled_from("xyz"), st.lists(SMALL, max_size=2), max_size=2)),
-    st.tuples(st.just("tick"), st.integers(1, 40)),
-    st.tuples(st.just("timer_add"), st.sampled_from(["event", "processing"]), st.integers(0, 200)),
-    st.tuples(st.just("timer_del"), st.sampled_from(["event", "processing"]), st.integers(0, 200)),
-    st.tuples(st.just("fire"), st.integers(0, 200)),
-)
 # ("materialize", which retained checkpoint from the newest, units, kill): kill is None (runs to
 # completion), ("put", k, after) (the k-th put fails, before or after the object is stored) or
 # ("manifest", after) (the manifest's put fails, before or after the manifest is stored)

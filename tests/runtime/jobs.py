@@ -192,7 +192,9 @@ def build_join(
     per_split: int,
     order_rate: float | None = None,
     payment_rate: float | None = None,
+    slow_payments: bool = False,
 ) -> None:
+    """The orders/payments join; ``slow_payments`` puts a slow map task on the payments path."""
     orders = env.from_source(
         GeneratorSource(make_order, per_split, splits=ORDER_SPLITS, records_per_s=order_rate),
         uid="orders",
@@ -203,6 +205,8 @@ def build_join(
         uid="payments",
         watermarks=WatermarkStrategy(order_ts, 30),
     )
+    if slow_payments:
+        payments = payments.key_by(order_key).map(slow_payment, name="slow-payments")
     (
         orders.key_by(order_key)
         .connect(payments.key_by(order_key))
@@ -230,31 +234,6 @@ def slow_payment(p: tuple[str, int]) -> tuple[str, int]:
 
     time.sleep(0.0004)
     return p
-
-
-def build_slow_join(
-    env: StreamExecutionEnvironment,
-    out: Path,
-    per_split: int,
-    order_rate: float | None = None,
-) -> None:
-    orders = env.from_source(
-        GeneratorSource(make_order, per_split, splits=ORDER_SPLITS, records_per_s=order_rate),
-        uid="orders",
-        watermarks=WatermarkStrategy(order_ts, 0),
-    )
-    payments = env.from_source(
-        GeneratorSource(make_payment, payments_count(per_split), splits=ORDER_SPLITS),
-        uid="payments",
-        watermarks=WatermarkStrategy(order_ts, 30),
-    )
-    slow = payments.key_by(order_key).map(slow_payment, name="slow-payments")
-    (
-        orders.key_by(order_key)
-        .connect(slow.key_by(order_key))
-        .process(Join(), uid="join")
-        .sink_to(FileSink(out), uid="join-out")
-    )
 
 
 def expected_join_state(sources: dict[str, Any]) -> tuple[dict[str, list[Any]], set[str]]:

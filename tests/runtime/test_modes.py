@@ -65,7 +65,7 @@ def apply_inflight(root: RootSpec, meta: Any, state: tuple[dict[str, list[Any]],
 @pytest.mark.parametrize("mode", ["exactly_once_aligned", "exactly_once_unaligned", "at_least_once"])
 def test_alignment_with_one_input_slowed(file_root: RootSpec, tmp_path: Path, mode: str) -> None:
     env = make_env(file_root, mode=mode, checkpoint_interval_s=0.1, retain_checkpoints=50)
-    jobs.build_slow_join(env, tmp_path / "join", 1200, order_rate=3000)
+    jobs.build_join(env, tmp_path / "join", 1200, order_rate=3000, slow_payments=True)
     result = env.execute("slow", timeout_s=120)
     assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(1200)
     assert len(result.completed_checkpoints) >= 3
