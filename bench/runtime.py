@@ -15,7 +15,9 @@ on a full-snapshot backend and without checkpoints, and on Spark Structured Stre
   (``runtime/full_snapshot.py``: every checkpoint serializes the whole state of each subtask)
   and a checkpoint every second (``events_per_s_full_snapshot``). events/s = input events ÷
   the job's wall time (``JobResult.duration_s``: workers started, input read to its end,
-  final checkpoint). The three variants run ``ROUNDS`` times, interleaved; the median counts.
+  final checkpoint). After one warm-up run (not counted: the first job of a process also
+  starts the forkserver), the three variants run ``ROUNDS`` times, interleaved; the median
+  counts.
   ``changelog_overhead`` = 1 - changelog ÷ no-checkpoint (target ≤ 0.15).
 * **Checkpoint durations** (``DURATION_KEYS`` = 10^6 keys, ``DURATION_EVENTS`` events): the
   changelog and the full-snapshot job with a checkpoint every second; the duration of a
@@ -58,7 +60,7 @@ THROUGHPUT_EVENTS = 2_000_000
 DURATION_KEYS = 1_000_000
 DURATION_EVENTS = 4_000_000
 FILES = 20
-ROUNDS = 5
+ROUNDS = 7
 SPARK_PYTHON_FILES = 2
 UID = "count"
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
@@ -149,6 +151,11 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
         rates: dict[str, list[float]] = {"changelog": [], "no_checkpoint": [], "full_snapshot": []}
         checkpoints: dict[str, list[int]] = {k: [] for k in rates}
         n = 0
+        # warm-up, not counted: the first job of a process starts the forkserver, which
+        # preloads the runtime (about half a second inside that job's wall time)
+        t = time.perf_counter()
+        run_checked(tp_dir, work / "root-warm-up", "full-snapshot", None, tp_events)
+        _log(progress, f"warm-up run in {time.perf_counter() - t:.1f}s")
         for r in range(rounds):
             for name, backend, interval in (
                 ("changelog", "changelog", 1.0),

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import pickle
+import sys
 import threading
 import time
 import traceback
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 ADOPT_EVERY_S = 0.5
 TIMERS_EVERY_S = 0.01
 IDLE_WAIT_S = 0.005
+# The interpreter's switch interval while an asynchronous part is in flight (default 5 ms).
+ASYNC_SWITCH_INTERVAL_S = 0.0005
 
 
 def worker_main(index: int, conn: Connection, log_level: int | None) -> None:
@@ -252,6 +255,7 @@ class Worker:
     def run(self) -> None:
         next_timers = next_adopt = time.monotonic()
         wake, mailbox = self.wake, self.mailbox
+        switch_interval, fast_switch = sys.getswitchinterval(), False
         while not self.stopping:
             wake.clear()
             while mailbox:
@@ -266,8 +270,16 @@ class Worker:
                     progressed = True
             if self._inflight:
                 # an asynchronous part waits for the changelog writer's flusher (or the snapshot
-                # pool): hand it the GIL between two steps instead of after a switch interval
+                # pool): hand it the GIL between two steps, and within a step after a short
+                # switch interval: the flusher releases the GIL in every pyarrow call and
+                # zstd run, and each time waits for this thread to hand it back
+                if not fast_switch:
+                    fast_switch = True
+                    sys.setswitchinterval(ASYNC_SWITCH_INTERVAL_S)
                 time.sleep(0)
+            elif fast_switch:
+                fast_switch = False
+                sys.setswitchinterval(switch_interval)
             now = time.monotonic()
             if now >= next_timers:
                 next_timers = now + TIMERS_EVERY_S
@@ -286,6 +298,9 @@ class Worker:
         kind = msg[0]
         if kind == "trigger":
             cid = msg[1]
+            # the barriers take a while to reach the keyed operators (alignment included):
+            # upload what is buffered meanwhile, so that their snapshots wait for less
+            self.job.flush_soon()
             for t in self.tasks:
                 if t.source is not None:
                     t.checkpoint(cid)

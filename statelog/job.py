@@ -42,6 +42,7 @@ _WRITER_OPTIONS = {
     "upload_threads",
     "coalesce",
     "compression_level",
+    "compression",
     "retry",
     "encode_in_task",
     "encode_batch_records",
@@ -101,6 +102,12 @@ class StateJob:
         if self._writer is None:
             self._writer = ChangelogWriter(self.store, **self._writer_options)
         return self._writer
+
+    def flush_soon(self) -> None:
+        """Start uploading the buffered changes of this process now (a checkpoint is coming);
+        nothing happens before the first backend with a changelog opened the writer."""
+        if self._writer is not None:
+            self._writer.flush_soon()
 
     def backend(
         self,

@@ -169,10 +169,10 @@ ALWAYS_INLINE int rb_reserve(RecordBuffer *rb, Py_ssize_t ks, Py_ssize_t ns) {
 
 /* Append one record. fast: x is the value, already known to be a valid int64 (VK_INT64).
  * On error nothing was appended. */
-ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObject *nsb, int op,
-                            PyObject *v, int fast, long long x) {
-    if (!PyBytes_Check(kb) || !PyBytes_Check(nsb)) {
-        PyErr_SetString(PyExc_TypeError, "changelog record: key and namespace must be bytes");
+ALWAYS_INLINE int rb_append_key(RecordBuffer *rb, const char *kp, Py_ssize_t ks, PyObject *kgo,
+                                PyObject *nsb, int op, PyObject *v, int fast, long long x) {
+    if (!PyBytes_Check(nsb)) {
+        PyErr_SetString(PyExc_TypeError, "changelog record: the namespace must be bytes");
         return -1;
     }
     long kg = small_nonneg(kgo);
@@ -213,7 +213,7 @@ ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObj
         PyTuple_SET_ITEM(item, 1, v);
     }
     /* phase 2: no Python code runs from here on */
-    Py_ssize_t ks = PyBytes_GET_SIZE(kb), ns = PyBytes_GET_SIZE(nsb);
+    Py_ssize_t ns = PyBytes_GET_SIZE(nsb);
     if (rb_reserve(rb, ks, ns) < 0) { Py_XDECREF(item); return -1; }
     Py_ssize_t n = rb->n;
     if (vmode == 2) {
@@ -229,7 +229,7 @@ ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObj
         }
     }
     int32_t ko = rb->koff[n], no = rb->noff[n];
-    copy_bytes(rb->kdata + ko, PyBytes_AS_STRING(kb), ks);
+    copy_bytes(rb->kdata + ko, kp, ks);
     rb->koff[n + 1] = ko + (int32_t)ks;
     copy_bytes(rb->ndata + no, PyBytes_AS_STRING(nsb), ns);
     rb->noff[n + 1] = no + (int32_t)ns;
@@ -244,6 +244,51 @@ ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObj
     if (kg < rb->kg_min) rb->kg_min = kg;
     if (kg > rb->kg_max) rb->kg_max = kg;
     rb->n = n + 1;
+    return 0;
+}
+
+/* Append one record whose serialized key is the bytes object kb. */
+ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObject *nsb, int op,
+                            PyObject *v, int fast, long long x) {
+    if (!PyBytes_Check(kb)) {
+        PyErr_SetString(PyExc_TypeError, "changelog record: the key must be bytes");
+        return -1;
+    }
+    return rb_append_key(rb, PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), kgo, nsb, op, v, fast, x);
+}
+
+/* The serialized key (statelog/keys.py, docs/format.md "Key encoding") of an exact int in
+ * the int64 range or an exact ASCII str of at most 127 characters, written to out (at
+ * least KEY_FAST_MAX bytes); returns its length, or 0 for any other key. The update fast
+ * path uses it so that it need not read the cached key bytes object of the current key, a
+ * cache miss per record when the keys are many: the key object itself was just hashed. */
+#define KEY_FAST_MAX 129
+#define TAG_INT64 0x03
+#define TAG_STR 0x06
+ALWAYS_INLINE Py_ssize_t encode_key_fast(PyObject *key, char *out) {
+    if (PyLong_CheckExact(key)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        uint64_t u = (uint64_t)v ^ ((uint64_t)1 << 63); /* v + 2**63, big-endian */
+        out[0] = TAG_INT64;
+        for (int i = 8; i >= 1; i--) {
+            out[i] = (char)(u & 0xFF);
+            u >>= 8;
+        }
+        return 9;
+    }
+    if (PyUnicode_CheckExact(key) && PyUnicode_IS_COMPACT_ASCII(key)) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(key);
+        if (n > 127) return 0;
+        out[0] = TAG_STR;
+        out[1] = (char)n; /* varint of n < 128: one byte */
+        memcpy(out + 2, PyUnicode_DATA(key), (size_t)n);
+        return n + 2;
+    }
     return 0;
 }
 
@@ -532,34 +577,48 @@ static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf,
     Py_INCREF(cur);
     int rc = PyObject_SetItem(cur, key, v); /* may run Python code (__hash__, __eq__) */
     Py_DECREF(cur);
-    Py_DECREF(key);
-    if (rc < 0) return NULL;
-    if (self->buf == NULL) Py_RETURN_NONE;
+    if (rc < 0 || self->buf == NULL) {
+        Py_DECREF(key);
+        if (rc < 0) return NULL;
+        Py_RETURN_NONE;
+    }
 
     PyObject *kinfo = PyObject_GetAttr(self->backend, s_kinfo);
-    if (kinfo == NULL) return NULL;
+    if (kinfo == NULL) { Py_DECREF(key); return NULL; }
     if (!PyTuple_CheckExact(kinfo) || PyTuple_GET_SIZE(kinfo) != 3) {
         Py_DECREF(kinfo);
+        Py_DECREF(key);
         PyErr_SetString(PyExc_TypeError, "fast path: backend._kinfo must be a 3-tuple");
         return NULL;
     }
+    /* kinfo is (type, key bytes, key group) of the current key: the key bytes may be
+     * encoded from the key object instead when kinfo describes a key of its exact type */
+    int key_fast_ok = PyTuple_GET_ITEM(kinfo, 0) == (PyObject *)Py_TYPE(key);
     PyObject *lim = PyList_GET_ITEM(self->cell, 0);
     Py_ssize_t limit = small_nonneg(lim);
     if (limit < 0) {
         limit = PyLong_AsSsize_t(lim);
-        if (limit == -1 && PyErr_Occurred()) { Py_DECREF(kinfo); return NULL; }
+        if (limit == -1 && PyErr_Occurred()) { Py_DECREF(kinfo); Py_DECREF(key); return NULL; }
     }
     Py_ssize_t len;
     if (self->rb != NULL) {
         PyObject *nsb = PyList_GET_ITEM(self->nsctx, 1);
         Py_INCREF(nsb);
-        rc = rb_append(self->rb, PyTuple_GET_ITEM(kinfo, 1), PyTuple_GET_ITEM(kinfo, 2), nsb,
-                       self->opc, v, ok && self->is_int && self->rb->vkind == VK_INT64, x);
+        int fast = ok && self->is_int && self->rb->vkind == VK_INT64;
+        char kbuf[KEY_FAST_MAX];
+        Py_ssize_t ks = key_fast_ok ? encode_key_fast(key, kbuf) : 0;
+        if (ks > 0)
+            rc = rb_append_key(self->rb, kbuf, ks, PyTuple_GET_ITEM(kinfo, 2), nsb, self->opc, v, fast, x);
+        else
+            rc = rb_append(self->rb, PyTuple_GET_ITEM(kinfo, 1), PyTuple_GET_ITEM(kinfo, 2), nsb,
+                           self->opc, v, fast, x);
         Py_DECREF(nsb);
         Py_DECREF(kinfo);
+        Py_DECREF(key);
         if (rc < 0) return NULL;
         len = self->rb->n * WIDTH;
     } else {
+        Py_DECREF(key);
         /* one whole record; no Python code runs between these appends */
         if (PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 1)) < 0 ||
             PyList_Append(self->buf, PyTuple_GET_ITEM(kinfo, 2)) < 0 ||

@@ -82,6 +82,8 @@ VALUE_INT64 = 1  # int64 + validity bitmap (every integer type; cast to the decl
 VALUE_FLOAT64 = 2  # float64 + validity bitmap
 
 META_STATE = b"statelog.state"
+# Arrow IPC body compression of blocks ("lz4" is LZ4 frame); readers accept every one.
+BLOCK_CODECS = ("zstd", "lz4", "none")
 COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without zstd body compression
 META_VALUE_ENC = b"statelog.value_encoding"
 META_UKEY_ENC = b"statelog.user_key_encoding"
@@ -151,13 +153,20 @@ def block_schema(value_type: ValueType, user_key_type: ValueType | None, is_list
 class BlockEncoder:
     """Encodes batches of change records into compressed, checksummed blocks."""
 
-    def __init__(self, level: int = 1) -> None:
+    def __init__(self, level: int = 1, codec: str = "zstd") -> None:
         # Arrow's own IPC body compression runs in C++ without holding the GIL, so the
         # flusher's compression overlaps with the task thread on another core. One core:
         # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
         # which on a small machine takes the task thread's core too.
-        self._ipc_options = pa.ipc.IpcWriteOptions(
-            compression=pa.Codec("zstd", compression_level=level), use_threads=False
+        if codec not in BLOCK_CODECS:
+            raise ValueError(f"block codec must be one of {sorted(BLOCK_CODECS)}, got {codec!r}")
+        self._ipc_options = (
+            None
+            if codec == "none"
+            else pa.ipc.IpcWriteOptions(
+                compression=pa.Codec("zstd", compression_level=level) if codec == "zstd" else pa.Codec("lz4"),
+                use_threads=False,
+            )
         )
         self._schemas: dict[tuple, Any] = {}
 
@@ -235,11 +244,12 @@ class BlockEncoder:
         schema = batches[0].batch.schema
         rows = sum(b.batch.num_rows for b in batches)
         # zstd has a fixed cost per buffer; small blocks are stored uncompressed
-        compress = rows >= COMPRESS_MIN_ROWS
+        compress = rows >= COMPRESS_MIN_ROWS and self._ipc_options is not None
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema, options=self._ipc_options if compress else None) as w:
-            for b in batches:
-                w.write_batch(b.batch)
+            # one call for all batches: every write call releases the GIL, and getting it back
+            # from a busy task thread can take a switch interval (5 ms)
+            w.write_table(pa.Table.from_batches([b.batch for b in batches], schema))
         stored = sink.getvalue().to_pybytes()
         raw = sum(batch_nbytes(b.batch) for b in batches) if compress else len(stored)
         return stored, raw, zlib.crc32(stored)

@@ -5,7 +5,7 @@ Every state of every keyed backend in a process appends its change records to it
 per process and job root collects the buffered records of *all* streams and uploads them as
 one segment object per flush, so the number of objects stays low however many subtasks and
 states a process runs. A flush happens when
-the persist delay has passed (default 10 ms), when the buffered records exceed a threshold,
+the persist delay has passed (default 250 ms), when the buffered records exceed a threshold,
 or at once when a checkpoint asks for durability.
 
 Appending is lock-free: the task thread extends ``stream.buf`` by one fixed-width record
@@ -58,6 +58,8 @@ CHANGELOG_PREFIX = "changelog/"
 # A busy task converts its own records; the flusher converts a partial batch only after
 # the task has not completed one for this many persist delays (a slow stream).
 RAW_TAKE_DELAYS = 3
+# The flusher's longest sleep between two looks at the buffers (see ChangelogWriter._run).
+POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,10 @@ class ChangelogStream:
         self.segments: list[SegmentRef] = []  # uploaded, in seq order
         self._waiters: list[tuple[int, cf.Future[int]]] = []
         self.seals: list[int] = []  # sealed positions not yet taken: coalescing never crosses them
-        # records already converted to Arrow by the task thread, not yet taken by the flusher
-        self.encoded: list[tuple[int, int, list[fmt.EncodedBatch]]] = []
+        # records the task thread already took out of its buffer, not yet taken by the
+        # flusher: (start, count, batches converted to Arrow) for flat lists, (start, count,
+        # (columns, seals)) for columnar buffers, which the flusher converts
+        self.encoded: list[tuple[int, int, Any]] = []
         self.encoded_records = 0
         self.last_encode = time.monotonic()  # when the task thread last converted a batch
         self.closed = False
@@ -149,6 +153,8 @@ class ChangelogStream:
             return
         if w.encode_in_task:
             self.encode_buffer()
+        if self.buffered >= w.flush_records:
+            w._wake.set()
         if self.buffered >= w.max_buffered_records:
             w._wait_drained(self)
 
@@ -176,12 +182,18 @@ class ChangelogStream:
             start = self.taken + self.encoded_records
             seals = sorted(p - start for p in self.seals if start < p < start + count)
             self.seals = [p for p in self.seals if p > start + count]
-            try:
-                batches = w._encode(self, start, raw, seals)
-            except BaseException as e:
-                w._fail(e)
-                raise w._failed_error() from e
-            self.encoded.append((start, count, batches))
+            if self.columnar:
+                # the columns are already typed: wrapping them in Arrow arrays is left to the
+                # flusher, since every pyarrow call releases the GIL, and a task thread that
+                # releases it waits for the flusher to hand it back
+                self.encoded.append((start, count, (raw, seals)))
+            else:
+                try:
+                    batches = w._encode(self, start, raw, seals)
+                except BaseException as e:
+                    w._fail(e)
+                    raise w._failed_error() from e
+                self.encoded.append((start, count, batches))
             self.encoded_records += count
             self.last_encode = time.monotonic()
 
@@ -227,6 +239,7 @@ class ChangelogWriter:
         upload_threads: int = 2,
         coalesce: bool = False,
         compression_level: int = 1,
+        compression: str = "zstd",
         retry: RetryPolicy | None = None,
         encode_in_task: bool = True,
         encode_batch_records: int = 4096,
@@ -248,11 +261,16 @@ class ChangelogWriter:
         self.columnar = (COLUMNAR_BUFFERS if columnar is None else columnar) and _fastpath is not None
         self.encode_batch_records = max(1, min(encode_batch_records, max_buffered_records))
         self.retry = retry or RetryPolicy()
-        self._encoder = fmt.BlockEncoder(compression_level)
+        if compression not in fmt.BLOCK_CODECS:
+            raise ConfigError(
+                f"compression must be one of {', '.join(fmt.BLOCK_CODECS)} (changelog block codec), got {compression!r}"
+            )
+        self._encoder = fmt.BlockEncoder(compression_level, compression)
         self._streams: dict[str, ChangelogStream] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._wake = threading.Event()
+        self._take_all = False  # flush_soon: the next flush takes the partial batches too
         self._next_segment = 0
         self._inflight_bytes = 0
         self._failure: BaseException | None = None
@@ -307,6 +325,16 @@ class ChangelogWriter:
                     stream.seals.append(upto)
         self._wake.set()
         return fut
+
+    def flush_soon(self) -> None:
+        """Start uploading every buffered record now, without waiting for it.
+
+        A checkpoint is coming (its barriers are on their way): what the flusher takes now is
+        durable sooner, and the checkpoint's own flush (:meth:`persist` at the barrier) only
+        has the records appended after this call left to upload.
+        """
+        self._take_all = True
+        self._wake.set()
 
     def flush(self, timeout: float | None = None) -> None:
         """Make everything appended so far durable (blocks)."""
@@ -392,7 +420,11 @@ class ChangelogWriter:
             self._update_throttle_locked()
 
     def _run(self) -> None:
-        poll = min(self.persist_delay, 0.005) if self.persist_delay > 0 else 0.001
+        # Checkpoints (persist), close and a task whose buffer passed flush_records wake the
+        # flusher at once; the poll only bounds how late the persist delay and the record
+        # threshold of streams appending through slow paths are noticed. Every wake-up takes
+        # the GIL from the task threads, so it is rare.
+        poll = min(self.persist_delay, POLL_S) if self.persist_delay > 0 else 0.001
         last = time.monotonic()
         while not self._closed:
             self._wake.wait(poll)
@@ -440,17 +472,19 @@ class ChangelogWriter:
             while self._inflight_bytes >= self.max_inflight_bytes and self._failure is None:
                 self._update_throttle_locked()
                 self._cond.wait(0.05)
-        taken: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]] = []
+        taken: list[tuple[ChangelogStream, int, int, Any]] = []
         raw: list[tuple[int, Any, list[int]]] = []
         now = time.monotonic()
+        take_all, self._take_all = self._take_all, False
         for s in list(self._streams.values()):
             with s.lock:
                 n = len(s.buf)
-                # A busy task converts its records itself, batch by batch: ship those and leave
+                # A busy task takes its records itself, batch by batch: ship those and leave
                 # the partial batch to it, unless a checkpoint waits for it or the task has not
                 # completed a batch within the persist delay (a slow stream).
                 if (
                     self.encode_in_task
+                    and not take_all
                     and s.encoded
                     and not s._waiters
                     and now - s.last_encode < RAW_TAKE_DELAYS * self.persist_delay
@@ -467,15 +501,24 @@ class ChangelogWriter:
                 s._pending.append([start, s.taken, None])
                 seals = sorted(p - raw_start for p in s.seals if raw_start < p < s.taken)
                 s.seals = [p for p in s.seals if p > s.taken]
-            taken.append((s, start, s.taken, [b for _, _, bs in encoded for b in bs]))
+            taken.append((s, start, s.taken, encoded))
             raw.append((raw_start, cols, seals))
         if not taken:
             return
         with self._cond:
             self._cond.notify_all()  # tasks waiting for their buffer to drain
-        for (s, _start, _end, batches), (raw_start, cols, seals) in zip(taken, raw, strict=True):
+        converted: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]] = []
+        for (s, start, end, encoded), (raw_start, cols, seals) in zip(taken, raw, strict=True):
+            batches: list[fmt.EncodedBatch] = []
+            for chunk_start, _count, payload in encoded:
+                if isinstance(payload, tuple):  # columns taken by the task
+                    batches.extend(self._encode(s, chunk_start, payload[0], payload[1]))
+                else:
+                    batches.extend(payload)
             if cols is not None:
                 batches.extend(self._encode(s, raw_start, cols, seals))
+            converted.append((s, start, end, batches))
+        taken = converted
         with self._lock:
             seg_no = self._next_segment
             self._next_segment += 1

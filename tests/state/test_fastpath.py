@@ -109,3 +109,42 @@ def test_pure_python_switch():
     )
     env = {"STATELOG_PURE_PYTHON": "1", "PATH": "/usr/bin:/bin"}
     assert subprocess.run([sys.executable, "-c", code], env=env).returncode == 0
+
+
+KEYS = [
+    0, 1, -1, 255, 256, 2**31, -(2**31) - 1, 2**63 - 1, -(2**63),  # int64: encoded in C
+    2**63, -(2**63) - 1, 10**30,  # big ints: the cached key bytes
+    None, 1.5, b"k", ("t", 1),  # other types: the cached key bytes
+    "", "a", "user-42", "x" * 127, "x" * 128, "é", "日本", "a\x00b",  # ASCII up to 127 chars in C
+]
+
+
+def test_c_update_writes_the_canonical_key_bytes(tmp_path):
+    """The C update encodes int64 and short ASCII str keys itself instead of reading the
+    cached key bytes: every key must come out as ``encode_key`` bytes, in the changelog
+    block and after a restore."""
+    from statelog.changelog import format as fmt
+    from statelog.changelog.reader import SegmentReader
+    from statelog.keys import encode_key
+
+    job = statelog.open(tmp_path.as_uri())
+    b = job.backend("op")
+    st = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    assert type(st.update).__name__ == "ValueUpdate"
+    assert b._streams["v"].columnar
+    for i, k in enumerate(KEYS):
+        b.set_current_key(k)
+        st.update(i)
+    meta = job.checkpoint()
+    reader = SegmentReader(job.store)
+    written = []
+    for obj in job.store.list("changelog/"):
+        data = job.store.get(obj.key)
+        for info in reader.verify_segment(obj.key).blocks:
+            if info.state == "v":
+                written += fmt.decode_block(data[info.offset : info.offset + info.length], info, obj.key)["key"].to_pylist()
+    job.close()
+    assert written == [encode_key(k) for k in KEYS]
+    restored = statelog.open(tmp_path.as_uri()).backend("op", restore=meta)
+    got = {repr(k): v for k, _, v in restored.get_state(ValueStateDescriptor("v", pa.int64())).entries()}
+    assert got == {repr(k): i for i, k in enumerate(KEYS)}
