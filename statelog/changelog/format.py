@@ -84,7 +84,7 @@ VALUE_FLOAT64 = 2  # float64 + validity bitmap
 META_STATE = b"statelog.state"
 # Arrow IPC body compression of blocks ("lz4" is LZ4 frame); readers accept every one.
 BLOCK_CODECS = ("zstd", "lz4", "none")
-COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without zstd body compression
+COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without body compression
 META_VALUE_ENC = b"statelog.value_encoding"
 META_UKEY_ENC = b"statelog.user_key_encoding"
 
@@ -158,8 +158,7 @@ class BlockEncoder:
         # flusher's compression overlaps with the task thread on another core. One core:
         # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
         # which on a small machine takes the task thread's core too.
-        if codec not in BLOCK_CODECS:
-            raise ValueError(f"block codec must be one of {sorted(BLOCK_CODECS)}, got {codec!r}")
+        # ``codec`` is one of BLOCK_CODECS (ChangelogWriter checks the user's option)
         self._ipc_options = (
             None
             if codec == "none"
@@ -243,7 +242,7 @@ class BlockEncoder:
         """
         schema = batches[0].batch.schema
         rows = sum(b.batch.num_rows for b in batches)
-        # zstd has a fixed cost per buffer; small blocks are stored uncompressed
+        # compression has a fixed cost per buffer; small blocks are stored uncompressed
         compress = rows >= COMPRESS_MIN_ROWS and self._ipc_options is not None
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema, options=self._ipc_options if compress else None) as w:

@@ -153,9 +153,10 @@ class ChangelogStream:
             return
         if w.encode_in_task:
             self.encode_buffer()
-        if self.buffered >= w.flush_records:
+        buffered = self.buffered
+        if buffered >= w.flush_records:
             w._wake.set()
-        if self.buffered >= w.max_buffered_records:
+        if buffered >= w.max_buffered_records:
             w._wait_drained(self)
 
     def take_raw(self) -> tuple[Any, int]:
