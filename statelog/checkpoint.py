@@ -10,18 +10,23 @@ last, and carries a CRC-32 of its canonical body that every read verifies.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from statelog.changelog.writer import SegmentRef
 from statelog.descriptors import StateInfo
-from statelog.errors import CorruptionError, FormatVersionError
+from statelog.errors import CorruptionError, FormatVersionError, SerializationError
 from statelog.keys import KeyGroupRange
 
 CHECKPOINT_FORMAT = "statelog.checkpoint"
 CHECKPOINT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # v1: written before materializations existed (no base)
+# v1: written before materializations existed (no base); v3: v2 whose `sources` hold tagged
+# pairs (dicts with non-str keys, see encode_sources), written only when sources need them
+READABLE_VERSIONS = (1, 2, 3)
+SOURCES_PAIRS_VERSION = 3
+PAIRS_TAG = "$pairs"
 
 
 def dump_checked(body: dict[str, Any]) -> bytes:
@@ -44,6 +49,61 @@ def load_checked(data: bytes, key: str, what: str) -> dict[str, Any]:
     if zlib.crc32(canon) != crc:
         raise CorruptionError(f"{what} {key}: checksum mismatch; the object is corrupt", key=key)
     return body
+
+
+def encode_sources(sources: Any) -> tuple[Any, bool]:
+    """The JSON form of checkpoint ``sources`` and whether it needs tagged pairs (version 3).
+
+    JSON objects only have str keys, so a dict with any other key (int, float, bool, None),
+    or whose only key is the tag itself, is written as ``{"$pairs": [[key, value], ...]}``
+    in its iteration order; everything else is plain JSON (tuples become lists). A value
+    that is not JSON raises :class:`SerializationError` naming the entry.
+    """
+    tagged = False
+
+    def enc(value: Any, where: str) -> Any:
+        nonlocal tagged
+        if value is None or isinstance(value, bool | int | str):
+            return value
+        if isinstance(value, float):
+            if math.isfinite(value):
+                return value
+        elif isinstance(value, list | tuple):
+            return [enc(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            if all(isinstance(k, str) for k in value) and list(value) != [PAIRS_TAG]:
+                return {k: enc(v, f"{where}[{k!r}]") for k, v in value.items()}
+            for k in value:
+                if not (k is None or isinstance(k, bool | int | str) or (isinstance(k, float) and math.isfinite(k))):
+                    raise SerializationError(
+                        f"checkpoint sources entry {where} has the key {k!r} of type {type(k).__name__}; "
+                        "source positions must be JSON (keys str, int, float, bool or None): convert it"
+                    )
+            tagged = True
+            return {PAIRS_TAG: [[k, enc(v, f"{where}[{k!r}]")] for k, v in value.items()]}
+        raise SerializationError(
+            f"checkpoint sources entry {where} is {value!r} of type {type(value).__name__}, expected JSON "
+            "(dict, list, str, int, finite float, bool or None): convert the source position to JSON"
+        )
+
+    return enc(sources, "sources"), tagged
+
+
+def decode_sources(obj: Any) -> Any:
+    """The inverse of :func:`encode_sources` (for version 3 metadata)."""
+    if isinstance(obj, list):
+        return [decode_sources(v) for v in obj]
+    if isinstance(obj, dict):
+        if list(obj) == [PAIRS_TAG]:
+            return {_pair_key(pair): decode_sources(pair[1]) for pair in obj[PAIRS_TAG]}
+        return {k: decode_sources(v) for k, v in obj.items()}
+    return obj
+
+
+def _pair_key(pair: Any) -> Any:
+    if not isinstance(pair, list) or len(pair) != 2 or isinstance(pair[0], dict | list):
+        raise TypeError(f"a tagged pair of sources is [key, value] with a scalar key, got {pair!r}")
+    return pair[0]
 
 
 @dataclass(frozen=True)
@@ -200,15 +260,16 @@ class CheckpointMetadata:
         return {k for op in self.operators.values() for h in op.subtasks for k in h.manifest_keys()}
 
     def body(self) -> dict[str, Any]:
+        sources, tagged = encode_sources(self.sources)
         return {
             "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
+            "version": SOURCES_PAIRS_VERSION if tagged else CHECKPOINT_VERSION,
             "kind": self.kind,
             "checkpoint_id": self.checkpoint_id,
             "job_id": self.job_id,
             "timestamp_ms": self.timestamp_ms,
             "max_parallelism": self.max_parallelism,
-            "sources": self.sources,
+            "sources": sources,
             "stats": self.stats,
             "operators": {
                 uid: {
@@ -247,7 +308,7 @@ class CheckpointMetadata:
                 job_id=str(body["job_id"]),
                 timestamp_ms=int(body["timestamp_ms"]),
                 max_parallelism=int(body["max_parallelism"]),
-                sources=body["sources"],
+                sources=decode_sources(body["sources"]) if body["version"] >= SOURCES_PAIRS_VERSION else body["sources"],
                 operators=operators,
                 stats=body.get("stats", {}),
                 kind=body.get("kind", "checkpoint"),

@@ -25,7 +25,12 @@ from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges
 from statelog.catalog import JobCatalog, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
-from statelog.checkpoint import CheckpointMetadata, OperatorState, SubtaskStateHandle
+from statelog.checkpoint import (
+    CheckpointMetadata,
+    OperatorState,
+    SubtaskStateHandle,
+    encode_sources,
+)
 from statelog.errors import ConfigError, JobMismatchError, StatelogError
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
@@ -242,6 +247,7 @@ class StateJob:
         the source positions passed here; then it waits for durability and publishes.
         """
         t0 = time.monotonic()
+        encode_sources(dict(sources or {}))  # a non-JSON position fails before anything is sealed
         cid = self.next_checkpoint_id()
         self.adopt_latest_materialization()
         live = [b for b in self._backends if not b._closed]
