@@ -48,6 +48,7 @@ from statelog.materialization import (
     load_manifest,
     manifest_key,
     new_materialization_id,
+    parse_savepoint_manifest_key,
     read_table_file,
     table_schema,
     table_to_image,
@@ -317,10 +318,12 @@ class Materializer:
             operators=operators,
             kind=kind,
             stats=stats,
+            savepoint=parse_savepoint_manifest_key(key) if kind == "savepoint" else None,
         )
+        data, manifest = manifest.stored()
         if before_publish is not None:
             before_publish()
-        self.store.put(key, manifest.to_bytes())
+        self.store.put(key, data)
         self._manifests[key] = manifest
         log.info(
             "materialized checkpoint %d as %s: %d rows, %d files written (%d bytes), %d reused, "
@@ -351,7 +354,7 @@ class Materializer:
                 infos.setdefault(info.name, info)
             bases = []
             for part in h.materialization:
-                m = load_manifest(self.store, part.manifest, self._manifests)
+                m = load_manifest(self.store, part, self._manifests, job_id=meta.job_id)
                 mop = m.operators.get(uid)
                 if mop is None:
                     continue

@@ -51,7 +51,7 @@ from typing import Any
 
 from statelog.catalog import JobCatalog, checkpoint_key, load_savepoint, savepoint_names
 from statelog.changelog.writer import CHANGELOG_PREFIX
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint import CheckpointMetadata, MaterializedPart
 from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,
@@ -168,15 +168,22 @@ class LiveSet:
 
     def add_metadata(self, store: ObjectStore, meta: CheckpointMetadata) -> None:
         self.keys |= meta.segment_names()
-        for key in sorted(meta.manifest_keys()):
-            self.add_manifest(store, key, f"{meta.kind} {meta.checkpoint_id}")
+        parts = {(p.manifest, p.bytes, p.crc32): p for op in meta.operators.values() for h in op.subtasks
+                 for p in h.materialization}
+        for part in sorted(parts.values(), key=lambda p: p.manifest):
+            self.add_manifest(store, part, f"{meta.kind} {meta.checkpoint_id}", job_id=meta.job_id)
 
-    def add_manifest(self, store: ObjectStore, key: str, why: str) -> None:
+    def add_manifest(
+        self, store: ObjectStore, ref: str | MaterializedPart, why: str, job_id: str | None = None
+    ) -> None:
+        """Keep a manifest and the files it lists; one that is not what ``ref`` references (or
+        not of ``job_id``) makes GC keep every table file, as an unreadable one does."""
+        key = ref if isinstance(ref, str) else ref.manifest
         self.keys.add(key)
-        if key in self.manifests:
+        if key in self.manifests and isinstance(ref, str):
             return
         try:
-            m = load_manifest(store, key, self.cache)
+            m = load_manifest(store, ref, self.cache, job_id=job_id)
         except _FATAL:
             raise
         except (CorruptionError, StoreError) as e:

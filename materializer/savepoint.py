@@ -29,7 +29,6 @@ from statelog.catalog import (
 )
 from statelog.checkpoint import (
     CheckpointMetadata,
-    MaterializedPart,
     OperatorState,
     SubtaskStateHandle,
 )
@@ -62,7 +61,8 @@ def savepoint_data_prefix(name: str) -> str:
 
 
 def savepoint_metadata(meta: CheckpointMetadata, manifest: Manifest, created_ms: int) -> CheckpointMetadata:
-    """The metadata of a savepoint of ``meta`` whose image is ``manifest``."""
+    """The metadata of a savepoint of ``meta`` whose image is ``manifest`` (as written: its
+    handles record the manifest's size and CRC-32, and it carries the savepoint's name)."""
     operators = {}
     for uid, op in meta.operators.items():
         handles = tuple(
@@ -73,7 +73,7 @@ def savepoint_metadata(meta: CheckpointMetadata, manifest: Manifest, created_ms:
                 key_groups=h.key_groups,
                 changelog=(),
                 states=h.states,
-                materialization=(MaterializedPart(manifest.key, h.key_groups),),
+                materialization=(manifest.reference(h.key_groups),),
             )
             for h in op.subtasks
         )
@@ -93,6 +93,7 @@ def savepoint_metadata(meta: CheckpointMetadata, manifest: Manifest, created_ms:
             "files": sum(len(fs) for op in manifest.operators.values() for fs in op.files.values()),
         },
         kind="savepoint",
+        savepoint=manifest.savepoint,
     )
 
 
@@ -171,7 +172,8 @@ def savepoint_summary(store: ObjectStore, meta: CheckpointMetadata, name: str) -
     """The ``savepoint list`` record of one savepoint."""
     stats = meta.stats
     if not {"rows", "bytes", "files"} <= set(stats):  # not written by create_savepoint: ask the manifest
-        manifests = [load_manifest(store, k) for k in sorted(meta.manifest_keys())]
+        parts = {p.manifest: p for op in meta.operators.values() for h in op.subtasks for p in h.materialization}
+        manifests = [load_manifest(store, parts[k], job_id=meta.job_id) for k in sorted(parts)]
         stats = {
             "rows": sum(m.rows for m in manifests),
             "bytes": sum(m.bytes for m in manifests),

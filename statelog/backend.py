@@ -148,7 +148,11 @@ class RestoredChanges:
         handles: list[SubtaskStateHandle],
         key_groups: KeyGroupRange,
         manifests: dict[str, Manifest] | None = None,
+        job_id: str | None = None,
     ) -> RestoredChanges:
+        """Read what ``handles`` hold in ``key_groups``; with ``job_id``, the manifests they
+        build on must belong to that job (every manifest is also checked against its key and
+        against the size and CRC-32 its reference recorded)."""
         out = RestoredChanges()
         store = reader.store
         cache = manifests if manifests is not None else {}
@@ -162,7 +166,7 @@ class RestoredChanges:
                 if sub is None:
                     continue
                 out.parts.append(sub)
-                m = load_manifest(store, part.manifest, cache)
+                m = load_manifest(store, part, cache, job_id=job_id)
                 out.base_checkpoint_id = max(out.base_checkpoint_id, m.checkpoint_id)
                 mop = m.operators.get(h.operator_uid)
                 if mop is None:
@@ -528,7 +532,7 @@ class KeyedStateBackend:
                 start = max(r.start, done)
                 segs = tuple(s for s in r.segments if s.end > start)
                 inherited.append(ChangelogRange(r.stream, start, r.end, r.key_groups, segs))
-        self._base_parts = (MaterializedPart(manifest.key, self.key_groups),)
+        self._base_parts = (manifest.reference(self.key_groups),)
         self._base_cid = manifest.checkpoint_id
         self._inherited = tuple(inherited)
         self._covered = {s.stream_id: covered[s.stream_id] for s in self._streams.values() if s.stream_id in covered}

@@ -149,7 +149,17 @@ class JobCatalog:
         meta = CheckpointMetadata.from_bytes(data, key)
         if meta.checkpoint_id != checkpoint_id:
             raise CorruptionError(
-                f"checkpoint metadata {key} holds checkpoint {meta.checkpoint_id}", key=key
+                f"checkpoint metadata {key} holds checkpoint {meta.checkpoint_id}, expected {checkpoint_id}: "
+                "another checkpoint's metadata was copied there; run `statelog verify ROOT` and restore "
+                "another checkpoint",
+                key=key,
+            )
+        if meta.kind != "checkpoint":
+            raise CorruptionError(
+                f"checkpoint metadata {key} is the metadata of a {meta.kind} "
+                f"({meta.savepoint or 'unnamed'}), expected a checkpoint's: it was copied there; run "
+                "`statelog verify ROOT` and restore another checkpoint",
+                key=key,
             )
         return meta
 
@@ -217,5 +227,17 @@ def load_savepoint(store: ObjectStore, name: str) -> CheckpointMetadata:
         ) from None
     meta = CheckpointMetadata.from_bytes(data, key)
     if meta.kind != "savepoint":
-        raise CorruptionError(f"{key} is not savepoint metadata (kind {meta.kind!r})", key=key)
+        raise CorruptionError(
+            f"{key} is not savepoint metadata (kind {meta.kind!r}, checkpoint {meta.checkpoint_id}): a "
+            f"checkpoint's metadata was copied there; delete the savepoint with `statelog savepoint delete "
+            f"ROOT {name}`",
+            key=key,
+        )
+    if meta.savepoint is not None and meta.savepoint != name:
+        raise CorruptionError(
+            f"savepoint metadata {key} is the metadata of savepoint {meta.savepoint!r}, expected {name!r}: "
+            f"it was copied there; restore savepoint {meta.savepoint!r} itself, and delete this one with "
+            f"`statelog savepoint delete ROOT {name}`",
+            key=key,
+        )
     return meta

@@ -108,21 +108,37 @@ def _pair_key(pair: Any) -> Any:
 
 @dataclass(frozen=True)
 class MaterializedPart:
-    """The key groups ``key_groups`` of a materialization (manifest object key) as a base."""
+    """The key groups ``key_groups`` of a materialization (manifest object key) as a base.
+
+    ``bytes`` and ``crc32`` are the size and CRC-32 of the manifest object as the writer of
+    the reference knew it: a reader refuses a manifest whose bytes differ (a valid manifest
+    copied over another one). ``None`` in references written before they were recorded.
+    """
 
     manifest: str
     key_groups: KeyGroupRange
+    bytes: int | None = None
+    crc32: int | None = None
 
     def restrict(self, kgr: KeyGroupRange) -> MaterializedPart | None:
         inter = self.key_groups.intersect(kgr)
-        return None if inter.is_empty else MaterializedPart(self.manifest, inter)
+        return None if inter.is_empty else MaterializedPart(self.manifest, inter, self.bytes, self.crc32)
 
     def to_json(self) -> dict[str, Any]:
-        return {"manifest": self.manifest, "key_groups": self.key_groups.to_json()}
+        out: dict[str, Any] = {"manifest": self.manifest, "key_groups": self.key_groups.to_json()}
+        if self.bytes is not None and self.crc32 is not None:
+            out["bytes"], out["crc32"] = self.bytes, self.crc32
+        return out
 
     @staticmethod
     def from_json(obj: Any) -> MaterializedPart:
-        return MaterializedPart(str(obj["manifest"]), KeyGroupRange.from_json(obj["key_groups"]))
+        size, crc = obj.get("bytes"), obj.get("crc32")
+        return MaterializedPart(
+            str(obj["manifest"]),
+            KeyGroupRange.from_json(obj["key_groups"]),
+            None if size is None else int(size),
+            None if crc is None else int(crc),
+        )
 
 
 @dataclass(frozen=True)
@@ -247,6 +263,7 @@ class CheckpointMetadata:
     operators: dict[str, OperatorState]
     stats: dict[str, Any] = field(default_factory=dict)
     kind: str = "checkpoint"  # or "savepoint"
+    savepoint: str | None = None  # a savepoint's name (its identity: checked against the key)
 
     @property
     def changelog_bytes(self) -> int:
@@ -265,6 +282,7 @@ class CheckpointMetadata:
             "format": CHECKPOINT_FORMAT,
             "version": SOURCES_PAIRS_VERSION if tagged else CHECKPOINT_VERSION,
             "kind": self.kind,
+            **({"savepoint": self.savepoint} if self.savepoint is not None else {}),
             "checkpoint_id": self.checkpoint_id,
             "job_id": self.job_id,
             "timestamp_ms": self.timestamp_ms,
@@ -312,6 +330,7 @@ class CheckpointMetadata:
                 operators=operators,
                 stats=body.get("stats", {}),
                 kind=body.get("kind", "checkpoint"),
+                savepoint=None if body.get("savepoint") is None else str(body["savepoint"]),
             )
         except CorruptionError as e:
             if e.key is not None:

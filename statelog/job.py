@@ -176,7 +176,9 @@ class StateJob:
         handles = op.handles_for(kgr) if op is not None else []
         t0 = time.monotonic()
         with gc_paused():
-            restored = RestoredChanges.read(SegmentReader(self.store), handles, kgr, self._manifests)
+            restored = RestoredChanges.read(
+                SegmentReader(self.store), handles, kgr, self._manifests, job_id=meta.job_id
+            )
         if meta.kind == "checkpoint":
             restored.checkpoint_id = meta.checkpoint_id
         log.info(

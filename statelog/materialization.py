@@ -20,7 +20,7 @@ import pickle
 import re
 import zlib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from statelog.changelog.format import TIMER_STATES
-from statelog.checkpoint import dump_checked, load_checked
+from statelog.checkpoint import MaterializedPart, dump_checked, load_checked
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, CorruptionError, FormatVersionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange
@@ -43,6 +43,7 @@ DATA_PREFIX = "materializations/data/"
 SAVEPOINT_PREFIX = "savepoints/"
 _MANIFEST_RE = re.compile(r"^materializations/manifests/(m-(\d{12,})-(\d{6,})-([0-9a-f]{8}))\.json$")
 _SAVEPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_SAVEPOINT_MANIFEST_RE = re.compile(r"^savepoints/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/manifest\.json$")
 
 # the Parquet schema metadata keys
 META_FORMAT = b"statelog.table"
@@ -86,6 +87,12 @@ def savepoint_manifest_key(name: str) -> str:
 
 def savepoint_metadata_key(name: str) -> str:
     return f"{SAVEPOINT_PREFIX}{name}/_metadata.json"
+
+
+def parse_savepoint_manifest_key(key: str) -> str | None:
+    """The savepoint name of ``savepoints/<name>/manifest.json``, else ``None``."""
+    m = _SAVEPOINT_MANIFEST_RE.match(key)
+    return None if m is None else m.group(1)
 
 
 # -- manifest ----------------------------------------------------------------------------------
@@ -172,6 +179,10 @@ class Manifest:
     operators: dict[str, MaterializedOperator]
     kind: str = "materialization"  # or "savepoint"
     stats: dict[str, Any] = field(default_factory=dict)
+    savepoint: str | None = None  # kind "savepoint": the savepoint's name
+    # size and CRC-32 of the stored object (known once written or read; not part of the body)
+    object_bytes: int | None = field(default=None, compare=False, repr=False)
+    object_crc32: int | None = field(default=None, compare=False, repr=False)
 
     def paths(self) -> set[str]:
         return {f.path for op in self.operators.values() for fs in op.files.values() for f in fs}
@@ -184,11 +195,26 @@ class Manifest:
     def bytes(self) -> int:
         return sum(op.bytes for op in self.operators.values())
 
+    def describe(self) -> str:
+        """What this manifest says it is, e.g. ``materialization m-... of checkpoint 4``."""
+        what = f"{self.kind} {self.mid} of checkpoint {self.checkpoint_id}"
+        return f"{what} (savepoint {self.savepoint!r})" if self.savepoint is not None else what
+
+    def reference(self, key_groups: KeyGroupRange) -> MaterializedPart:
+        """A reference to ``key_groups`` of this manifest, bound to its stored bytes if known."""
+        return MaterializedPart(self.key, key_groups, self.object_bytes, self.object_crc32)
+
+    def stored(self) -> tuple[bytes, Manifest]:
+        """The bytes to store, and this manifest knowing their size and CRC-32."""
+        data = self.to_bytes()
+        return data, replace(self, object_bytes=len(data), object_crc32=zlib.crc32(data))
+
     def body(self) -> dict[str, Any]:
         return {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
             "kind": self.kind,
+            **({"savepoint": self.savepoint} if self.savepoint is not None else {}),
             "id": self.mid,
             "checkpoint_id": self.checkpoint_id,
             "job_id": self.job_id,
@@ -214,7 +240,7 @@ class Manifest:
                 key=key,
             )
         try:
-            return Manifest(
+            m = Manifest(
                 mid=str(body["id"]),
                 key=key,
                 checkpoint_id=int(body["checkpoint_id"]),
@@ -225,6 +251,9 @@ class Manifest:
                 operators={uid: MaterializedOperator.from_json(uid, op) for uid, op in body["operators"].items()},
                 kind=str(body.get("kind", "materialization")),
                 stats=dict(body.get("stats", {})),
+                savepoint=None if body.get("savepoint") is None else str(body["savepoint"]),
+                object_bytes=len(data),
+                object_crc32=zlib.crc32(data),
             )
         except CorruptionError as e:
             if e.key is not None:
@@ -232,24 +261,88 @@ class Manifest:
             raise CorruptionError(f"materialization manifest {key} is malformed: {e}", key=key) from None
         except (KeyError, ValueError, TypeError, AttributeError) as e:
             raise CorruptionError(f"materialization manifest {key} is malformed: {e}", key=key) from None
+        check_identity(m, key)
+        return m
 
 
-def load_manifest(store: ObjectStore, key: str, cache: dict[str, Manifest] | None = None) -> Manifest:
-    """Read and verify a manifest (``cache`` keeps parsed manifests, they are immutable)."""
-    if cache is not None and key in cache:
-        return cache[key]
-    try:
-        data = store.get(key)
-    except ObjectNotFoundError:
+def check_identity(m: Manifest, key: str) -> None:
+    """A manifest read from ``key`` must say it is the manifest that key names.
+
+    ``materializations/manifests/<id>.json`` holds materialization ``<id>`` (kind, id,
+    checkpoint and lease generation as in the name); ``savepoints/<name>/manifest.json``
+    holds a savepoint's manifest, of savepoint ``<name>`` if it records its name (manifests
+    written before the name was recorded do not). Other keys carry no identity.
+    """
+    parsed = parse_manifest_key(key)
+    if parsed is not None:
+        mid, cid, generation = parsed
+        if (m.kind, m.mid, m.checkpoint_id, m.lease_generation) == ("materialization", mid, cid, generation):
+            return
+        expected = f"materialization {mid} of checkpoint {cid}"
+    else:
+        name = parse_savepoint_manifest_key(key)
+        if name is None or (m.kind == "savepoint" and m.savepoint in (None, name)):
+            return
+        expected = f"the manifest of savepoint {name!r}"
+    raise CorruptionError(
+        f"materialization manifest {key} holds {m.describe()}, expected {expected}: another manifest was "
+        "copied there; run `statelog verify ROOT` and restore a checkpoint or savepoint that does not "
+        "build on it",
+        key=key,
+    )
+
+
+def load_manifest(
+    store: ObjectStore,
+    ref: str | MaterializedPart,
+    cache: dict[str, Manifest] | None = None,
+    *,
+    job_id: str | None = None,
+) -> Manifest:
+    """Read and verify a manifest (``cache`` keeps parsed manifests, they are immutable).
+
+    ``ref`` is the manifest's object key or a reference to it; a reference that records the
+    manifest's size and CRC-32 must match the stored bytes, and with ``job_id`` the manifest
+    must belong to that job (both are checked on cache hits too: the cache may have been
+    filled through another reference).
+    """
+    key = ref if isinstance(ref, str) else ref.manifest
+    m = cache.get(key) if cache is not None else None
+    if m is None:
+        try:
+            data = store.get(key)
+        except ObjectNotFoundError:
+            raise CorruptionError(
+                f"materialization manifest {key} is missing from {store.url}; the checkpoint that references "
+                "it cannot be restored (restore an older checkpoint or a savepoint)",
+                key=key,
+            ) from None
+        m = Manifest.from_bytes(data, key)
+        if cache is not None:
+            cache[key] = m
+    if isinstance(ref, MaterializedPart):
+        check_reference(m, ref)
+    if job_id is not None and m.job_id != job_id:
         raise CorruptionError(
-            f"materialization manifest {key} is missing from {store.url}; the checkpoint that references "
-            "it cannot be restored (restore an older checkpoint or a savepoint)",
+            f"materialization manifest {key} belongs to job {m.job_id}, the metadata that references it to "
+            f"job {job_id}: it was copied from another job root; run `statelog verify ROOT`",
             key=key,
-        ) from None
-    m = Manifest.from_bytes(data, key)
-    if cache is not None:
-        cache[key] = m
+        )
     return m
+
+
+def check_reference(m: Manifest, ref: MaterializedPart) -> None:
+    """The manifest's stored bytes must be those ``ref`` recorded (if it recorded them)."""
+    if ref.bytes is None or ref.crc32 is None or m.object_bytes is None or m.object_crc32 is None:
+        return
+    if (m.object_bytes, m.object_crc32) != (ref.bytes, ref.crc32):
+        raise CorruptionError(
+            f"materialization manifest {m.key} ({m.describe()}) is {m.object_bytes} bytes with CRC-32 "
+            f"{m.object_crc32:08x}, but the checkpoint or savepoint metadata that references it recorded "
+            f"{ref.bytes} bytes with CRC-32 {ref.crc32:08x}: other bytes are in its place; run "
+            "`statelog verify ROOT` and restore a checkpoint or savepoint that does not build on it",
+            key=m.key,
+        )
 
 
 def list_manifests(store: ObjectStore) -> list[tuple[str, int, int, float]]:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from statelog.catalog import JOB_KEY, JobInfo, checkpoint_key, load_savepoint, savepoint_names
 from statelog.changelog.reader import SegmentReader
-from statelog.checkpoint import ChangelogRange, CheckpointMetadata
+from statelog.checkpoint import ChangelogRange, CheckpointMetadata, MaterializedPart
 from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,
@@ -25,6 +25,7 @@ from statelog.errors import (
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
 from statelog.materialization import (
     TableFile,
+    check_reference,
     load_manifest,
     read_table_file,
     savepoint_metadata_key,
@@ -218,11 +219,24 @@ class _Verifier:
             self.report.records_checked += rows
 
 
-    def check_manifest(self, key: str, uses: list[tuple[str, Any]], cids: list[int]) -> list[TableFile]:
-        """Load and check one manifest; returns the table files the checkpoints reference."""
+    def check_manifest(
+        self,
+        key: str,
+        uses: list[tuple[str, Any]],
+        cids: list[int],
+        refs: Sequence[MaterializedPart] = (),
+        job_id: str | None = None,
+    ) -> list[TableFile]:
+        """Load and check one manifest; returns the table files the checkpoints reference.
+
+        The manifest must be the one its key names, of the root's job, and have the size and
+        CRC-32 that every reference to it recorded.
+        """
         files: list[TableFile] = []
         with self.check(key, cids):
-            m = load_manifest(self.store, key)
+            m = load_manifest(self.store, key, job_id=job_id)
+            for ref in refs:
+                check_reference(m, ref)
             self.report.manifests_checked += 1
             for uid, kgr in uses:
                 mop = m.operators.get(uid)
@@ -323,16 +337,19 @@ def verify_root(root: Root, checkpoint: str | None = None) -> VerifyReport:
             if not c.failed:
                 metas.append(sp)
     uses: dict[str, dict[tuple[str, Any], list[int]]] = {}
+    bindings: dict[str, dict[tuple[int | None, int | None], MaterializedPart]] = {}
     for meta in metas:
         for uid, op in meta.operators.items():
             for h in op.subtasks:
                 for part in h.materialization:
                     uses.setdefault(part.manifest, {}).setdefault((uid, part.key_groups), []).append(meta.checkpoint_id)
+                    bindings.setdefault(part.manifest, {}).setdefault((part.bytes, part.crc32), part)
     table_files: dict[str, tuple[TableFile, list[int]]] = {}
     for key, by_use in sorted(uses.items()):
         cids = sorted({c for refs in by_use.values() for c in refs})
         log.info("verifying materialization %s", key)
-        for f in v.check_manifest(key, list(by_use), cids):
+        refs = list(bindings[key].values())
+        for f in v.check_manifest(key, list(by_use), cids, refs, job.job_id if job else None):
             table_files.setdefault(f.path, (f, cids))
     for _path, (f, cids) in sorted(table_files.items()):
         v.check_table_file(f, cids)

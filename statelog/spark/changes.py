@@ -127,7 +127,7 @@ def _known(store: Any, op: OperatorState | None, name: str, cache: dict[str, Man
             if stream_state(r.stream) == name:
                 known[r.stream] = max(known.get(r.stream, 0), r.end)
         for p in h.materialization:
-            mop = load_manifest(store, p.manifest, cache).operators.get(op.uid)
+            mop = load_manifest(store, p, cache).operators.get(op.uid)
             if mop is None:
                 continue
             for s, end in mop.covered.items():

@@ -22,7 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from statelog.catalog import checkpoint_key, load_savepoint, savepoint_names
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint import CheckpointMetadata, MaterializedPart
 from statelog.errors import CheckpointNotFoundError, ConfigError
 from statelog.job import StateJob
 from statelog.materialization import (
@@ -93,7 +93,7 @@ class Catalog:
                 for name in savepoint_names(self.store):
                     self.entries.append((load_savepoint(self.store, name), name, savepoint_metadata_key(name)))
 
-    def manifest(self, key: str) -> Manifest:
+    def manifest(self, key: str | MaterializedPart) -> Manifest:
         return load_manifest(self.store, key, self.manifests)
 
     def _files(self, meta: CheckpointMetadata, uid: str, state: str | None = None) -> dict[str, TableFile]:
@@ -101,7 +101,7 @@ class Catalog:
         out: dict[str, TableFile] = {}
         for h in meta.operators[uid].subtasks:
             for p in h.materialization:
-                mop = self.manifest(p.manifest).operators.get(uid)
+                mop = self.manifest(p).operators.get(uid)
                 if mop is None:
                     continue
                 names = [state] if state is not None else list(mop.files)

@@ -416,9 +416,10 @@ def _publish(job: StateJob, meta: CheckpointMetadata, where: str, name: str, tas
     manifest = Manifest(
         mid=new_materialization_id(meta.checkpoint_id, 0), key=mkey, checkpoint_id=meta.checkpoint_id,
         job_id=meta.job_id, max_parallelism=maxp, created_ms=int(time.time() * 1000), lease_generation=0,
-        operators=operators, kind="savepoint", stats=stats,
+        operators=operators, kind="savepoint", stats=stats, savepoint=name,
     )
-    job.store.put(mkey, manifest.to_bytes())
+    data, manifest = manifest.stored()
+    job.store.put(mkey, data)
     handles = {}
     for uid, p in parallelism.items():
         old = meta.operators[source_uid[uid]]
@@ -427,7 +428,7 @@ def _publish(job: StateJob, meta: CheckpointMetadata, where: str, name: str, tas
             SubtaskStateHandle(
                 operator_uid=uid, subtask=i, parallelism=p, key_groups=key_group_range_for_subtask(maxp, p, i),
                 changelog=(), states=infos,
-                materialization=(MaterializedPart(mkey, key_group_range_for_subtask(maxp, p, i)),),
+                materialization=(manifest.reference(key_group_range_for_subtask(maxp, p, i)),),
             )
             for i in range(p)
         ))
@@ -435,7 +436,7 @@ def _publish(job: StateJob, meta: CheckpointMetadata, where: str, name: str, tas
     renamed = {uid: source_uid[uid] for uid in parallelism if source_uid[uid] != uid}
     sp = CheckpointMetadata(
         checkpoint_id=meta.checkpoint_id, job_id=meta.job_id, timestamp_ms=int(time.time() * 1000),
-        max_parallelism=maxp, sources=dict(meta.sources), operators=handles, kind="savepoint",
+        max_parallelism=maxp, sources=dict(meta.sources), operators=handles, kind="savepoint", savepoint=name,
         stats={
             "checkpoint_timestamp_ms": meta.timestamp_ms, "manifest": mkey, "rows": manifest.rows,
             "bytes": manifest.bytes, "files": nfiles, "restored_from": where,

@@ -85,7 +85,7 @@ def read_state_changes(
         handles.append(dataclasses.replace(h, changelog=tuple(r for r in h.changelog if stream_state(r.stream) == name)))
         for p in h.materialization:
             if p.manifest not in cache:
-                cache[p.manifest] = _only_state(load_manifest(store, p.manifest, full), name)
+                cache[p.manifest] = _only_state(load_manifest(store, p, full), name)
     return RestoredChanges.read(SegmentReader(store), handles, kgr, cache)
 
 
