@@ -40,6 +40,7 @@ from runtime.sources import Source, WatermarkStrategy
 from runtime.windows import WindowAssigner, WindowOperator
 from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
+from statelog.store.options import StoreOptions
 from statelog.types import PICKLE
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class JobConfig:
     checkpoint_timeout_s: float = 60.0
     mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE_ALIGNED
     state_root: str = ""
-    store_options: dict[str, Any] = field(default_factory=dict)
+    store_options: StoreOptions = field(default_factory=StoreOptions)  # repr shows *** for secrets
     writer_options: dict[str, Any] = field(default_factory=dict)
     retain_checkpoints: int = 5
     tolerable_failed_checkpoints: int = 0
@@ -180,7 +181,7 @@ class StreamExecutionEnvironment:
             checkpoint_timeout_s=checkpoint_timeout_s,
             mode=mode,
             state_root=state_root,
-            store_options=dict(store_options or {}),
+            store_options=StoreOptions(store_options),
             writer_options=dict(writer_options or {}),
             retain_checkpoints=retain_checkpoints,
             tolerable_failed_checkpoints=tolerable_failed_checkpoints,

@@ -100,6 +100,10 @@ class StateJob:
         # how often checkpoint() looks for a newer materialization (one LIST request)
         self.materialization_poll_s = 1.0
 
+    def __repr__(self) -> str:
+        # the store's repr hides credentials (statelog.store.options); nothing else here is secret
+        return f"StateJob({self.root!r}, job_id={self.job_id!r}, store={self.store!r})"
+
     # -- writer and backends -------------------------------------------------------------------
 
     @property

@@ -25,6 +25,7 @@ from statelog.errors import (
 from tools import output
 from tools.roots import (  # noqa: F401 - re-exported for callers and tests
     Root,
+    StoreOptionArg,
     load_metadata,
     open_root,
     parse_store_options,
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--store-option",
         action="append",
         default=[],
+        type=StoreOptionArg,
         metavar="KEY=VALUE",
         dest="store_option_sub",
         help=option_help,
@@ -84,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help=verbose_help)
     parser.add_argument(
-        "--store-option", action="append", default=[], metavar="KEY=VALUE", help=option_help
+        "--store-option", action="append", default=[], type=StoreOptionArg, metavar="KEY=VALUE",
+        help=option_help,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chk = commands.add_parser("checkpoints", help="list and show retained checkpoints")

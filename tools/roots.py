@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,21 +16,37 @@ from statelog.errors import (
     CorruptionError,
 )
 from statelog.store import open_store, redact_url
+from statelog.store.options import REDACTED, StoreOptions, is_secret, redact
 
 log = logging.getLogger("tools.cli")
-
-SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token"})
 
 # -- store options and roots ---------------------------------------------------------------------
 
 
-def parse_store_options(items: Sequence[str]) -> dict[str, Any]:
+class StoreOptionArg:
+    """One ``--store-option KEY=VALUE`` as argparse keeps it (its ``type``): the parsed
+    arguments' ``repr`` shows ``KEY=***`` for a secret option (:func:`is_secret`)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        key, sep, _ = self.text.partition("=")
+        return repr(f"{key}={REDACTED}" if sep and is_secret(key.strip()) else self.text)
+
+    __str__ = __repr__
+
+
+def parse_store_options(items: Sequence[str | StoreOptionArg]) -> StoreOptions:
     """``KEY=VALUE`` strings to an options mapping; ``retry.FIELD=N`` builds the retry dict.
 
     Error messages name the key at most, never a value (values may be secrets).
     """
     options: dict[str, Any] = {}
-    for n, item in enumerate(items, 1):
+    for n, arg in enumerate(items, 1):
+        item = arg.text if isinstance(arg, StoreOptionArg) else arg
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
@@ -44,7 +60,7 @@ def parse_store_options(items: Sequence[str]) -> dict[str, Any]:
         if name in target or not isinstance(target, dict):
             raise ConfigError(f"--store-option {key} is given twice; give each option once")
         target[name] = value
-    return options
+    return StoreOptions(options)
 
 
 def _number(value: str, key: str) -> int | float:
@@ -55,8 +71,8 @@ def _number(value: str, key: str) -> int | float:
     return int(number) if number.is_integer() and "." not in value else number
 
 
-def redacted_options(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: "***" if k in SECRET_OPTIONS else v for k, v in options.items()}
+def redacted_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return redact(options)
 
 
 @dataclass

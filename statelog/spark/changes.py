@@ -52,6 +52,7 @@ from statelog.spark.datasource import (
 )
 from statelog.spark.restore import stream_state
 from statelog.spark.schema import Columns, ValueLayout, parse_key_type, pickle_dump, render
+from statelog.store.options import StoreOptions
 
 OP_NAMES = {
     fmt.OP_PUT: "put",
@@ -94,6 +95,8 @@ class FeedPlan:
     partitions: int
     max_parallelism: int
     reads: tuple[RangeRead, ...]  # in replay order (handles by key group, ranges as listed)
+    root: str
+    store: StoreOptions  # resolved on the driver (see statelog.spark.options.job_store)
 
     @property
     def state_info(self) -> StateInfo:
@@ -149,17 +152,18 @@ def plan_feed(options: Mapping[str, str]) -> FeedPlan:
         raise ConfigError('option "changesFrom" is required with "changesTo": the checkpoint the changes start after')
     if opt.get(options, "checkpoint") is not None:
         raise ConfigError('option "checkpoint" cannot be combined with "changesFrom"/"changesTo"')
-    job = opt.open_job(options)
+    root, store = opt.job_store(options)
+    job = opt.open_at(root, store)
     try:
         a = opt.resolve(job, opt.get(options, "changesFrom"), "changesFrom")
         b = opt.resolve(job, opt.get(options, "changesTo"), "changesTo")
-        return _plan(job, a, b, uid, name, key_type_name, options)
+        return _plan(job, a, b, uid, name, key_type_name, options, root, store)
     finally:
         job.close()
 
 
 def _plan(job: StateJob, a: CheckpointMetadata, b: CheckpointMetadata, uid: str, name: str,
-          key_type_name: str | None, options: Mapping[str, str]) -> FeedPlan:
+          key_type_name: str | None, options: Mapping[str, str], root: str, settings: StoreOptions) -> FeedPlan:
     if b.kind != "checkpoint":
         raise ConfigError("changesTo must be a checkpoint: a savepoint holds no changelog")
     if a.checkpoint_id > b.checkpoint_id:
@@ -242,24 +246,28 @@ def _plan(job: StateJob, a: CheckpointMetadata, b: CheckpointMetadata, uid: str,
             reads.append(RangeRead(r.stream, start, r.end, r.key_groups.start, r.key_groups.end, segs, tuple(bounds)))
     partitions = opt.parse_partitions(options, max(2, op_b.parallelism), b.max_parallelism)
     return FeedPlan(a.checkpoint_id, b.checkpoint_id, uid, info.to_json(), key_type_name, partitions,
-                    b.max_parallelism, tuple(reads))
+                    b.max_parallelism, tuple(reads), root, settings)
 
 
 # -- reading -------------------------------------------------------------------------------------
 
 
 class ChangeFeedReader(DataSourceReader):
-    def __init__(self, options: Mapping[str, str], plan: FeedPlan, schema: StructType) -> None:
-        self.options = dict(options)
+    def __init__(self, plan: FeedPlan, schema: StructType) -> None:
         self.plan = plan
         self.schema = schema
+
+    def __repr__(self) -> str:
+        p = self.plan
+        return (f"ChangeFeedReader({p.root!r}, {p.operator!r}, {p.from_id}..{p.to_id}, "
+                f"store={p.store!r})")
 
     def partitions(self) -> list[InputPartition]:
         return key_group_partitions(self.plan.max_parallelism, self.plan.partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KeyGroupPartition)
-        job = opt.open_job(self.options)
+        job = opt.open_at(self.plan.root, self.plan.store)
         try:
             yield from feed_batches(job, self.plan, KeyGroupRange(partition.start, partition.end),
                                     Columns(self.schema))

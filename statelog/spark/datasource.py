@@ -46,6 +46,7 @@ from statelog.spark.schema import (
     render,
     spark_type_of,
 )
+from statelog.store.options import StoreOptions
 
 BATCH_ROWS = 65_536
 
@@ -118,8 +119,14 @@ def key_group_partitions(max_parallelism: int, count: int) -> list[InputPartitio
 
 @dataclass(frozen=True)
 class StatePlan:
-    """What ``schema()`` resolved (pickled with the data source to the readers)."""
+    """What ``schema()`` resolved (pickled with the data source to the readers).
 
+    ``store`` holds the store options the driver resolved (with its ``AWS_*`` environment):
+    the executors open the store with them, whatever their own environment.
+    """
+
+    root: str
+    store: StoreOptions
     target: str  # a checkpoint id, or "savepoint:NAME"
     where: str
     operator: str
@@ -138,7 +145,8 @@ def plan_state(options: Mapping[str, str]) -> StatePlan:
     name = opt.require(options, "state", "the state name (or __timers_event / __timers_processing)")
     key_type_name = opt.get(options, "keyType")
     parse_key_type(key_type_name)
-    job = opt.open_job(options)
+    root, store = opt.job_store(options)
+    job = opt.open_at(root, store)
     try:
         which = opt.get(options, "checkpoint")
         meta = opt.resolve(job, which)
@@ -147,7 +155,8 @@ def plan_state(options: Mapping[str, str]) -> StatePlan:
         op = opt.operator_of(meta, uid, where)
         info = opt.state_of(op, name, where)
         partitions = opt.parse_partitions(options, max(2, op.parallelism), meta.max_parallelism)
-        return StatePlan(target, where, uid, info.to_json(), key_type_name, partitions, meta.max_parallelism)
+        return StatePlan(root, store, target, where, uid, info.to_json(), key_type_name, partitions,
+                         meta.max_parallelism)
     finally:
         job.close()
 
@@ -159,10 +168,12 @@ def state_schema(info: StateInfo, key_type: pa.DataType | None) -> StructType:
 
 
 class StateReader(DataSourceReader):
-    def __init__(self, options: Mapping[str, str], plan: StatePlan, schema: StructType) -> None:
-        self.options = dict(options)
+    def __init__(self, plan: StatePlan, schema: StructType) -> None:
         self.plan = plan
         self.schema = schema
+
+    def __repr__(self) -> str:
+        return f"StateReader({self.plan!r})"
 
     def partitions(self) -> list[InputPartition]:
         return key_group_partitions(self.plan.max_parallelism, self.plan.partitions)
@@ -170,7 +181,7 @@ class StateReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KeyGroupPartition)
         plan = self.plan
-        job = opt.open_job(self.options)
+        job = opt.open_at(plan.root, plan.store)
         try:
             meta = opt.resolve(job, plan.target)
             op = opt.operator_of(meta, plan.operator, plan.where)
@@ -318,10 +329,10 @@ class StatelogDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         plan = self._plan()
         if isinstance(plan, StatePlan):
-            return StateReader(self.options, plan, schema)
+            return StateReader(plan, schema)
         from statelog.spark.changes import ChangeFeedReader
 
-        return ChangeFeedReader(self.options, plan, schema)
+        return ChangeFeedReader(plan, schema)
 
 
 __all__ = ["TIMER_STATES", "StatelogDataSource", "state_schema"]

@@ -35,6 +35,7 @@ from statelog.materialization import (
 )
 from statelog.spark import options as opt
 from statelog.spark.restore import stream_state
+from statelog.store.options import StoreOptions
 from statelog.types import PICKLE
 
 _WHO = "checkpoint_id long, kind string, savepoint string"
@@ -208,18 +209,23 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 class MetadataReader(DataSourceReader):
-    def __init__(self, options: Mapping[str, str], table: str) -> None:
-        self.options = dict(options)
-        self.table = table
+    """Reads one table; ``store`` holds the store options the driver resolved (its ``AWS_*`` env)."""
+
+    def __init__(self, root: str, store: StoreOptions, table: str, checkpoint: str | None,
+                 savepoints: bool) -> None:
+        self.root, self.store, self.table = root, store, table
+        self.checkpoint, self.savepoints = checkpoint, savepoints
+
+    def __repr__(self) -> str:
+        return f"MetadataReader({self.root!r}, {self.table!r}, store={self.store!r})"
 
     def partitions(self) -> list[InputPartition]:
         return [InputPartition(0)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
-        job = opt.open_job(self.options)
+        job = opt.open_at(self.root, self.store)
         try:
-            cat = Catalog(job, opt.get(self.options, "checkpoint"), _bool(self.options, "savepoints", True))
-            yield from cat.rows(self.table)
+            yield from Catalog(job, self.checkpoint, self.savepoints).rows(self.table)
         finally:
             job.close()
 
@@ -239,4 +245,6 @@ class StatelogMetadataDataSource(DataSource):
         return SCHEMAS[table]
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return MetadataReader(self.options, table_option(self.options))
+        root, store = opt.job_store(self.options)
+        return MetadataReader(root, store, table_option(self.options), opt.get(self.options, "checkpoint"),
+                              _bool(self.options, "savepoints", True))

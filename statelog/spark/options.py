@@ -2,9 +2,12 @@
 
 Spark hands a Python data source its options as strings with lower-cased keys. Store
 options (``open_store``'s mapping, e.g. the S3 endpoint and credentials) are passed as
-``store.<name>`` options and ``store.retry.<field>`` for the retry policy, so the Python
-workers open the store exactly like the driver. Error messages name option keys, never
-their values (they may be secrets).
+``store.<name>`` options and ``store.retry.<field>`` for the retry policy. The driver
+resolves them once, with its own ``AWS_*`` environment, into explicit
+:class:`~statelog.store.options.StoreOptions` (:func:`job_store`) that travel to the
+executors inside the pickled plan of the reader, so the Python workers open the store
+exactly like the driver even on a cluster whose executors lack that environment. Error
+messages name option keys, never their values (they may be secrets).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from statelog.checkpoint import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StateNotFoundError
 from statelog.job import StateJob
+from statelog.store.options import StoreOptions, resolve_store_options
 
 STORE_PREFIX = "store."
-SECRET_OPTIONS = frozenset({"access_key", "secret_key", "session_token"})
 
 
 def get(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
@@ -70,10 +73,20 @@ def to_spark_options(store_opts: Mapping[str, Any] | None) -> dict[str, str]:
     return out
 
 
+def job_store(options: Mapping[str, str]) -> tuple[str, StoreOptions]:
+    """Option ``root`` and its store options resolved with this process's environment (driver side)."""
+    root = require(options, "root", "the job root URL, e.g. file:///var/lib/job or s3://bucket/prefix")
+    return root, resolve_store_options(root, store_options(options))
+
+
+def open_at(root: str, store: Mapping[str, Any]) -> StateJob:
+    """Open the job at ``root`` read-only with resolved store options (never creates a job root)."""
+    return StateJob(root, store_options=store or None, create=False)
+
+
 def open_job(options: Mapping[str, str]) -> StateJob:
     """Open the job at option ``root`` read-only (never creates a job root)."""
-    root = require(options, "root", "the job root URL, e.g. file:///var/lib/job or s3://bucket/prefix")
-    return StateJob(root, store_options=store_options(options) or None, create=False)
+    return open_at(*job_store(options))
 
 
 def parse_partitions(options: Mapping[str, str], default: int, max_parallelism: int) -> int:

@@ -50,6 +50,7 @@ from statelog.materialization import (
     savepoint_metadata_key,
 )
 from statelog.spark import options as opt
+from statelog.store.options import StoreOptions, resolve_store_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -316,7 +317,9 @@ def restore(
     try:
         plan = prepare(job, checkpoint, parallelism=parallelism, savepoint=savepoint, drop=drop, rename=rename)
         log.info("restore job: %s -> savepoint %r, %d task(s)", plan.where, plan.name, len(plan.tasks))
-        results = _run(spark, job.root, store_options, plan.name, plan.tasks, progress)
+        # resolved here, with the driver's AWS_* environment: the executors may lack it
+        resolved = resolve_store_options(job.root, store_options)
+        results = _run(spark, job.root, resolved, plan.name, plan.tasks, progress)
         errors = [r["error"] for r in results if "error" in r]
         if errors:
             raise StatelogError(
@@ -336,7 +339,7 @@ def _run(spark: SparkSession, root: str, store_options: Mapping[str, Any] | None
     from pyspark import InheritableThread
 
     sc = spark.sparkContext
-    rdd = sc.parallelize(tasks, len(tasks)).map(partial(run_task, root, dict(store_options or {}), name))
+    rdd = sc.parallelize(tasks, len(tasks)).map(partial(run_task, root, StoreOptions(store_options), name))
     group = f"statelog-restore-{name}"
     out: dict[str, Any] = {}
 

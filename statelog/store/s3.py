@@ -125,8 +125,9 @@ def _parse_endpoint(raw: str, source: str) -> tuple[str, bool | None]:
     raw = raw.strip()
     if "://" not in raw:
         if "/" in raw or "@" in raw or "?" in raw:
+            shown = "***@" + raw.rsplit("@", 1)[1] if "@" in raw else raw  # user info may be a secret
             raise ConfigError(
-                f"S3 endpoint {raw!r} from {source} is malformed; expected 'host:port' or "
+                f"S3 endpoint {shown!r} from {source} is malformed; expected 'host:port' or "
                 "'http(s)://host:port' without path or credentials"
             )
         return raw, None

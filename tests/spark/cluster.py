@@ -1,0 +1,121 @@
+"""A real Spark standalone cluster on loopback for tests: one master and one worker.
+
+Both run from the pip ``pyspark`` package (``bin/spark-class`` with the Master and Worker
+classes; the package has no ``sbin/start-*.sh``). The worker starts with an environment
+**without** any ``AWS_*`` variable, so its executors see only what the driver ships to
+them, unlike ``local-cluster[...]``, whose executors inherit the driver's environment.
+
+:func:`start_cluster` waits (with a timeout) until the worker registered with the master;
+:meth:`SparkCluster.stop` terminates both process groups (then kills them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyspark
+
+STARTUP_TIMEOUT = 90.0
+SPARK_HOME = Path(pyspark.__file__).parent
+SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
+
+
+def clean_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) without ``AWS_*`` variables."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("AWS_")}
+    env["SPARK_HOME"] = str(SPARK_HOME)
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SparkCluster:
+    master_url: str
+    work_dir: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+
+    @property
+    def logs(self) -> list[Path]:
+        """Every log the cluster wrote: master, worker and each executor's stdout/stderr."""
+        return sorted(p for p in self.work_dir.rglob("*") if p.is_file() and (p.suffix == ".log" or p.name in (
+            "stdout", "stderr")))
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for proc in reversed(self.processes):
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        for proc in reversed(self.processes):
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=timeout)
+
+
+def _launch(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            ["bash", str(SPARK_CLASS), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,  # its own process group: stop() signals the JVM and its children
+        )
+
+
+def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes], deadline: float) -> re.Match[str]:
+    rx = re.compile(pattern)
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        m = rx.search(text)
+        if m:
+            return m
+        if proc.poll() is not None:
+            raise RuntimeError(f"{log.name}: the process exited ({proc.returncode}):\n{text[-3000:]}")
+        time.sleep(0.2)
+    raise TimeoutError(f"{log.name}: no {pattern!r} within the timeout:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@contextlib.contextmanager
+def start_cluster(work_dir: Path, cores: int = 2, memory: str = "1g",
+                  timeout: float = STARTUP_TIMEOUT) -> Iterator[SparkCluster]:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    env = clean_env()
+    env["SPARK_DAEMON_MEMORY"] = "256m"
+    env["SPARK_LOG_DIR"] = str(work_dir)
+    env["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
+    port = _free_port()
+    cluster = SparkCluster(f"spark://127.0.0.1:{port}", work_dir)
+    deadline = time.monotonic() + timeout
+    try:
+        master_log = work_dir / "master.log"
+        master = _launch(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+                          "--webui-port", "0"], master_log, env)
+        cluster.processes.append(master)
+        _wait_for(master_log, r"I have been elected leader|New state: ALIVE", master, deadline)
+        worker_log = work_dir / "worker.log"
+        worker = _launch(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
+                          "--webui-port", "0", "--cores", str(cores), "--memory", memory,
+                          "--work-dir", str(work_dir / "work"), cluster.master_url], worker_log, env)
+        cluster.processes.append(worker)
+        _wait_for(worker_log, r"Successfully registered with master", worker, deadline)
+        yield cluster
+    finally:
+        cluster.stop()
