@@ -1,10 +1,10 @@
-# statelog: everything a fresh machine needs is bootstrapped from pyproject.toml.
+# statelog: every Python package is bootstrapped from pyproject.toml; Python 3.11+ and Java 17+ must be present.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv
+.PHONY: demo test lint bench clean venv java
 
 venv: $(STAMP)
 
@@ -14,10 +14,18 @@ $(STAMP): pyproject.toml statelog/_ext/fastpath.c
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Spark (make demo, the Spark tests) needs Java 17+; it is the one thing pip cannot install.
+java:
+	@v=$$( { "$${JAVA_HOME:+$$JAVA_HOME/bin/}java" -version 2>&1 || true; } | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+	  echo "statelog: Spark needs Java 17 or newer, but $${v:+Java $$v is installed}$${v:-no java was found (PATH, JAVA_HOME)}; install a JDK or JRE 17 (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) or point JAVA_HOME at one" >&2; \
+	  exit 1; \
+	fi
+
+demo: java $(STAMP)
 	$(PY) -m examples.clickstream
 
-test: $(STAMP)
+test: java $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 

@@ -84,6 +84,33 @@ class JobInfo:
             raise CorruptionError(f"job descriptor {key} is malformed: {e}", key=key) from None
 
 
+RETENTION_HINT = (
+    "a job keeps only its newest retain_checkpoints checkpoints (default 5) and deletes the "
+    "metadata of older ones; to keep more, pass retain_checkpoints=N to statelog.open / "
+    "StreamExecutionEnvironment, or keep one for good with a savepoint "
+    "(`statelog savepoint create ROOT --checkpoint ID --name NAME`)"
+)
+
+
+def missing_checkpoint_message(checkpoint_id: int, ids: list[int], url: str) -> str:
+    """Why checkpoint ``checkpoint_id`` is not among the retained ``ids`` of the root at ``url``."""
+    shown = ", ".join(map(str, ids[-20:])) or "none"
+    if len(ids) > 20:
+        shown = f"{len(ids)} in all, the newest: {shown}"
+    retained = f"retained checkpoints: {shown}"
+    if ids and checkpoint_id < ids[0]:
+        return (
+            f"checkpoint {checkpoint_id} does not exist in {url} any more: it is older than the "
+            f"oldest retained checkpoint, so retention removed it (no metadata object "
+            f"{checkpoint_key(checkpoint_id)}; {retained}). {RETENTION_HINT[0].upper()}{RETENTION_HINT[1:]}"
+        )
+    return (
+        f"checkpoint {checkpoint_id} does not exist in {url}: no metadata object "
+        f"{checkpoint_key(checkpoint_id)} ({retained}); pick one of those, e.g. with "
+        "`statelog checkpoints list ROOT`"
+    )
+
+
 class JobCatalog:
     """Reads and writes the job descriptor and checkpoint metadata of one job root."""
 
@@ -138,13 +165,8 @@ class JobCatalog:
         try:
             data = self.store.get(key)
         except ObjectNotFoundError:
-            ids = self.checkpoint_ids()
-            shown = ", ".join(map(str, ids[-20:])) or "none"
-            if len(ids) > 20:
-                shown = f"{len(ids)} in all, the newest: {shown}"
             raise CheckpointNotFoundError(
-                f"checkpoint {checkpoint_id} does not exist in {self.store.url} (retained checkpoints: "
-                f"{shown}); pick one of those, e.g. with `statelog checkpoints list ROOT`"
+                missing_checkpoint_message(checkpoint_id, self.checkpoint_ids(), self.store.url)
             ) from None
         meta = CheckpointMetadata.from_bytes(data, key)
         if meta.checkpoint_id != checkpoint_id:

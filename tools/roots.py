@@ -8,7 +8,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from statelog.catalog import JobCatalog, JobInfo, checkpoint_key, parse_checkpoint_id
+from statelog.catalog import (
+    JobCatalog,
+    JobInfo,
+    checkpoint_key,
+    missing_checkpoint_message,
+    parse_checkpoint_id,
+)
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
@@ -117,8 +123,5 @@ def resolve_checkpoint_id(root: Root, which: str) -> int:
         return ids[-1]
     cid = parse_checkpoint_id(which)
     if cid not in ids:
-        raise CheckpointNotFoundError(
-            f"checkpoint {cid} does not exist in {root.url}; retained checkpoints: "
-            f"{', '.join(map(str, ids)) or 'none'} (see `statelog checkpoints list ROOT`)"
-        )
+        raise CheckpointNotFoundError(missing_checkpoint_message(cid, ids, root.url))
     return cid

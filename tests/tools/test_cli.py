@@ -547,8 +547,9 @@ def test_console_script_in_a_subprocess(file_root: RootSpec, tmp_path: Path) -> 
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        f"statelog: error: checkpoint 7 does not exist in {file_root.url}; retained checkpoints: "
-        "1, 2 (see `statelog checkpoints list ROOT`)"
+        f"statelog: error: checkpoint 7 does not exist in {file_root.url}: no metadata object "
+        "checkpoints/chk-000000000007.json (retained checkpoints: 1, 2); pick one of those, e.g. with "
+        "`statelog checkpoints list ROOT`"
     )
 
 
