@@ -45,17 +45,24 @@ from materializer.lease import LeaderLease, current_holder
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
+    AuthenticationError,
+    BucketNotFoundError,
     CheckpointNotFoundError,
     ConfigError,
     LeaseLostError,
     StatelogError,
     StoreError,
+    StorePermissionError,
 )
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
+
+# store errors that retrying cannot fix: the daemon stops on them (exit non-zero) instead of
+# looping; transient ones (timeouts, 5xx, resets) are retried with backoff
+FATAL_ERRORS = (StorePermissionError, AuthenticationError, BucketNotFoundError)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total), as in materializer.compact
 
@@ -516,7 +523,9 @@ class MaterializerDaemon:
         With ``once`` a single cycle runs; if another daemon's lease is in the way, it keeps
         trying for about one lease ttl (an abandoned lease is taken over after one ttl) but
         gives up as soon as it sees the holder renew. Errors of a cycle are logged and the
-        cycle is retried with backoff (with ``once`` they propagate). Returns the last
+        cycle is retried with backoff (with ``once`` they propagate); errors that retrying
+        cannot fix (:data:`FATAL_ERRORS`: no permission, refused credentials, no bucket,
+        e.g. a root this daemon may read but not write) propagate at once. Returns the last
         cycle's summary.
         """
         self._stop_events = (self._stop,) if stop_event is None else (self._stop, stop_event)
@@ -547,7 +556,7 @@ class MaterializerDaemon:
                     log.info("stop requested: abandoned the running materialization")
                     break
                 except Exception as exc:
-                    if once:
+                    if once or isinstance(exc, FATAL_ERRORS):
                         raise
                     error = exc
                     failures += 1
@@ -629,7 +638,7 @@ class BackgroundMaterializer:
     def _main(self) -> None:
         try:
             self.daemon.run()
-        except BaseException as exc:  # pragma: no cover - the loop catches cycle errors
+        except BaseException as exc:  # a fatal store error (FATAL_ERRORS) or a bug
             self.error = exc
             log.exception("background materializer died")
 

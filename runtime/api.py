@@ -221,7 +221,7 @@ class StreamExecutionEnvironment:
         from runtime.client import JobClient
         from runtime.driver import JobMaster
 
-        if restore is not None and self.config.state_backend == FULL_SNAPSHOT:
+        if restore not in (None, "none") and self.config.state_backend == FULL_SNAPSHOT:
             raise JobGraphError(
                 "state_backend='full-snapshot' (a benchmark baseline) cannot restore; use the changelog backend"
             )
@@ -241,8 +241,12 @@ class StreamExecutionEnvironment:
     ) -> JobResult:
         """Run the job to the end of its (bounded) input; returns its result.
 
-        ``restore`` is a retained checkpoint id, ``"latest"`` or ``"savepoint:NAME"``; the job
-        may have another parallelism than the one that took it.
+        ``restore`` is a retained checkpoint id, ``"latest"`` (empty state if there is no
+        checkpoint yet), ``"savepoint:NAME"`` or ``"none"`` (start from empty state on purpose);
+        the job may have another parallelism than the one that took it. Without ``restore`` a
+        state root that already has checkpoints is refused with
+        :class:`~statelog.errors.RestoreRequiredError` (naming the newest one): starting empty
+        there would repeat the sinks' output.
         """
         client = self.execute_async(job_name, restore=restore, allow_non_restored_state=allow_non_restored_state)
         return client.wait(timeout_s)

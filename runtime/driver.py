@@ -46,6 +46,7 @@ from runtime.graph import JobGraph, StreamGraph
 from runtime.inflight import INFLIGHT_KEY, collect_inflight
 from runtime.restart import RestartStrategy
 from statelog.checkpoint import CheckpointMetadata
+from statelog.errors import RestoreRequiredError
 from statelog.job import StateJob
 
 log = logging.getLogger(__name__)
@@ -184,13 +185,19 @@ class JobMaster:
             max_parallelism=cfg.max_parallelism,
             store_options=cfg.store_options,
             retain_checkpoints=cfg.retain_checkpoints,
+            writer_owner=f"runtime job {self.name!r}",
         )
         try:
+            # the master publishes the checkpoints: it holds the root's writer lease (a second
+            # job on this root is refused here); its workers write changelog under it
+            self.job.acquire_writer_lease()
             if cfg.materializer is not None:
                 opts = {"retain_checkpoints": cfg.retain_checkpoints, **cfg.materializer}
                 self.job.start_materializer(**opts)  # stopped by job.close()
+            if self.restore is None:
+                self._check_fresh_start()
             meta = self.job.resolve_checkpoint(self.restore)
-            if self.restore is not None and meta is None:
+            if self.restore not in (None, "none") and meta is None:
                 log.info("restore=%r: no checkpoint yet, starting empty", self.restore)
             if meta is not None:
                 self._check_restore(meta)
@@ -268,6 +275,19 @@ class JobMaster:
         if meta is None:
             return None
         return self.restore if meta.kind == "savepoint" else meta.checkpoint_id
+
+    def _check_fresh_start(self) -> None:
+        """A run without ``restore=`` on a root with checkpoints would start from empty state
+        and repeat the sinks' output: refuse it, naming the newest checkpoint and the choices."""
+        latest = self.job.catalog.latest()
+        if latest is not None:
+            raise RestoreRequiredError(
+                f"the state root {self.job.root} already has checkpoints (the newest: checkpoint "
+                f"{latest.checkpoint_id}, operators {sorted(latest.operators)}); job {self.name!r} "
+                f"started without restore= would start from empty state and write its output again. "
+                f"Pass restore='latest' (or restore={latest.checkpoint_id}, or 'savepoint:NAME') to "
+                f"continue from it, or restore='none' to start fresh on purpose"
+            )
 
     def _check_restore(self, meta: CheckpointMetadata) -> None:
         stream = self.job_graph.stream

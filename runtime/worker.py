@@ -94,7 +94,8 @@ class _Ctx:
     def keyed_backend(self, uid: str) -> KeyedStateBackend:
         w = self.worker
         return w.job.backend(
-            uid, subtask=self.subtask, parallelism=self.parallelism, restore=w.restore_meta,
+            uid, subtask=self.subtask, parallelism=self.parallelism,
+            restore=w.restore_meta if w.restore_meta is not None else "none",  # the master chose
             changelog=w.config.state_backend == CHANGELOG,
         )  # fmt: skip
 
@@ -178,6 +179,7 @@ class Worker:
             writer_options=cfg.writer_options,
             retain_checkpoints=cfg.retain_checkpoints,
             create=False,
+            writer_lease=False,  # the master holds the root's writer lease and publishes
         )
         self.restore_meta = self.job.resolve_checkpoint(spec["restore"])
         p, i = cfg.parallelism, self.index

@@ -23,6 +23,7 @@ from statelog.errors import (
     CheckpointNotFoundError,
     CorruptionError,
     FormatVersionError,
+    JobDescriptorMissingError,
     JobMismatchError,
     JobNotFoundError,
     ObjectExistsError,
@@ -123,11 +124,31 @@ class JobCatalog:
         except ObjectNotFoundError:
             return None
 
-    def open_job(self, max_parallelism: int | None, create: bool = True) -> JobInfo:
-        """Read the job descriptor, creating it if absent; check ``max_parallelism``."""
+    def open_job(
+        self, max_parallelism: int | None, create: bool = True, *, recover: bool = False
+    ) -> JobInfo:
+        """Read the job descriptor, creating it if absent; check ``max_parallelism``.
+
+        A descriptor is created only on a root that holds no checkpoint, materialization or
+        savepoint: on such a root it was lost, and a new one (a new job id) would disown
+        them, so this raises :class:`JobDescriptorMissingError`. ``recover=True`` rebuilds
+        it instead from the newest checkpoint (or savepoint) metadata: :meth:`recover_job`.
+        """
         if max_parallelism is not None:
             check_max_parallelism(max_parallelism)
         info = self.read_job()
+        if info is None:
+            found = self.job_objects()
+            if found is not None and recover:
+                info = self.recover_job()
+            elif found is not None:
+                raise JobDescriptorMissingError(
+                    f"{self.store.url} has no job descriptor {JOB_KEY} but holds {found}: the "
+                    f"descriptor was lost or deleted, and a new one (a new job id) would disown that "
+                    f"state, so none is created. Put the original {JOB_KEY} back (from a backup or "
+                    f"copy), or rebuild it from the newest checkpoint with "
+                    f"statelog.open(ROOT, recover_descriptor=True)"
+                )
         if info is None:
             if not create:
                 raise JobNotFoundError(
@@ -150,6 +171,50 @@ class JobCatalog:
                 f"but {max_parallelism} was requested; max_parallelism is fixed for the life of a job "
                 f"(omit it or pass {info.max_parallelism})"
             )
+        return info
+
+    def job_objects(self) -> str | None:
+        """The first object that shows the root held a job (a checkpoint, materialization or
+        savepoint), described for an error; ``None`` on a root without any."""
+        from statelog.materialization import MATERIALIZATIONS_PREFIX, SAVEPOINT_PREFIX
+
+        for prefix, what in (
+            (CHECKPOINT_PREFIX, "checkpoints"),
+            (MATERIALIZATIONS_PREFIX, "materializations"),
+            (SAVEPOINT_PREFIX, "savepoints"),
+        ):
+            first = next(iter(self.store.list(prefix)), None)
+            if first is not None:
+                return f"{what} (e.g. {first.key})"
+        return None
+
+    def recover_job(self) -> JobInfo:
+        """Rebuild a lost ``job.json`` from the newest checkpoint (else savepoint) metadata:
+        its job id and max_parallelism. Write-once: a descriptor that appeared meanwhile wins."""
+        ids = self.checkpoint_ids()
+        if ids:
+            meta = self.load(ids[-1])
+        else:
+            names = savepoint_names(self.store)
+            if not names:
+                raise JobDescriptorMissingError(
+                    f"{self.store.url} has no job descriptor {JOB_KEY} and no checkpoint or savepoint "
+                    f"metadata to rebuild it from (only {self.job_objects()}); put the original "
+                    f"{JOB_KEY} back from a backup, or start the job on a new, empty root"
+                )
+            newest = max((load_savepoint(self.store, n) for n in names), key=lambda m: m.timestamp_ms)
+            meta = newest
+        info = JobInfo(meta.job_id, meta.max_parallelism, int(time.time() * 1000))
+        try:
+            self.store.put(JOB_KEY, info.to_bytes())
+        except ObjectExistsError:
+            existing = self.read_job()
+            assert existing is not None
+            return existing
+        log.warning(
+            "rebuilt the lost job descriptor %s of %s from %s %d: job %s, max_parallelism %d",
+            JOB_KEY, self.store.url, meta.kind, meta.checkpoint_id, info.job_id, info.max_parallelism,
+        )
         return info
 
     def checkpoint_ids(self) -> list[int]:
@@ -244,7 +309,8 @@ def load_savepoint(store: ObjectStore, name: str) -> CheckpointMetadata:
     except ObjectNotFoundError:
         names = savepoint_names(store)
         raise SavepointNotFoundError(
-            f"savepoint {name!r} does not exist in {store.url} (savepoints: {', '.join(names) or 'none'}); "
+            f"savepoint {name!r} does not exist in {store.url}: no metadata object {key} "
+            f"(savepoints: {', '.join(names) or 'none'}); "
             "list them with `statelog savepoint list ROOT`"
         ) from None
     meta = CheckpointMetadata.from_bytes(data, key)

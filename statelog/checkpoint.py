@@ -263,6 +263,7 @@ class CheckpointMetadata:
     operators: dict[str, OperatorState]
     stats: dict[str, Any] = field(default_factory=dict)
     kind: str = "checkpoint"  # or "savepoint"
+    writer_generation: int | None = None  # the publisher's writer lease generation (fencing)
     savepoint: str | None = None  # a savepoint's name (its identity: checked against the key)
 
     @property
@@ -282,6 +283,7 @@ class CheckpointMetadata:
             "format": CHECKPOINT_FORMAT,
             "version": SOURCES_PAIRS_VERSION if tagged else CHECKPOINT_VERSION,
             "kind": self.kind,
+            **({"writer_generation": self.writer_generation} if self.writer_generation is not None else {}),
             **({"savepoint": self.savepoint} if self.savepoint is not None else {}),
             "checkpoint_id": self.checkpoint_id,
             "job_id": self.job_id,
@@ -330,6 +332,9 @@ class CheckpointMetadata:
                 operators=operators,
                 stats=body.get("stats", {}),
                 kind=body.get("kind", "checkpoint"),
+                writer_generation=(
+                    None if body.get("writer_generation") is None else int(body["writer_generation"])
+                ),
                 savepoint=None if body.get("savepoint") is None else str(body["savepoint"]),
             )
         except CorruptionError as e:

@@ -101,3 +101,23 @@ class StateNotFoundError(StatelogError, LookupError):
 class LeaseLostError(StatelogError):
     """A leader lease is not (or no longer) held: it expired, was released, or a daemon
     acquired a higher generation. The holder must stop publishing at once."""
+
+
+class LeaseHeldError(StatelogError):
+    """Another live process holds the lease (e.g. the writer lease of a job root): this one
+    must not write. The message names the root and the holder (owner, host, pid)."""
+
+
+class StorePermissionError(StoreError):
+    """The store refused an operation for lack of permission (read-only directory, S3
+    credentials without write access): not transient, retrying does not help."""
+
+
+class JobDescriptorMissingError(JobNotFoundError):
+    """The job descriptor (``job.json``) is missing from a root that holds checkpoints,
+    materializations or savepoints: it was lost, and is never silently recreated."""
+
+
+class RestoreRequiredError(StatelogError):
+    """A job (or backend) was started without ``restore=`` on a root whose checkpoints hold
+    its state: restore one, or start fresh explicitly with ``restore="none"``."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges, gc_paused
-from statelog.catalog import JobCatalog, parse_checkpoint_id
+from statelog.catalog import JOB_KEY, JobCatalog, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import (
@@ -31,11 +31,18 @@ from statelog.checkpoint import (
     SubtaskStateHandle,
     encode_sources,
 )
-from statelog.errors import ConfigError, JobMismatchError, StatelogError
+from statelog.errors import (
+    ConfigError,
+    JobMismatchError,
+    RestoreRequiredError,
+    StatelogError,
+    StoreError,
+)
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
+from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, WriterLease, check_writer_lease_ttl
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,10 @@ class StateJob:
         retain_checkpoints: int = 5,
         writer_options: Mapping[str, Any] | None = None,
         create: bool = True,
+        recover_descriptor: bool = False,
+        writer_lease: bool = True,
+        writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
+        writer_owner: str | None = None,
     ) -> None:
         if type(retain_checkpoints) is not int or retain_checkpoints < 1:
             raise ConfigError(f"retain_checkpoints must be an int >= 1, got {retain_checkpoints!r}")
@@ -80,7 +91,7 @@ class StateJob:
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
         try:
-            info = self.catalog.open_job(max_parallelism, create=create)
+            info = self.catalog.open_job(max_parallelism, create=create, recover=recover_descriptor)
         except BaseException:
             if own_store:
                 self.store.close()
@@ -89,6 +100,15 @@ class StateJob:
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
         self._writer_options = dict(writer_options or {})
+        # one checkpoint publisher per root: taken by the first backend or publish (see
+        # statelog/writer_lease.py); writer_lease=False only for processes that write
+        # changelog under another process's lease (the runtime's workers)
+        self._writer_lease: WriterLease | None = None
+        self._writer_lease_opts: dict[str, Any] | None = (
+            {"ttl_s": writer_lease_ttl_s, "owner": writer_owner} if writer_lease else None
+        )
+        if writer_lease:
+            check_writer_lease_ttl(writer_lease_ttl_s)
         self._writer: ChangelogWriter | None = None
         self._backends: list[KeyedStateBackend] = []
         self._last_id: int | None = None
@@ -130,15 +150,23 @@ class StateJob:
     ) -> KeyedStateBackend:
         """A keyed backend for one subtask, empty or restored from a checkpoint.
 
-        ``restore`` is a checkpoint (metadata or id), ``"latest"`` (empty if none exists) or
-        ``None``. The restored state is the operator's state at that checkpoint restricted to
-        this subtask's key groups, whatever the parallelism the checkpoint was taken with.
+        ``restore`` is a checkpoint (metadata or id), ``"savepoint:NAME"``, ``"latest"``
+        (empty if none exists), ``"none"`` (start empty, explicitly) or ``None``. ``None`` is
+        refused with :class:`RestoreRequiredError` when the newest checkpoint of the root holds
+        state of ``operator_uid``: starting empty there would silently drop that state (and
+        replay the sources' output); say ``"latest"`` or ``"none"``. The restored state is the
+        operator's state at that checkpoint restricted to this subtask's key groups, whatever
+        the parallelism the checkpoint was taken with.
         """
         if not isinstance(operator_uid, str) or not operator_uid:
             raise ConfigError(f"operator uid must be a non-empty string, got {operator_uid!r}")
         check_parallelism(parallelism, self.max_parallelism)
+        if changelog:
+            self.acquire_writer_lease()
         kgr = key_group_range_for_subtask(self.max_parallelism, parallelism, subtask)
         restored = None
+        if restore is None:
+            self._check_fresh_start(operator_uid)
         meta = self.resolve_checkpoint(restore)
         if meta is not None:
             restored = self.read_restored(meta, operator_uid, kgr)
@@ -155,8 +183,40 @@ class StateJob:
         self._backends.append(b)
         return b
 
+    def _check_fresh_start(self, operator_uid: str) -> None:
+        """Refuse an implicit empty start of an operator whose state the newest checkpoint holds."""
+        if self._last_id is not None:
+            return  # this process published checkpoints: its backends are the job's state
+        latest = self.catalog.latest()
+        if latest is not None and operator_uid in latest.operators:
+            raise RestoreRequiredError(
+                f"{self.root} already has checkpoints and the newest, checkpoint "
+                f"{latest.checkpoint_id}, holds state of operator {operator_uid!r}; a backend "
+                f"opened without restore= would start empty and lose it. Pass "
+                f"restore='latest' (or restore={latest.checkpoint_id}) to continue from it, or "
+                f"restore='none' to start fresh on purpose"
+            )
+
+    def acquire_writer_lease(self) -> int | None:
+        """Take the root's writer lease (once; later calls return the held generation).
+
+        Raises :class:`LeaseHeldError` when another live process holds it, and
+        :class:`LeaseLostError` once it was lost. ``None`` when opened with ``writer_lease=False``.
+        """
+        if self._writer_lease_opts is None:
+            return None
+        if self._writer_lease is None:
+            lease = WriterLease(self.store, **self._writer_lease_opts)
+            lease.acquire()
+            self._writer_lease = lease
+        if not self._writer_lease.held:
+            self._writer_lease.ensure_valid()  # raises LeaseLostError naming the reason
+        return self._writer_lease.generation
+
     def resolve_checkpoint(self, which: CheckpointMetadata | int | str | None) -> CheckpointMetadata | None:
-        if which is None:
+        """The metadata ``which`` names: ``None`` for ``None``, ``"none"``, or ``"latest"`` on
+        a root without checkpoints. A checkpoint of another job (job id) is refused."""
+        if which is None or which == "none":
             return None
         if isinstance(which, CheckpointMetadata):
             meta = which
@@ -168,6 +228,13 @@ class StateJob:
                 return None
         else:
             meta = self.catalog.load(parse_checkpoint_id(which))
+        if meta.kind == "checkpoint" and meta.job_id != self.job_id:
+            raise JobMismatchError(
+                f"checkpoint {meta.checkpoint_id} of {self.root} belongs to job {meta.job_id}, but the "
+                f"job descriptor {JOB_KEY} names job {self.job_id}: the descriptor was replaced; put "
+                f"the original {JOB_KEY} back, or rebuild it with "
+                f"statelog.open(ROOT, recover_descriptor=True) after deleting the wrong one"
+            )
         if meta.max_parallelism != self.max_parallelism:
             raise JobMismatchError(
                 f"checkpoint {meta.checkpoint_id} has max_parallelism {meta.max_parallelism}, the job "
@@ -230,7 +297,14 @@ class StateJob:
         live = [b for b in self._backends if not b._closed]
         if not live:
             return None
-        m = self.latest_materialization(self.materialization_poll_s)
+        try:
+            m = self.latest_materialization(self.materialization_poll_s)
+        except StoreError as exc:  # optional: the backends keep their current base
+            log.warning(
+                "could not look for a newer materialization of %s (%s); checkpointing on the "
+                "current base", self.root, exc,
+            )
+            return None
         if m is None:
             return None
         for b in live:
@@ -254,6 +328,7 @@ class StateJob:
         """
         t0 = time.monotonic()
         encode_sources(dict(sources or {}))  # a non-JSON position fails before anything is sealed
+        self.acquire_writer_lease()  # a lost lease fails here, before anything is sealed
         cid = self.next_checkpoint_id()
         self.adopt_latest_materialization()
         live = [b for b in self._backends if not b._closed]
@@ -302,6 +377,11 @@ class StateJob:
         for uid, hs in grouped.items():
             hs.sort(key=lambda h: h.subtask)
             operators[uid] = OperatorState(uid, hs[0].parallelism, tuple(hs))
+        generation = None
+        if self._writer_lease_opts is not None:
+            self.acquire_writer_lease()
+            assert self._writer_lease is not None
+            generation = self._writer_lease.ensure_valid()  # fencing, right before the publish
         meta = CheckpointMetadata(
             checkpoint_id=checkpoint_id,
             job_id=self.job_id,
@@ -310,6 +390,7 @@ class StateJob:
             sources=dict(sources),
             operators=operators,
             stats=dict(stats or {}),
+            writer_generation=generation,
         )
         size = self.catalog.publish(meta)
         self._last_id = checkpoint_id
@@ -339,10 +420,15 @@ class StateJob:
         for b in self._backends:
             b.close()
         self._backends.clear()
-        if self._writer is not None:
-            self._writer.close(flush=flush)
-            self._writer = None
-        self.store.close()
+        try:
+            if self._writer is not None:
+                self._writer.close(flush=flush)
+                self._writer = None
+        finally:
+            if self._writer_lease is not None:
+                self._writer_lease.release()  # a successor may start at once
+                self._writer_lease = None
+            self.store.close()
 
     def __enter__(self) -> StateJob:
         return self

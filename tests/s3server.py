@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 BUCKET = "statelog-test"
 REGION = "us-east-1"
 ACCESS_KEY = "STATELOGTESTACCESS01"
+READONLY_ACCESS_KEY = "STATELOGTESTREADONLY"  # may read and list, not write (readonly_options)
 STARTUP_TIMEOUT = 60.0
 _GRPC_OFFSET = 10000  # weed's worker dials the admin gRPC port at admin port + 10000
 
@@ -134,6 +135,10 @@ class S3Server:
         opts.update(overrides)
         return opts
 
+    def readonly_options(self) -> dict[str, Any]:
+        """Options of an identity that may read and list the bucket but not write to it."""
+        return self.options(access_key=READONLY_ACCESS_KEY, secret_key=_readonly_secret(self.secret_key))
+
     def raw_client(self) -> Minio:
         """A plain minio client on the server (to read or damage objects behind the store)."""
         return Minio(
@@ -189,6 +194,10 @@ def _client(endpoint: str, access_key: str, secret_key: str) -> Minio:
     )
 
 
+def _readonly_secret(secret: str) -> str:
+    return secret[::-1]
+
+
 def _launch(
     weed: str, base_dir: Path, secret: str
 ) -> tuple[subprocess.Popen[bytes], dict[str, int], Path]:
@@ -200,7 +209,12 @@ def _launch(
         "credentials": [{"accessKey": ACCESS_KEY, "secretKey": secret}],
         "actions": ["Admin", "Read", "List", "Tagging", "Write"],
     }
-    config.write_text(json.dumps({"identities": [identity]}))
+    readonly = {
+        "name": "statelog-test-readonly",
+        "credentials": [{"accessKey": READONLY_ACCESS_KEY, "secretKey": _readonly_secret(secret)}],
+        "actions": ["Read", "List"],
+    }
+    config.write_text(json.dumps({"identities": [identity, readonly]}))
     config.chmod(0o600)
     names = [
         "master.port",

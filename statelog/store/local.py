@@ -27,7 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from statelog.errors import ConfigError, ObjectExistsError, ObjectNotFoundError, StoreError
+from statelog.errors import (
+    ConfigError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StoreError,
+    StorePermissionError,
+)
 from statelog.store import validate_key, validate_prefix, validate_range
 from statelog.store.base import ObjectInfo, ObjectStore
 
@@ -85,6 +91,15 @@ class LocalObjectStore(ObjectStore):
         return self.root.joinpath(*key.split("/"))
 
     def _error(self, action: str, key: str, exc: OSError) -> StoreError:
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            need = "read" if action in ("read", "list") else "write"
+            return StorePermissionError(
+                f"permission denied: could not {action} object {key!r} in {self.url}: "
+                f"{exc.strerror or exc} (errno {exc.errno}); this process needs {need} "
+                f"permission on {self._path(key).parent} (a read-only directory or file system "
+                "cannot hold a job root that is written)",
+                key=key,
+            )
         return StoreError(
             f"could not {action} object {key!r} in {self.url}: {exc.strerror or exc} "
             f"(errno {exc.errno})",

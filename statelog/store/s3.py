@@ -45,6 +45,7 @@ from statelog.errors import (
     ObjectNotFoundError,
     StatelogError,
     StoreError,
+    StorePermissionError,
     TransientStoreError,
 )
 from statelog.store import validate_key, validate_prefix, validate_range
@@ -87,6 +88,17 @@ _TRANSIENT_CODES = frozenset(
         "XMinioServerNotInitialized",
     ]
 )
+# valid credentials without the permission for this operation (not transient)
+_PERMISSION_CODES = frozenset(["AccessDenied", "AllAccessDisabled"])
+_PERMISSIONS = {
+    "put": "write permission (s3:PutObject)",
+    "put_if_absent": "write permission (s3:PutObject)",
+    "get": "read permission (s3:GetObject)",
+    "get_range": "read permission (s3:GetObject)",
+    "head": "read permission (s3:GetObject)",
+    "list": "list permission (s3:ListBucket)",
+    "delete": "delete permission (s3:DeleteObject)",
+}
 _AUTH_CODES = frozenset(
     [
         "InvalidAccessKeyId",
@@ -295,6 +307,16 @@ class S3ObjectStore(ObjectStore):
                 return StoreError(
                     f"{op} {where}: the S3 server rejected the request time; fix this "
                     "machine's clock (NTP)",
+                    key=key,
+                )
+            if code in _PERMISSION_CODES and cfg.access_key and self._checked and op != "check":
+                # the same credentials passed the bucket check: valid, but not allowed this
+                perm = _PERMISSIONS.get(op, f"{op} permission")
+                return StorePermissionError(
+                    f"permission denied: the S3 server at {cfg.endpoint_url} accepted access key "
+                    f"{cfg.access_key_hint!r} but denied {op} of {where} ({code}): the identity "
+                    f"lacks {perm} on bucket {self.bucket!r}; grant it, or use credentials that "
+                    "have it",
                     key=key,
                 )
             if code in _AUTH_CODES or status == 403:

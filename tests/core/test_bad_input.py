@@ -123,7 +123,7 @@ def test_wrong_value_type_names_state_type_and_value(tmp_path):
         s.update({"a": "x"})
     # nothing invalid reached the changelog: a checkpoint and restore work
     meta = job.checkpoint()
-    r = statelog.open(tmp_path.as_uri()).backend("op", restore=meta)
+    r = statelog.open(tmp_path.as_uri(), writer_lease=False).backend("op", restore=meta)
     r.set_current_key("k")
     assert r.get_state(ValueStateDescriptor("s", pa.struct([("a", pa.int64())]))).value() == {"a": 1}
     job.close()

@@ -26,7 +26,9 @@ def job(tmp_path):
 
 
 def _restore(job, meta, clock=None):
-    return statelog.open(job.root).backend("op", restore=meta, clock=clock)
+    # a second view of the root beside the open job, to read the restored state: it must
+    # not take the writer lease the job holds
+    return statelog.open(job.root, writer_lease=False).backend("op", restore=meta, clock=clock)
 
 
 def test_value_default_and_namespaces(job):

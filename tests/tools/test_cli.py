@@ -41,13 +41,17 @@ ATTRS = MapStateDescriptor("attrs", PICKLE, key_type=pa.string())
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def build_job(spec: RootSpec, checkpoints: int = 3, **job_options: Any) -> list[CheckpointMetadata]:
+def build_job(
+    spec: RootSpec, checkpoints: int = 3, restore: str | None = None, **job_options: Any
+) -> list[CheckpointMetadata]:
     """Operators ``counter`` (parallelism 2) and ``sessions`` (1); one checkpoint per round."""
     job = statelog.open(spec.url, store_options=dict(spec.options), **job_options)
     metas = []
     try:
-        counters = [job.backend("counter", subtask=i, parallelism=2) for i in range(2)]
-        sessions = job.backend("sessions")
+        counters = [
+            job.backend("counter", subtask=i, parallelism=2, restore=restore) for i in range(2)
+        ]
+        sessions = job.backend("sessions", restore=restore)
         for round_ in range(checkpoints):
             for i in range(40):
                 key = f"user-{i}"
@@ -609,7 +613,7 @@ def test_list_and_show_render_runtime_checkpoint_stats(
     ):
         assert any(label in ln and value in ln for ln in lines), (label, value, out)
     # a checkpoint without runtime statistics (one-call checkpoint of the library) still renders
-    build_job(file_root, checkpoints=1)
+    build_job(file_root, checkpoints=1, restore="none")
     code, out, err = run(capsys, "checkpoints", "list", file_root.url)
     assert code == 0, err
     assert out.count(", async ") == 2  # the library's own stats (sync, async, bytes) too

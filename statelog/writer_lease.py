@@ -1,0 +1,227 @@
+"""The writer lease of a job root: one checkpoint publisher per root (issue #11).
+
+Two copies of a job on one root would publish interleaved checkpoints, each holding only its
+own state. The process that publishes checkpoints (a consumer loop's :class:`StateJob`, or the
+runtime's job master; not the runtime's workers, which write changelog under their master's
+lease) therefore holds a :class:`statelog.lease.Lease` below ``writer/lease/``:
+
+* **Acquire** (:meth:`WriterLease.acquire`): take the next generation with ``put_if_absent``
+  when the lease is free: never taken, released by a clean ``close()``, held by a process of
+  this very host that no longer runs (same host name, boot id and pid namespace; the pid is
+  gone, a zombie, or reused by a process started at another time), or seen unchanged for the
+  holder's ttl (a holder that stopped renewing: crashed, partitioned or frozen). While the
+  holder's state is unknown the contender observes the lease; as soon as it sees the holder
+  renew (or another contender take it), the holder is alive and :class:`LeaseHeldError` is
+  raised, naming the root and the holder (owner, host, pid). So a second live process is
+  refused within about a third of the ttl, a crashed one's successor on the same host starts
+  at once, and on another host after one ttl (default 10 s).
+* **Renew**: a daemon thread renews every ``ttl / 3``. A failed renewal is retried until the
+  deadline; a lost lease stops the thread and is reported by the next fencing check.
+* **Fence** (:meth:`WriterLease.ensure_valid`): right before a checkpoint metadata object is
+  published the holder checks that its deadline is more than a margin away (renewing first if
+  needed) and that no higher generation exists; otherwise :class:`LeaseLostError` and nothing
+  is published. The generation is recorded in the metadata (``writer_generation``).
+* **Release** on ``close()``: the successor starts at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from statelog.errors import ConfigError, LeaseHeldError, LeaseLostError, StoreError
+from statelog.lease import Lease, current_holder, holder_process_is_gone
+from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
+
+WRITER_LEASE_PREFIX = "writer/lease/"
+DEFAULT_WRITER_LEASE_TTL_S = 10.0
+
+
+def default_owner() -> str:
+    """A name for the holder record: the program (no arguments: they may hold secrets)."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    prog = os.path.basename(argv0)
+    if prog == "__main__.py":  # python -m PACKAGE: the package's name
+        prog = os.path.basename(os.path.dirname(argv0))
+    return prog or "python"
+
+
+def check_writer_lease_ttl(ttl_s: Any) -> float:
+    """The writer lease ttl in seconds, or :class:`ConfigError` outside [0.05, 3600]."""
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0.05 <= ttl_s <= 3600:
+        raise ConfigError(
+            f"the writer lease ttl is a number of seconds in [0.05, 3600], got {ttl_s!r}"
+        )
+    return float(ttl_s)
+
+
+class WriterLease:
+    """The writer lease of the job root in ``store`` for this process (module docstring).
+
+    ``ttl_s`` is how long the holder stays valid without renewing (renewed every ``ttl_s/3``);
+    ``clock`` and ``poll_s`` (the contender's listing interval while it observes a holder)
+    are for tests. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        owner: str | None = None,
+        ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        poll_s: float | None = None,
+        holder_is_dead: Callable[[dict[str, Any]], bool] = holder_process_is_gone,
+    ) -> None:
+        check_writer_lease_ttl(ttl_s)
+        self.store = store
+        self._lease = Lease(
+            store,
+            owner or default_owner(),
+            ttl_s,
+            clock,
+            prefix=WRITER_LEASE_PREFIX,
+            what="writer lease",
+            contender="writer",
+        )
+        self._clock = clock
+        self._poll_s = poll_s if poll_s is not None else min(0.5, ttl_s / 10)
+        self._holder_is_dead = holder_is_dead
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"WriterLease({self.store.url!r}, generation={self.generation})"
+
+    @property
+    def generation(self) -> int | None:
+        """The held generation (the fencing token), ``None`` when not held."""
+        return self._lease.generation
+
+    @property
+    def ttl_s(self) -> float:
+        return self._lease.ttl_s
+
+    @property
+    def held(self) -> bool:
+        return self._lease.generation is not None
+
+    # -- acquisition ---------------------------------------------------------------------------
+
+    def acquire(self) -> int:
+        """Take the lease (returns the generation) or raise :class:`LeaseHeldError`.
+
+        Blocks at most about one holder ttl (observing a holder whose liveness is unknown);
+        store errors propagate.
+        """
+        if self.held:
+            return self._lease.generation  # type: ignore[return-value]
+        lease = self._lease
+        changes = lease.observed_changes
+        waited_from = self._clock()
+        while True:
+            if lease.try_acquire(self._holder_is_dead):
+                self._start_renewer()
+                with contextlib.suppress(StoreError):  # older generations: housekeeping only
+                    lease.prune(keep=2)
+                return lease.generation  # type: ignore[return-value]
+            holder = current_holder(self.store, WRITER_LEASE_PREFIX)
+            if holder is not None and holder["released"]:
+                continue  # released meanwhile (or raced by another contender): look again
+            if lease.observed_changes > changes and holder is not None:
+                raise self._held_error(holder, self._clock() - waited_from)
+            limit = (holder["ttl_ms"] / 1000.0 if holder else lease.ttl_s) * 3 + 5
+            if self._clock() - waited_from > limit:  # the lease keeps changing hands
+                raise self._held_error(holder, self._clock() - waited_from)
+            time.sleep(self._poll_s)
+
+    def _held_error(self, holder: dict[str, Any] | None, waited: float) -> LeaseHeldError:
+        if holder is None:
+            who = "another process"
+        else:
+            who = (
+                f"{holder['owner']!r} (host {holder['host']}, pid {holder['pid']}, "
+                f"generation {holder['generation']})"
+            )
+        ttl = holder["ttl_ms"] / 1000.0 if holder else self.ttl_s
+        return LeaseHeldError(
+            f"the job root {self.store.url} is being written by another live process: its writer "
+            f"lease is held by {who}, which renewed it while this process waited {waited:.1f}s; "
+            "two writers on one root would interleave their checkpoints. Stop that process "
+            f"first (a clean close releases the lease at once; a crashed one is taken over "
+            f"{ttl:g}s after its last renewal, at once on the same host), or use another root"
+        )
+
+    # -- holding -------------------------------------------------------------------------------
+
+    def _start_renewer(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name="writer-lease", daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        lease = self._lease
+        while not self._stop.wait(lease.renew_interval_s):
+            try:
+                if not lease.renew():
+                    log.error(
+                        "writer lease of %s lost (%s): this process must stop publishing "
+                        "checkpoints",
+                        self.store.url,
+                        lease.lost_reason,
+                    )
+                    return
+            except StoreError as exc:  # held until the deadline: retried at the next round
+                log.warning("writer lease of %s: renewal failed (%s); retrying", self.store.url, exc)
+
+    def ensure_valid(self, margin_s: float | None = None) -> int:
+        """The fencing check right before publishing: the held generation, or
+        :class:`LeaseLostError` (publish nothing). ``margin_s`` (default ttl/4) must cover
+        the publish; a lease that would expire within it is renewed first."""
+        lease = self._lease
+        margin = lease.ttl_s / 4 if margin_s is None else margin_s
+        if lease.generation is None:
+            raise LeaseLostError(
+                f"this process does not hold the writer lease of {self.store.url}"
+                + (f" ({lease.lost_reason})" if lease.lost_reason else "")
+                + ": another writer may have taken over the root, so this process must not "
+                "publish checkpoints; stop it, and restart it from the latest checkpoint once "
+                "the other writer is gone"
+            )
+        if lease.remaining_s() <= margin:
+            try:
+                lease.renew()
+            except StoreError as exc:
+                log.warning("writer lease of %s: renewal failed (%s)", self.store.url, exc)
+        try:
+            return lease.ensure_valid(margin)
+        except LeaseLostError as exc:
+            raise LeaseLostError(
+                f"{exc}. Another writer may have taken over {self.store.url}: this process must "
+                "not publish checkpoints; stop it, and restart it from the latest checkpoint "
+                "once the other writer is gone"
+            ) from None
+
+    def release(self) -> None:
+        """Stop renewing and release the lease (best effort: it expires after its ttl)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        try:
+            self._lease.release()
+        except StoreError as exc:
+            log.warning(
+                "writer lease of %s: release failed (%s); it expires after %gs",
+                self.store.url,
+                exc,
+                self.ttl_s,
+            )
