@@ -33,6 +33,7 @@ from statelog.checkpoint import (
 )
 from statelog.errors import (
     ConfigError,
+    CorruptionError,
     JobMismatchError,
     RestoreRequiredError,
     StatelogError,
@@ -303,6 +304,12 @@ class StateJob:
             log.warning(
                 "could not look for a newer materialization of %s (%s); checkpointing on the "
                 "current base", self.root, exc,
+            )
+            return None
+        except CorruptionError as exc:  # never adopted; the job does not depend on it
+            log.error(
+                "the newest materialization of %s fails verification (%s); checkpointing on "
+                "the current base (run `statelog verify` on the root)", self.root, exc,
             )
             return None
         if m is None:

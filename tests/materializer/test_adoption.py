@@ -80,3 +80,35 @@ def test_pickle_marker_survives_pickling():
     assert pickle.loads(pickle.dumps(PICKLE)) is PICKLE
     info = statelog.descriptors.StateInfo("s", statelog.descriptors.StateKind.VALUE, PICKLE, None, None)
     assert pickle.loads(pickle.dumps(info)).value_type is PICKLE
+
+
+def test_a_corrupt_newest_manifest_is_not_adopted_and_the_checkpoint_still_publishes(tmp_path):
+    """The job never depends on the materializer: a newest manifest that fails verification
+    is logged and skipped; the checkpoint keeps the current base and restores exactly."""
+    import logging
+
+    root = tmp_path.as_uri()
+    job = statelog.open(root)
+    job.materialization_poll_s = 0
+    b = job.backend("op")
+    _fill(job, b, range(20))
+    m1 = materialize(job.store, job.checkpoint())
+    _fill(job, b, range(20, 40))
+    c2 = job.checkpoint()  # adopts m1
+    m2 = materialize(job.store, c2)
+    path = tmp_path / m2.key
+    path.write_bytes(path.read_bytes().replace(b'"checkpoint_id"', b'"checkpoint_iX"', 1))
+    _fill(job, b, range(40, 60))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("statelog.job").addHandler(handler)
+    try:
+        c3 = job.checkpoint()
+    finally:
+        logging.getLogger("statelog.job").removeHandler(handler)
+    assert any(m2.key in r.getMessage() and r.levelno == logging.ERROR for r in records)
+    parts = {p.manifest for h in c3.operators["op"].subtasks for p in h.materialization}
+    assert parts == {m1.key}
+    job.close()
+    assert _restored_keys(root, c3.checkpoint_id) == 60
