@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
-from statelog.changelog.writer import ChangelogStream, ChangelogWriter
+from statelog.changelog.stream import ChangelogStream
+from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import (
     AggregatingStateDescriptor,

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from statelog.changelog.writer import SegmentRef
+from statelog.changelog.segment import SegmentRef
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError, FormatVersionError, SerializationError
 from statelog.keys import KeyGroupRange

@@ -1,24 +1,14 @@
-"""The process-wide changelog writer.
+"""The process-wide changelog writer: flusher, uploads, durability, back-pressure.
 
 Every state of every keyed backend in a process appends its change records to its own
-:class:`ChangelogStream` (one per state and subtask attempt); one :class:`ChangelogWriter`
-per process and job root collects the buffered records of *all* streams and uploads them as
-one segment object per flush, so the number of objects stays low however many subtasks and
-states a process runs. A flush happens when
-the persist delay has passed (default 250 ms), when the buffered records exceed a threshold,
-or at once when a checkpoint asks for durability.
-
-Appending is lock-free: the task thread extends ``stream.buf`` by one fixed-width record
-(layouts in :mod:`statelog.changelog.format`); every ``encode_batch_records`` records it
-converts its buffer to Arrow itself (while the records are hot in its cache), and the
-flusher ships the converted batches, taking raw records only from slow streams or when a
-checkpoint waits for them. A stream's position is the number of records ever appended to
-it; the records of the stream have sequence numbers ``0, 1, 2, ...``.
-
-When the C extension is built, a compact stream's buffer is a columnar ``RecordBuffer``
-(``statelog/_ext/fastpath.c``) instead of a flat list: same ``extend(record)`` and ``len``
-(in list items), but the records are stored as typed columns that become Arrow arrays
-without per-record work (:func:`statelog.changelog.format.compact_columns`).
+:class:`~statelog.changelog.stream.ChangelogStream` (one per state and subtask attempt);
+one :class:`ChangelogWriter` per process and job root collects the buffered records of
+*all* streams and uploads them as one segment object per flush
+(:func:`~statelog.changelog.segment.encode_segment`), so the number of objects stays low
+however many subtasks and states a process runs. A flush happens when the persist delay has
+passed (default 250 ms), when the buffered records exceed a threshold, or at once when a
+checkpoint asks for durability. How tasks append and convert their records is described in
+:mod:`statelog.changelog.stream`.
 """
 
 from __future__ import annotations
@@ -31,28 +21,22 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-
 from statelog.changelog import format as fmt
-from statelog.descriptors import StateInfo, StateKind
+from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
+from statelog.changelog.stream import HAVE_RECORD_BUFFER, ChangelogStream
+from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
 from statelog.store.base import ObjectStore
 from statelog.store.retry import RetryPolicy, call_with_retry
 
 log = logging.getLogger(__name__)
 
-try:
-    from statelog._ext import fastpath as _fastpath
-except ImportError:  # not built: compact streams buffer flat lists
-    _fastpath = None
 # Compact streams buffer their records as columns (RecordBuffer) when the extension is built;
 # STATELOG_PURE_PYTHON=1 keeps the flat lists (the reference layout). Read when a writer is
 # created; ChangelogWriter(columnar=...) overrides it.
-COLUMNAR_BUFFERS = _fastpath is not None and os.environ.get("STATELOG_PURE_PYTHON", "") in ("", "0")
+COLUMNAR_BUFFERS = HAVE_RECORD_BUFFER and os.environ.get("STATELOG_PURE_PYTHON", "") in ("", "0")
 
 CHANGELOG_PREFIX = "changelog/"
 # A busy task converts its own records; the flusher converts a partial batch only after
@@ -62,167 +46,9 @@ RAW_TAKE_DELAYS = 3
 POLL_S = 0.05
 
 
-@dataclass(frozen=True)
-class SegmentRef:
-    """One segment holding records ``[start, end)`` of a stream (``bytes`` of its blocks)."""
-
-    name: str
-    size: int
-    start: int
-    end: int
-    bytes: int
-
-    def to_json(self) -> list[Any]:
-        return [self.name, self.size, self.start, self.end, self.bytes]
-
-    @staticmethod
-    def from_json(v: Any) -> SegmentRef:
-        name, size, start, end, nbytes = v
-        return SegmentRef(str(name), int(size), int(start), int(end), int(nbytes))
-
-
 def new_writer_id() -> str:
     """Writer ids sort by creation time: ``<ms since epoch, 13 digits>-<random hex>``."""
     return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}"
-
-
-class ChangelogStream:
-    """The ordered change records of one state of one subtask attempt."""
-
-    def __init__(self, writer: ChangelogWriter, stream_id: str, info: StateInfo, compact: bool) -> None:
-        self.writer = writer
-        self.stream_id = stream_id
-        self.info = info
-        self.compact = compact
-        self.width = fmt.COMPACT_WIDTH if compact else fmt.FULL_WIDTH
-        # flat list (``width`` items per record) or, for compact streams, a RecordBuffer
-        # (columns; the same ``extend`` and ``len``); ``take_raw`` empties either
-        self.columnar = compact and writer.columnar
-        self.buf: Any = (
-            _fastpath.RecordBuffer(fmt.buffer_value_kind(info.value_type))  # type: ignore[union-attr]
-            if self.columnar
-            else []
-        )
-        self.append: Callable[[tuple], None] = self.buf.extend
-        self.owner: Any = None  # the state writing to this stream (its ``_append`` is swapped)
-        self.lock = threading.Lock()
-        self.taken = 0  # records handed to the flusher
-        self.durable = 0  # every record below this seq is in an uploaded segment
-        self.throttled = False  # set when the task must wait (back-pressure or failure)
-        self._pending: list[list[Any]] = []  # [start, end, SegmentRef | None] in seq order
-        self.segments: list[SegmentRef] = []  # uploaded, in seq order
-        self._waiters: list[tuple[int, cf.Future[int]]] = []
-        self.seals: list[int] = []  # sealed positions not yet taken: coalescing never crosses them
-        # records the task thread already took out of its buffer, not yet taken by the
-        # flusher: (start, count, batches converted to Arrow) for flat lists, (start, count,
-        # (columns, seals)) for columnar buffers, which the flusher converts
-        self.encoded: list[tuple[int, int, Any]] = []
-        self.encoded_records = 0
-        self.last_encode = time.monotonic()  # when the task thread last converted a batch
-        self.closed = False
-        # buffer length (items) at which the task calls on_buffer_full; limit_cell holds it
-        # for the appending fast paths and drops to 0 while the writer applies back-pressure
-        if writer.encode_in_task:
-            self.normal_limit = writer.encode_batch_records * self.width
-        else:
-            self.normal_limit = writer.max_buffered_records * self.width
-        self.limit_cell = [self.normal_limit]
-
-    @property
-    def position(self) -> int:
-        """The sequence number the next record will get (call from the task thread)."""
-        with self.lock:
-            return self.taken + self.encoded_records + len(self.buf) // self.width
-
-    @property
-    def buffered(self) -> int:
-        """Records appended but not yet taken by the flusher."""
-        return self.encoded_records + len(self.buf) // self.width
-
-    def on_buffer_full(self) -> None:
-        """Called by the task thread when its buffer reached the batch size or the limit.
-
-        Converts the buffered records to Arrow here, while they are hot in this thread's
-        cache (cheaper than converting them later in the flusher), then waits if the
-        flusher is behind by more than ``max_buffered_records``.
-        """
-        w = self.writer
-        if self.throttled:
-            w._wait_writable(self)
-        if len(self.buf) < self.normal_limit:
-            return
-        if w.encode_in_task:
-            self.encode_buffer()
-        buffered = self.buffered
-        if buffered >= w.flush_records:
-            w._wake.set()
-        if buffered >= w.max_buffered_records:
-            w._wait_drained(self)
-
-    def take_raw(self) -> tuple[Any, int]:
-        """Remove the buffered records: ``(raw, count)`` for ``writer._encode`` (call under
-        ``self.lock``). The task may append meanwhile: a RecordBuffer hands over every record
-        at once; a list is sliced up to the length read first (the task only appends past it).
-        """
-        buf = self.buf
-        if self.columnar:
-            raw = buf.take()
-            return raw, raw[0]
-        n = len(buf)
-        width = self.width
-        cols = [buf[i:n:width] for i in range(width)]
-        del buf[:n]
-        return cols, n // width
-
-    def encode_buffer(self) -> None:
-        w = self.writer
-        with self.lock:
-            if len(self.buf) == 0:
-                return
-            raw, count = self.take_raw()
-            start = self.taken + self.encoded_records
-            seals = sorted(p - start for p in self.seals if start < p < start + count)
-            self.seals = [p for p in self.seals if p > start + count]
-            if self.columnar:
-                # the columns are already typed: wrapping them in Arrow arrays is left to the
-                # flusher, since every pyarrow call releases the GIL, and a task thread that
-                # releases it waits for the flusher to hand it back
-                self.encoded.append((start, count, (raw, seals)))
-            else:
-                try:
-                    batches = w._encode(self, start, raw, seals)
-                except BaseException as e:
-                    w._fail(e)
-                    raise w._failed_error() from e
-                self.encoded.append((start, count, batches))
-            self.encoded_records += count
-            self.last_encode = time.monotonic()
-
-    def set_throttled(self, throttled: bool) -> None:
-        """Route the owner's appends through a blocking path while back-pressure applies.
-
-        Two routes: owners that append through ``owner._append`` get a blocking append;
-        fast paths that check ``len(buf) >= limit_cell[0]`` after each record see a limit of
-        0 and call :meth:`on_buffer_full`, which waits.
-        """
-        self.throttled = throttled
-        self.limit_cell[0] = 0 if throttled else self.normal_limit
-        owner = self.owner
-        if owner is not None:
-            owner._append = self._throttled_append if throttled else self.append
-
-    def _throttled_append(self, record: tuple) -> None:
-        self.writer._wait_writable(self)
-        self.buf.extend(record)
-
-    def segments_for(self, start: int, end: int) -> list[SegmentRef]:
-        """Uploaded segments holding records of ``[start, end)`` (all must be durable)."""
-        with self.lock:
-            if end > self.durable:
-                raise StatelogError(
-                    f"stream {self.stream_id}: records up to {end} are not durable yet (durable: {self.durable})"
-                )
-            return [s for s in self.segments if s.end > start and s.start < end]
 
 
 class ChangelogWriter:
@@ -259,14 +85,14 @@ class ChangelogWriter:
         self.coalesce = coalesce
         self.encode_in_task = encode_in_task
         # columnar buffers for compact streams (None: COLUMNAR_BUFFERS; needs the extension)
-        self.columnar = (COLUMNAR_BUFFERS if columnar is None else columnar) and _fastpath is not None
+        self.columnar = (COLUMNAR_BUFFERS if columnar is None else columnar) and HAVE_RECORD_BUFFER
         self.encode_batch_records = max(1, min(encode_batch_records, max_buffered_records))
         self.retry = retry or RetryPolicy()
         if compression not in fmt.BLOCK_CODECS:
             raise ConfigError(
                 f"compression must be one of {', '.join(fmt.BLOCK_CODECS)} (changelog block codec), got {compression!r}"
             )
-        self._encoder = fmt.BlockEncoder(compression_level, compression)
+        self.encoder = fmt.BlockEncoder(compression_level, compression)
         self._streams: dict[str, ChangelogStream] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -374,13 +200,22 @@ class ChangelogWriter:
         if self._closed:
             raise StatelogError("the changelog writer is closed")
 
+    def wake(self) -> None:
+        """Wake the flusher (a stream's buffer passed ``flush_records``)."""
+        self._wake.set()
+
+    def fail(self, exc: BaseException) -> WriterFailedError:
+        """Fail the writer with ``exc`` (a task could not convert its records); the error to raise."""
+        self._fail(exc)
+        return self._failed_error()
+
     def _failed_error(self) -> WriterFailedError:
         return WriterFailedError(
             f"changelog writer {self.writer_id} failed and cannot make changes durable: "
             f"{self._failure}; restart the task from its latest completed checkpoint"
         )
 
-    def _wait_writable(self, stream: ChangelogStream) -> None:
+    def wait_writable(self, stream: ChangelogStream) -> None:
         """Called by a throttled task: wait until the flusher lifts back-pressure."""
         self._wake.set()
         with self._cond:
@@ -392,7 +227,8 @@ class ChangelogWriter:
                 if not self._cond.wait(0.05):
                     self._update_throttle_locked()
 
-    def _wait_drained(self, stream: ChangelogStream) -> None:
+    def wait_drained(self, stream: ChangelogStream) -> None:
+        """Called by a task whose stream holds too many records: wait until the flusher took them."""
         limit = self.max_buffered_records
         self._wake.set()
         with self._cond:
@@ -513,40 +349,25 @@ class ChangelogWriter:
             batches: list[fmt.EncodedBatch] = []
             for chunk_start, _count, payload in encoded:
                 if isinstance(payload, tuple):  # columns taken by the task
-                    batches.extend(self._encode(s, chunk_start, payload[0], payload[1]))
+                    batches.extend(s.encode_chunk(chunk_start, payload[0], payload[1]))
                 else:
                     batches.extend(payload)
             if cols is not None:
-                batches.extend(self._encode(s, raw_start, cols, seals))
+                batches.extend(s.encode_chunk(raw_start, cols, seals))
             converted.append((s, start, end, batches))
         taken = converted
         with self._lock:
             seg_no = self._next_segment
             self._next_segment += 1
         name = f"{CHANGELOG_PREFIX}{self.writer_id}/{seg_no:010d}.seg"
-        parts = [fmt.encode_header()]
-        offset = fmt.HEADER_SIZE
-        blocks: list[fmt.BlockInfo] = []
-        spans: list[fmt.StreamSpan] = []
-        for s, start, end, batches in taken:
-            size = 0
-            if batches:
-                data, raw_len, crc = self._encoder.write_block(batches)
-                parts.append(data)
-                blocks.append(
-                    fmt.BlockInfo(
-                        s.stream_id, s.info.name, offset, len(data), crc, raw_len,
-                        sum(b.batch.num_rows for b in batches), batches[0].first_seq,
-                        batches[-1].last_seq, min(b.kg_min for b in batches),
-                        max(b.kg_max for b in batches),
-                    )
-                )
-                offset += len(data)
-                size = len(data)
-            spans.append(fmt.StreamSpan(s.stream_id, start, end, size))
-        footer = fmt.SegmentFooter(self.writer_id, seg_no, int(time.time() * 1000), tuple(blocks), tuple(spans))
-        parts.append(fmt.encode_footer_and_trailer(footer, offset))
-        data = b"".join(parts)
+        data, footer = encode_segment(
+            self.writer_id,
+            seg_no,
+            int(time.time() * 1000),
+            [StreamChunk(s.stream_id, s.info.name, start, end, batches) for s, start, end, batches in taken],
+            self.encoder,
+        )
+        spans = list(footer.streams)
         with self._cond:
             self._inflight_bytes += len(data)
             self._update_throttle_locked()
@@ -554,46 +375,6 @@ class ChangelogWriter:
             call_with_retry, self.retry, lambda: self.store.put(name, data), f"upload of {name}"
         )
         fut.add_done_callback(lambda f: self._uploaded(f, name, len(data), taken, spans))
-
-    def _encode(
-        self, stream: ChangelogStream, start: int, raw: Any, seals: list[int]
-    ) -> list[fmt.EncodedBatch]:
-        """Convert a chunk (from ``stream.take_raw``) to Arrow, coalescing first if enabled.
-
-        Coalescing never crosses a sealed checkpoint position: records before it must stay
-        visible to that checkpoint.
-        """
-        info = stream.info
-        kg_range: tuple[int, int] | None = None
-        if isinstance(raw, tuple):  # taken from a RecordBuffer
-            cols, kg_min, kg_max = fmt.compact_columns(raw, info.value_type)
-            kg_range = (kg_min, kg_max)
-        else:
-            cols = raw
-        n = len(cols[0])
-        seqs: list[int] | tuple[int, int] = (start, n)
-        if self.coalesce:
-            # the identity columns as lists (Arrow columns converted back)
-            ident = [fmt.C_KEY, fmt.C_NS, fmt.C_OP] + ([] if stream.compact else [fmt.F_UKEY])
-            pycols: list[Any] = [None] * len(cols)
-            for i in ident:
-                pycols[i] = cols[i].to_pylist() if isinstance(cols[i], pa.Array) else cols[i]
-            keep: list[int] = []
-            bounds = [0, *seals, n]
-            for lo, hi in zip(bounds, bounds[1:], strict=False):
-                part = [None if c is None else c[lo:hi] for c in pycols]
-                keep.extend(lo + i for i in _coalesce(part, stream.compact))
-            if len(keep) < n:
-                idx = pa.array(keep, pa.int64())
-                cols = [c.take(idx) if isinstance(c, pa.Array) else [c[i] for i in keep] for c in cols]
-                seqs = [start + i for i in keep]
-                kg_range = None
-        return [
-            self._encoder.encode_batch(
-                info.name, info.value_type, info.user_key_type,
-                info.kind is StateKind.LIST, seqs, cols, kg_range,
-            )
-        ]
 
     def _uploaded(
         self,
@@ -640,41 +421,3 @@ class ChangelogWriter:
                 with contextlib.suppress(cf.InvalidStateError):  # cancelled by its owner meanwhile
                     w.set_result(upto)
 
-
-def _coalesce(cols: list[Any], compact: bool) -> list[int]:
-    """Indexes of the records (of one state's chunk, as columns) that survive coalescing.
-
-    A record is dropped when a later record of the same key and namespace overwrites the
-    whole entry (put, delete, list replace), or, for map entries, when a later put/remove
-    of the same map key replaces it. Timer records are never dropped.
-    """
-    keep: list[int] = []
-    overwritten: set[tuple] = set()
-    entry_ops: set[tuple] = set()
-    overwriting = fmt.OVERWRITING_OPS
-    map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
-    kbs, nss, ops = cols[fmt.C_KEY], cols[fmt.C_NS], cols[fmt.C_OP]
-    ukeys = None if compact else cols[fmt.F_UKEY]
-    for i in range(len(kbs) - 1, -1, -1):
-        k = (kbs[i], nss[i])
-        if k in overwritten:
-            continue
-        op = ops[i]
-        if op in map_ops and ukeys is not None:
-            ek = (*k, _hashable(ukeys[i]))
-            if ek in entry_ops:
-                continue
-            entry_ops.add(ek)
-        elif op in overwriting:
-            overwritten.add(k)
-        keep.append(i)
-    keep.reverse()
-    return keep
-
-
-def _hashable(v: Any) -> Any:
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        return repr(v)

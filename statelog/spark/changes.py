@@ -33,7 +33,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from statelog.changelog import format as fmt
 from statelog.changelog.reader import SegmentReader
-from statelog.changelog.writer import SegmentRef
+from statelog.changelog.segment import SegmentRef
 from statelog.checkpoint import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CheckpointNotFoundError, ConfigError

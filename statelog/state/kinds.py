@@ -39,7 +39,7 @@ from statelog.types import fast_check, make_validator
 
 if TYPE_CHECKING:
     from statelog.backend import KeyedStateBackend
-    from statelog.changelog.writer import ChangelogStream
+    from statelog.changelog.stream import ChangelogStream
 
 _MISSING = object()
 

@@ -23,7 +23,7 @@ from statelog.keys import decode_key, encode_key
 
 if TYPE_CHECKING:
     from statelog.backend import KeyedStateBackend
-    from statelog.changelog.writer import ChangelogStream
+    from statelog.changelog.stream import ChangelogStream
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"

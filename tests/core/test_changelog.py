@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
+import statelog.changelog.stream as stream_mod
 import statelog.changelog.writer as writer_mod
 from statelog import (
     PICKLE,
@@ -310,7 +311,7 @@ def test_a_range_whose_segments_leave_a_gap_fails_instead_of_skipping_records(tm
 
 # -- columnar record buffers (statelog/_ext/fastpath.c RecordBuffer) ---------------------------
 
-needs_ext = pytest.mark.skipif(writer_mod._fastpath is None, reason="the C extension is not built")
+needs_ext = pytest.mark.skipif(stream_mod._fastpath is None, reason="the C extension is not built")
 
 MIXED = [
     COUNT,
@@ -416,7 +417,7 @@ def test_record_buffer_columns_match_pyarrow_conversion():
         (PICKLE, [{"a": 1}, None]),
     ]
     for value_type, values in cases:
-        rb = writer_mod._fastpath.RecordBuffer(fmt.buffer_value_kind(value_type))
+        rb = stream_mod._fastpath.RecordBuffer(fmt.buffer_value_kind(value_type))
         recs = [(b"k%d" % i * (i + 1), (i * 7919) % 65536, b"\x00" if i % 2 else b"ns", i % 3 + 1, v)
                 for i, v in enumerate(values)]
         for rec in recs:
@@ -435,13 +436,13 @@ def test_record_buffer_columns_match_pyarrow_conversion():
             assert value == want[4]
         else:
             assert value.equals(pa.array(want[4], value_type))
-    empty = writer_mod._fastpath.RecordBuffer(1).take()
+    empty = stream_mod._fastpath.RecordBuffer(1).take()
     assert empty[0] == 0 and empty[11] > empty[12]
 
 
 @needs_ext
 def test_record_buffer_rejects_bad_records_without_appending_part_of_them():
-    rb = writer_mod._fastpath.RecordBuffer(1)
+    rb = stream_mod._fastpath.RecordBuffer(1)
     rb.extend((b"k", 1, b"\x00", 1, 5))
     for bad in [
         (b"k", 1, b"\x00", 1),  # too short

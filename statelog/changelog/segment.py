@@ -1,0 +1,85 @@
+"""Segment encoding: the bytes of one changelog segment object, and references to segments.
+
+:func:`encode_segment` is the writer's half of the segment format (``docs/format.md``
+section 4); :class:`~statelog.changelog.reader.SegmentReader` is the reader's half and
+decodes what it writes: header, one block per stream, footer, trailer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from statelog.changelog import format as fmt
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment holding records ``[start, end)`` of a stream (``bytes`` of its blocks)."""
+
+    name: str
+    size: int
+    start: int
+    end: int
+    bytes: int
+
+    def to_json(self) -> list[Any]:
+        return [self.name, self.size, self.start, self.end, self.bytes]
+
+    @staticmethod
+    def from_json(v: Any) -> SegmentRef:
+        name, size, start, end, nbytes = v
+        return SegmentRef(str(name), int(size), int(start), int(end), int(nbytes))
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """What one segment holds of one stream: records ``[start, end)`` and their batches.
+
+    ``batches`` may be empty (the records were coalesced away, or none were taken): the
+    span is still recorded in the footer.
+    """
+
+    stream: str
+    state: str
+    start: int
+    end: int
+    batches: Sequence[fmt.EncodedBatch]
+
+
+def encode_segment(
+    writer: str,
+    segment: int,
+    created_ms: int,
+    chunks: Sequence[StreamChunk],
+    encoder: fmt.BlockEncoder,
+) -> tuple[bytes, fmt.SegmentFooter]:
+    """The bytes of segment ``segment`` of ``writer``, holding ``chunks`` in order.
+
+    Returns ``(data, footer)``; ``footer.streams[i]`` is the span of ``chunks[i]``.
+    """
+    parts = [fmt.encode_header()]
+    offset = fmt.HEADER_SIZE
+    blocks: list[fmt.BlockInfo] = []
+    spans: list[fmt.StreamSpan] = []
+    for c in chunks:
+        size = 0
+        batches = c.batches
+        if batches:
+            data, raw_len, crc = encoder.write_block(list(batches))
+            parts.append(data)
+            blocks.append(
+                fmt.BlockInfo(
+                    c.stream, c.state, offset, len(data), crc, raw_len,
+                    sum(b.batch.num_rows for b in batches), batches[0].first_seq,
+                    batches[-1].last_seq, min(b.kg_min for b in batches),
+                    max(b.kg_max for b in batches),
+                )
+            )
+            offset += len(data)
+            size = len(data)
+        spans.append(fmt.StreamSpan(c.stream, c.start, c.end, size))
+    footer = fmt.SegmentFooter(writer, segment, created_ms, tuple(blocks), tuple(spans))
+    parts.append(fmt.encode_footer_and_trailer(footer, offset))
+    return b"".join(parts), footer
