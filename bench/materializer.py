@@ -48,7 +48,7 @@ from statelog import ValueStateDescriptor
 from statelog.backend import KeyedStateBackend, RestoredChanges, gc_paused
 from statelog.checkpoint import CheckpointMetadata
 from statelog.materialization import latest_manifest_key, load_manifest
-from statelog.snapshot import decode_full_snapshot, encode_full_snapshot
+from statelog.state_dump import decode_state_dump, encode_state_dump
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 RESTORE_PAIRS = 5  # restore pairs per round
@@ -75,7 +75,7 @@ def _no_gc() -> Iterator[None]:
 
 def _restore_from_snapshot(data: bytes, like: KeyedStateBackend) -> KeyedStateBackend:
     """Rebuild a backend from a full snapshot with the bulk loader a table restore uses."""
-    tables = decode_full_snapshot(data, "snapshot")
+    tables = decode_state_dump(data, "snapshot")
     rc = RestoredChanges()
     for name, table in tables.items():
         rc.infos[name] = like._states[name].info
@@ -145,7 +145,7 @@ def _throughput_and_restore(root: str, keys: int, rounds: int, progress: bool) -
         meta = job.checkpoint(sources={"round": r + 1})  # adopts m: the tail is the 1 % after it
         assert all(h.materialization for op in meta.operators.values() for h in op.subtasks)
         snap_key = f"full-snapshots/bench-{r}.snapshot"
-        job.store.put(snap_key, encode_full_snapshot(b))
+        job.store.put(snap_key, encode_state_dump(b))
 
         for rep in range(RESTORE_PAIRS):
             # back to back, alternating which goes first (the VM's speed drifts)
@@ -206,7 +206,7 @@ class _ValueWorkload(_Workload):
             st.update(st.value() + 1)
 
     def snapshot_bytes(self) -> int:
-        return len(encode_full_snapshot(self.b))
+        return len(encode_state_dump(self.b))
 
 
 class _WindowWorkload(_Workload):
@@ -238,7 +238,7 @@ class _WindowWorkload(_Workload):
             self.fired += 1
 
     def snapshot_bytes(self) -> int:
-        return len(encode_full_snapshot(self.b))
+        return len(encode_state_dump(self.b))
 
 
 def _amplification(

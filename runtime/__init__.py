@@ -15,9 +15,10 @@ from runtime.api import (
     WindowedStream,
 )
 from runtime.client import JobClient
-from runtime.driver import JobCancelledError, JobResult
+from runtime.driver import JobResult
 from runtime.errors import (
     CheckpointFailureLimitError,
+    JobCancelledError,
     JobFailedError,
     JobGraphError,
     NonRestoredStateError,

@@ -20,10 +20,18 @@ pickle (cloudpickle for lambdas and closures, when ``pyspark`` is installed).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from runtime.client import JobClient
+from runtime.config import (
+    CHANGELOG,
+    STATE_BACKENDS,
+    STATE_DUMP,
+    SUPPORTED_MODES,
+    CheckpointingMode,
+    JobConfig,
+)
+from runtime.driver import JobMaster, JobResult
 from runtime.errors import JobGraphError
 from runtime.functions import KeyedCoProcessFunction, KeyedProcessFunction
 from runtime.graph import FORWARD, HASH, InputEdge, StreamGraph, StreamNode
@@ -42,52 +50,6 @@ from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
 from statelog.store.options import StoreOptions
 from statelog.types import PICKLE
-
-if TYPE_CHECKING:
-    from runtime.client import JobClient
-    from runtime.driver import JobResult
-
-
-CHANGELOG = "changelog"
-FULL_SNAPSHOT = "full-snapshot"
-STATE_BACKENDS = (CHANGELOG, FULL_SNAPSHOT)
-
-
-class CheckpointingMode(StrEnum):
-    EXACTLY_ONCE_ALIGNED = "exactly_once_aligned"
-    EXACTLY_ONCE_UNALIGNED = "exactly_once_unaligned"
-    AT_LEAST_ONCE = "at_least_once"
-
-
-SUPPORTED_MODES = (
-    CheckpointingMode.EXACTLY_ONCE_ALIGNED,
-    CheckpointingMode.EXACTLY_ONCE_UNALIGNED,
-    CheckpointingMode.AT_LEAST_ONCE,
-)
-
-
-@dataclass
-class JobConfig:
-    """Everything workers and the job master need besides the graph (picklable)."""
-
-    parallelism: int = 1
-    max_parallelism: int = DEFAULT_MAX_PARALLELISM
-    checkpoint_interval_s: float | None = 1.0
-    checkpoint_timeout_s: float = 60.0
-    mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE_ALIGNED
-    state_root: str = ""
-    store_options: StoreOptions = field(default_factory=StoreOptions)  # repr shows *** for secrets
-    writer_options: dict[str, Any] = field(default_factory=dict)
-    retain_checkpoints: int = 5
-    tolerable_failed_checkpoints: int = 0
-    batch_size: int = 256
-    channel_capacity: int = 8  # frames queued per channel before back-pressure
-    start_method: str = "forkserver"
-    worker_log_level: int | None = None
-    # options of a background materializer run by the job master (None: none runs)
-    materializer: dict[str, Any] | None = None
-    # "changelog" (statelog) or "full-snapshot" (the benchmark baseline, see docs/runtime.md)
-    state_backend: str = "changelog"
 
 
 def _check_materializer_options(daemon: type, options: Mapping[str, Any]) -> None:
@@ -151,15 +113,20 @@ class StreamExecutionEnvironment:
         if type(batch_size) is not int or batch_size < 1 or type(channel_capacity) is not int or channel_capacity < 1:
             raise JobGraphError("batch_size and channel_capacity must be ints >= 1")
         if state_backend not in STATE_BACKENDS:
-            raise JobGraphError(f"unknown state_backend {state_backend!r}; use one of {list(STATE_BACKENDS)}")
-        if state_backend == FULL_SNAPSHOT:
+            raise JobGraphError(
+                f"unknown state_backend {state_backend!r}; use {CHANGELOG!r} (statelog) or {STATE_DUMP!r} "
+                f"(the benchmark baseline; one of {list(STATE_BACKENDS)})"
+            )
+        if state_backend != CHANGELOG:  # the state-dump baseline (or its former name)
             if restart_strategy is not None and not isinstance(restart_strategy, NoRestart):
                 raise JobGraphError(
-                    "state_backend='full-snapshot' is a benchmark baseline whose checkpoints cannot be "
+                    f"state_backend={state_backend!r} is a benchmark baseline whose checkpoints cannot be "
                     "restored: it runs without restarts (leave restart_strategy unset)"
                 )
             if materializer:
-                raise JobGraphError("state_backend='full-snapshot' writes no changelog: there is nothing to materialize")
+                raise JobGraphError(
+                    f"state_backend={state_backend!r} writes no changelog: there is nothing to materialize"
+                )
             restart_strategy = NoRestart()
         if materializer is True:
             materializer = {}
@@ -218,12 +185,10 @@ class StreamExecutionEnvironment:
         allow_non_restored_state: bool = False,
     ) -> JobClient:
         """Start the job in a background thread of this process; returns its client."""
-        from runtime.client import JobClient
-        from runtime.driver import JobMaster
-
-        if restore not in (None, "none") and self.config.state_backend == FULL_SNAPSHOT:
+        if restore not in (None, "none") and self.config.state_backend != CHANGELOG:
             raise JobGraphError(
-                "state_backend='full-snapshot' (a benchmark baseline) cannot restore; use the changelog backend"
+                f"state_backend={self.config.state_backend!r} (a benchmark baseline) cannot restore; "
+                f"use the {CHANGELOG!r} backend"
             )
         master = JobMaster(
             job_name, self.graph, self.config, self.restart_strategy,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.config import CHANGELOG
 from runtime.errors import CheckpointFailureLimitError
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.errors import StatelogError
@@ -63,7 +64,7 @@ class CheckpointCoordinator:
         on_complete: Callable[[CheckpointMetadata], None],
         attempt: int,
         mode: str,
-        publish: bool = True,
+        state_backend: str = CHANGELOG,
     ) -> None:
         self.job = job
         self.tasks = tasks
@@ -75,7 +76,9 @@ class CheckpointCoordinator:
         self.on_complete = on_complete
         self.attempt = attempt
         self.mode = mode
-        self.publish = publish  # False: the full-snapshot baseline, nothing restorable to publish
+        self.state_backend = state_backend
+        # not published: the state-dump baseline has nothing restorable
+        self.publish = state_backend == CHANGELOG
         self.pending: PendingCheckpoint | None = None
         self.failed_in_row = 0
         self.failed_total = 0
@@ -195,7 +198,7 @@ class CheckpointCoordinator:
             if self.publish:
                 meta = self.job.publish_checkpoint(p.checkpoint_id, p.handles, p.sources, stats)
             else:
-                stats["state_backend"] = "full-snapshot"
+                stats["state_backend"] = self.state_backend  # as configured (or its former name)
                 meta = CheckpointMetadata(
                     p.checkpoint_id, self.job.job_id, int(time.time() * 1000), self.job.max_parallelism,
                     dict(p.sources), {}, stats,

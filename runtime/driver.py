@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from runtime.api import CHANGELOG, JobConfig
+from runtime.config import CHANGELOG, JobConfig
 from runtime.coordinator import CheckpointCoordinator
 from runtime.errors import (
+    JobCancelledError,
     JobFailedError,
     NonRestoredStateError,
     RuntimeJobError,
@@ -45,6 +46,7 @@ from runtime.errors import (
 from runtime.graph import JobGraph, StreamGraph
 from runtime.inflight import INFLIGHT_KEY, collect_inflight
 from runtime.restart import RestartStrategy
+from runtime.worker import worker_main
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import RestoreRequiredError
 from statelog.job import StateJob
@@ -53,10 +55,6 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
-
-
-class JobCancelledError(RuntimeJobError):
-    """The job was cancelled through its client."""
 
 
 @dataclass
@@ -332,8 +330,6 @@ class JobMaster:
         ctx = mp.get_context(cfg.start_method)
         if cfg.start_method == "forkserver":
             ctx.set_forkserver_preload(["runtime.worker"])
-        from runtime.worker import worker_main
-
         level = cfg.worker_log_level
         if level is None:
             level = logging.getLogger("runtime").getEffectiveLevel()
@@ -381,7 +377,7 @@ class JobMaster:
             broadcast=self._broadcast,
             on_complete=self._on_complete,
             attempt=self.attempt,
-            publish=cfg.state_backend == CHANGELOG,
+            state_backend=cfg.state_backend,
             mode=cfg.mode.value,
         )
         if self._finished >= self.source_task_keys:

@@ -21,6 +21,10 @@ class JobFailedError(RuntimeJobError):
     """The job failed and its restart strategy allows no further restart."""
 
 
+class JobCancelledError(RuntimeJobError):
+    """The job was cancelled through its client."""
+
+
 class CheckpointFailureLimitError(RuntimeJobError):
     """More checkpoints failed in a row than ``tolerable_failed_checkpoints`` allows."""
 

@@ -33,8 +33,13 @@ MIN_WATERMARK = -(2**63)  # before any event (Flink's Long.MIN_VALUE)
 MAX_WATERMARK = 2**63 - 1  # end of a bounded input
 
 
-class TimerService:
-    """Timers of the current key (event and processing time, milliseconds)."""
+class TimerContext:
+    """What ``ctx.timer_service()`` gives a keyed function: the current key's timers (event
+    and processing time, milliseconds) and the current watermark and processing time.
+
+    A view over the backend's :class:`statelog.state.timers.TimerService`, which stores the
+    timers (in the changelog) and fires them; the operator drives that one.
+    """
 
     def __init__(self, ctx: ProcessContext) -> None:
         self._ctx = ctx
@@ -73,7 +78,7 @@ class ProcessContext:
         self.timestamp: int | None = None
         self.current_watermark = MIN_WATERMARK
         self.time_domain: str | None = None  # "event" / "processing" inside on_timer
-        self._timers = TimerService(self)
+        self._timers = TimerContext(self)
 
     @property
     def current_key(self) -> Any:
@@ -83,7 +88,7 @@ class ProcessContext:
         """The keyed state of ``descriptor`` (restored on recovery), scoped to the current key."""
         return self._backend.get_state(descriptor)
 
-    def timer_service(self) -> TimerService:
+    def timer_service(self) -> TimerContext:
         return self._timers
 
     @property

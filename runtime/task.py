@@ -22,26 +22,58 @@ from __future__ import annotations
 
 import pickle
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from runtime import inflight
 from runtime.barriers import BarrierAligner, BarrierHandler, BarrierTracker, BarrierUnaligner
 from runtime.channels import BARRIER, WATERMARK, InputChannel
+from runtime.config import JobConfig
 from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
 from runtime.operators import ChainedOutput, Output, StreamOperator
 from runtime.router import Router
 from runtime.sources import SourceSplits
 
-if TYPE_CHECKING:
-    from runtime.worker import Worker
-
 FRAMES_PER_STEP = 4
+
+
+class TaskHost(Protocol):
+    """What a task needs from the process that runs it (:class:`runtime.worker.Worker`):
+    the job's configuration, the job master's pipe and the asynchronous part of checkpoints."""
+
+    config: JobConfig
+    batch_size: int  # records a source task reads per step
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        """Send a message to the job master."""
+        ...
+
+    def acknowledge_async(
+        self,
+        checkpoint_id: int,
+        task: str,
+        pending: list[Any],
+        sources: dict[str, Any] | None,
+        stats: dict[str, Any],
+        *,
+        blob: tuple[str, bytes] | None = None,
+        held: bool = False,
+    ) -> None:
+        """Run the asynchronous part of a checkpoint off the task thread, then acknowledge it."""
+        ...
+
+    def hold_async(self) -> None:
+        """Pending snapshots exist from now on (unaligned: from the first barrier)."""
+        ...
+
+    def release_async(self) -> None:
+        """The pending snapshots counted by :meth:`hold_async` were abandoned."""
+        ...
 
 
 class Task:
     def __init__(
         self,
-        worker: Worker,
+        host: TaskHost,
         key: str,
         vertex_id: int,
         ops: list[StreamOperator],
@@ -55,7 +87,7 @@ class Task:
         unaligned: bool = False,
         channel_edges: list[int] | None = None,
     ) -> None:
-        self.worker = worker
+        self.host = host
         self.key = key
         self.vertex_id = vertex_id
         self.ops = ops
@@ -136,7 +168,7 @@ class Task:
             return False
         src = self.source
         assert src is not None
-        n = self.worker.batch_size
+        n = self.host.batch_size
         if self._rate:
             allowed = int(self._rate * (time.monotonic() - self._t0)) - self._paced
             if allowed <= 0:
@@ -159,7 +191,7 @@ class Task:
                 self.wm = MAX_WATERMARK
                 head.watermark(MAX_WATERMARK)
                 self.router.flush()
-            self.worker.send(("source_finished", self.key))
+            self.host.send(("source_finished", self.key))
             return True
         return bool(batch)
 
@@ -232,13 +264,13 @@ class Task:
         pending, committables = self._snapshot_operators(checkpoint_id)
         self.router.event((BARRIER, checkpoint_id))
         if committables:
-            self.worker.send(("committables", checkpoint_id, self.key, committables))
+            self.host.send(("committables", checkpoint_id, self.key, committables))
         stats = {
             "sync_ms": (time.monotonic() - t0) * 1000,
             "alignment_ms": alignment_ms,
             "records": self.source.emitted if self.source is not None else 0,
         }
-        self.worker.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
+        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
 
     # -- unaligned checkpoints -------------------------------------------------------------------
 
@@ -272,9 +304,9 @@ class Task:
         for channel, buf in overtaken:
             channel.send((buf, None))
         if committables:
-            self.worker.send(("committables", checkpoint_id, self.key, committables))
+            self.host.send(("committables", checkpoint_id, self.key, committables))
         if pending:
-            self.worker.hold_async()
+            self.host.hold_async()
         self._u_pending, self._u_input, self._u_output = pending, [], output
         self._u_sync = {"sync_ms": (time.monotonic() - t0) * 1000}
 
@@ -293,7 +325,7 @@ class Task:
                 "task": self.key,
                 "vertex": int(vertex),
                 "subtask": int(subtask),
-                "parallelism": self.worker.config.parallelism,
+                "parallelism": self.host.config.parallelism,
                 "input": data_in,
                 "output": data_out,
             }
@@ -302,19 +334,19 @@ class Task:
             blob = (key, data)
             sources = {inflight.INFLIGHT_KEY: {self.key: {
                 "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
-                "parallelism": self.worker.config.parallelism,
+                "parallelism": self.host.config.parallelism,
                 "input": len(data_in), "output": len(data_out),
             }}}
             stats["inflight_bytes"] = len(data)
             stats["inflight_records"] = len(data_in) + len(data_out)
-        self.worker.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
+        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
 
     def _abandon(self) -> None:
         pending, self._u_pending, self._u_input, self._u_output = self._u_pending, [], [], []
         for p in pending:
             p.cancel()
         if pending:
-            self.worker.release_async()
+            self.host.release_async()
 
     def abort_checkpoint(self, checkpoint_id: int) -> None:
         if self.unaligned:

@@ -19,7 +19,8 @@ Protocol with the job master (tuples over a ``multiprocessing`` pipe): the worke
 then it receives ``("trigger", cid)``, ``("complete", cid)``, ``("abort", cid)``, ``("stop",)``
 and sends ``("ack", cid, task, handles, sources, stats)``, ``("decline", cid, task, reason)``,
 ``("committables", cid, task, {uid: records})``, ``("source_finished", task)``,
-``("failed", i, traceback)`` and ``("stopped", i)``.
+``("failed", i, traceback)`` and ``("stopped", i)``. On ``deploy`` the worker opens the
+job root and builds its tasks and their channels with :func:`runtime.deploy.build_tasks`.
 """
 
 from __future__ import annotations
@@ -37,17 +38,15 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime import inflight
-from runtime.api import CHANGELOG, CheckpointingMode, JobConfig
-from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
+from runtime.channels import ChannelServer
+from runtime.config import JobConfig
+from runtime.deploy import build_tasks
 from runtime.errors import ChannelError
-from runtime.full_snapshot import FullSnapshotPending, delete_older
 from runtime.graph import JobGraph
-from runtime.operators import ChainedOutput, StreamOperator
-from runtime.router import EdgeOutput, Router
-from runtime.sources import SourceSplits
+from runtime.state_dump_backend import PendingStateDump
 from runtime.task import Task
-from statelog.backend import KeyedStateBackend, PendingSnapshot
+from statelog.backend import PendingSnapshot
+from statelog.checkpoint import CheckpointMetadata
 from statelog.job import StateJob
 
 log = logging.getLogger(__name__)
@@ -80,41 +79,6 @@ def worker_main(index: int, conn: Connection, log_level: int | None) -> None:
     os._exit(0)
 
 
-class _Ctx:
-    """The :class:`~runtime.operators.OperatorContext` of one task."""
-
-    def __init__(self, worker: Worker, subtask: int) -> None:
-        self.worker = worker
-        self.subtask = subtask
-        self.parallelism = worker.config.parallelism
-        self.max_parallelism = worker.config.max_parallelism
-        self.run_id = worker.run_id
-        self.attempt = worker.attempt
-
-    def keyed_backend(self, uid: str) -> KeyedStateBackend:
-        w = self.worker
-        return w.job.backend(
-            uid, subtask=self.subtask, parallelism=self.parallelism,
-            restore=w.restore_meta if w.restore_meta is not None else "none",  # the master chose
-            changelog=w.config.state_backend == CHANGELOG,
-        )  # fmt: skip
-
-    def snapshot_backend(self, backend: KeyedStateBackend, checkpoint_id: int) -> Any:
-        """The synchronous part of a keyed backend's checkpoint (a pending snapshot)."""
-        if self.worker.config.state_backend == CHANGELOG:
-            return backend.snapshot(checkpoint_id)
-        return FullSnapshotPending(backend, checkpoint_id, self.worker.job.store)
-
-    def backend_checkpoint_completed(self, backend: KeyedStateBackend, checkpoint_id: int) -> None:
-        if self.worker.config.state_backend == CHANGELOG:
-            backend.checkpoint_completed(checkpoint_id)
-        else:
-            try:
-                delete_older(self.worker.job.store, backend.operator_uid, backend.subtask, checkpoint_id)
-            except Exception as e:  # noqa: BLE001 - garbage of the baseline only
-                log.warning("could not delete old full snapshots: %s", e)
-
-
 class Worker:
     def __init__(self, index: int, conn: Connection) -> None:
         self.index = index
@@ -127,7 +91,7 @@ class Worker:
         self._async: dict[int, list[PendingSnapshot]] = {}
         self._async_lock = threading.Lock()
         self._inflight = 0  # asynchronous parts not finished (pending.result() may still run)
-        self.full_snapshot_bytes = 0  # written by FullSnapshotPending (state_backend="full-snapshot")
+        self.state_dump_bytes = 0  # written by PendingStateDump (state_backend="state-dump")
         self.pool = cf.ThreadPoolExecutor(2, thread_name_prefix="snapshot")
         self._errors: deque[str] = deque()
 
@@ -166,6 +130,8 @@ class Worker:
         self.run()
 
     def deploy(self, spec: dict[str, Any]) -> None:
+        """Open the job root, resolve the checkpoint to restore and build this worker's tasks
+        (:mod:`runtime.deploy`); then open them, downstream operators first."""
         self.config: JobConfig = spec["config"]
         self.run_id: str = spec["run_id"]
         self.attempt: int = spec["attempt"]
@@ -181,74 +147,8 @@ class Worker:
             create=False,
             writer_lease=False,  # the master holds the root's writer lease and publishes
         )
-        self.restore_meta = self.job.resolve_checkpoint(spec["restore"])
-        p, i = cfg.parallelism, self.index
-        peers: list[tuple[str, int]] = spec["peers"]
-        capacity = cfg.channel_capacity
-        # input channels of every local task first: local outputs write into them
-        inputs: dict[int, tuple[list[InputChannel], list[int]]] = {}
-        for v in graph.vertices:
-            chans, idxs = [], []
-            for edge, src in graph.input_channels(v, i, p):
-                ch = InputChannel(len(chans), capacity, self.wake)
-                chans.append(ch)
-                idxs.append(edge.input_index)
-                self.server.channels[(edge.id, src, i)] = ch
-            inputs[v.id] = (chans, idxs)
-        self.server.ready.set()
-        local_inputs = {(e.id, src): ch for v in graph.vertices for (e, src), ch in zip(
-            graph.input_channels(v, i, p), inputs[v.id][0], strict=True)}
-        aligned = cfg.mode == CheckpointingMode.EXACTLY_ONCE_ALIGNED
-        unaligned = cfg.mode == CheckpointingMode.EXACTLY_ONCE_UNALIGNED
-        assignments: dict[int, dict[str, Any]] = spec["assignments"]
-        for v in graph.vertices:
-            edges = []
-            for e in v.outputs:
-                outs: list[Any] = []
-                dsts = [i] if e.partition == "forward" else list(range(p))
-                for dst in dsts:
-                    if dst == i:
-                        outs.append(LocalOutput(local_inputs[(e.id, i)]))
-                    else:
-                        outs.append(RemoteOutput(
-                            tuple(peers[dst]), (e.id, i, dst), self.channel_error, self.wake, capacity
-                        ))
-                edges.append(EdgeOutput(e.partition, e.key_selector, outs, cfg.max_parallelism, cfg.batch_size))
-            router = Router(edges, capacity)
-            ctx = _Ctx(self, i)
-            ops: list[StreamOperator] = []
-            for nid in v.chain:
-                node = graph.stream.nodes[nid]
-                if node.source is not None:
-                    continue
-                if node.sink is not None:
-                    assert node.uid is not None
-                    ops.append(node.sink.create_operator(node.uid))
-                else:
-                    assert node.operator is not None
-                    ops.append(node.operator)
-            for k, op in enumerate(ops):
-                op.setup(ctx, ChainedOutput(ops[k + 1]) if k + 1 < len(ops) else router)
-            key = f"{v.id}.{i}"
-            if v.source is not None:
-                node = graph.stream.nodes[v.source]
-                assert node.source is not None
-                splits = SourceSplits(node.source, assignments.get(node.id, {}), node.watermarks)
-                task = Task(self, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned)
-            else:
-                chans, idxs = inputs[v.id]
-                chan_edges = [e.id for e, _src in graph.input_channels(v, i, p)]
-                task = Task(self, key, v.id, ops, router, channels=chans, channel_inputs=idxs, aligned=aligned,
-                            unaligned=unaligned, channel_edges=chan_edges)
-                if self.restore_meta is not None:
-                    # in-flight data of an unaligned checkpoint (whatever this run's mode)
-                    data_in, data_out = inflight.replay_for(
-                        self.job.store, self.restore_meta.sources, v.id, i, p, cfg.max_parallelism,
-                        {e.id: e for e in v.inputs},
-                    )
-                    if data_in or data_out:
-                        task.replay = (data_in, data_out)
-            self.tasks.append(task)
+        self.restore_meta: CheckpointMetadata | None = self.job.resolve_checkpoint(spec["restore"])
+        self.tasks = build_tasks(self, graph, spec["peers"], spec["assignments"])
         for t in self.tasks:
             t.open()
 
@@ -365,7 +265,7 @@ class Worker:
                 self._async.setdefault(checkpoint_id, []).extend(pending)
                 if not held:
                     self._inflight += 1
-        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.full_snapshot_bytes if pending else 0
+        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.state_dump_bytes if pending else 0
         stats["worker"] = self.index
         timeout = self.config.checkpoint_timeout_s
         started = time.monotonic()
@@ -375,11 +275,11 @@ class Worker:
                 if blob is not None:
                     self.job.store.put(*blob)
                 handles = [p.result(timeout) for p in pending]
-                full = sum(p.nbytes for p in pending if isinstance(p, FullSnapshotPending))
-                if full:
+                dumped = sum(p.nbytes for p in pending if isinstance(p, PendingStateDump))
+                if dumped:
                     with self._async_lock:
-                        self.full_snapshot_bytes += full
-                        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.full_snapshot_bytes
+                        self.state_dump_bytes += dumped
+                        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.state_dump_bytes
             except Exception as e:  # noqa: BLE001 - declined, the coordinator decides
                 self.send(("decline", checkpoint_id, task, f"{type(e).__name__}: {e}"))
                 return

@@ -437,8 +437,8 @@ class KeyedStateBackend:
         """Synchronous part of a checkpoint: seal every state's changelog position (returns at once)."""
         if self._writer is None:
             raise StatelogError(
-                f"operator {self.operator_uid!r} runs without changelog; take a full snapshot "
-                "with statelog.snapshot.write_full_snapshot instead"
+                f"operator {self.operator_uid!r} runs without changelog; dump its whole state "
+                "with statelog.state_dump.write_state_dump instead"
             )
         sealed = [(s, s.position) for s in self._streams.values()]
         futures = [self._writer.persist(s, pos) for s, pos in sealed]

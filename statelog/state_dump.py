@@ -1,14 +1,16 @@
-"""Full snapshots: the whole keyed state of a backend written as one object.
+"""State dumps: the whole keyed state of a backend written as one object.
 
-This is what a checkpoint costs without a changelog (Flink's full snapshots of the heap
-backend); the benchmarks compare it with changelog checkpoints on the same state.
-Format ``statelog.full-snapshot`` v1 (``docs/format.md``): for each registered state, a
-``u64`` length followed by an Arrow IPC stream (zstd body compression) holding one record
-batch with columns ``key_group``, ``key``, ``namespace``, ``value`` and the state name in
-the schema metadata (``value`` is Arrow-typed for value-like states with Arrow types and
-pickled ``binary`` for list, map and pickled states), rows ordered by key group; then a 12-byte trailer
-``u32 CRC-32 of everything before | 8s b"STLGFUL1"``. Timers and TTL expiries are not
-included: it is a benchmark baseline, not a restore format.
+A state dump is what a checkpoint costs without a changelog (Flink's full snapshots of the
+heap backend); the benchmarks and the runtime's ``state-dump`` baseline
+(:mod:`runtime.state_dump_backend`) compare it with changelog checkpoints on the same state.
+It is neither a checkpoint's seal (``KeyedStateBackend.snapshot``) nor a materialization.
+Format ``statelog.state-dump`` v1 (``docs/format.md``; formerly "full snapshot"): for each
+registered state, a ``u64`` length followed by an Arrow IPC stream (zstd body compression)
+holding one record batch with columns ``key_group``, ``key``, ``namespace``, ``value`` and
+the state name in the schema metadata (``value`` is Arrow-typed for value-like states with
+Arrow types and pickled ``binary`` for list, map and pickled states), rows ordered by key
+group; then a 12-byte trailer ``u32 CRC-32 of everything before | 8s b"STLGFUL1"``. Timers
+and TTL expiries are not included: it is a benchmark baseline, not a restore format.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _TRAILER = struct.Struct(">I8s")
 
 
 class CapturedState:
-    """The synchronous part of a full snapshot: shallow copies of every state's tables.
+    """The synchronous part of a state dump: shallow copies of every state's tables.
 
     Taking it costs one ``dict.copy()`` per namespace table (plus a copy of each list or map
     value, which the task may mutate in place); :func:`encode_captured` then serializes it
@@ -62,7 +64,7 @@ class CapturedState:
             self.states.append((name, state, tables))
 
 
-def encode_full_snapshot(backend: KeyedStateBackend) -> bytes:
+def encode_state_dump(backend: KeyedStateBackend) -> bytes:
     return encode_captured(CapturedState(backend))
 
 
@@ -127,13 +129,13 @@ def encode_captured(captured: CapturedState) -> bytes:
     return body + _TRAILER.pack(zlib.crc32(body), MAGIC)
 
 
-def decode_full_snapshot(data: bytes, object_key: str) -> dict[str, pa.Table]:
+def decode_state_dump(data: bytes, object_key: str) -> dict[str, pa.Table]:
     if len(data) < _TRAILER.size:
-        raise CorruptionError(f"full snapshot {object_key} is truncated", key=object_key)
+        raise CorruptionError(f"state dump {object_key} is truncated", key=object_key)
     crc, magic = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
     body = data[: -_TRAILER.size]
     if magic != MAGIC or zlib.crc32(body) != crc:
-        raise CorruptionError(f"full snapshot {object_key}: checksum mismatch or bad magic", key=object_key)
+        raise CorruptionError(f"state dump {object_key}: checksum mismatch or bad magic", key=object_key)
     out: dict[str, pa.Table] = {}
     pos = 0
     while pos < len(body):
@@ -145,8 +147,8 @@ def decode_full_snapshot(data: bytes, object_key: str) -> dict[str, pa.Table]:
     return out
 
 
-def write_full_snapshot(backend: KeyedStateBackend, store: ObjectStore, key: str) -> int:
+def write_state_dump(backend: KeyedStateBackend, store: ObjectStore, key: str) -> int:
     """Serialize every state of ``backend`` and store it under ``key``; returns the bytes written."""
-    data = encode_full_snapshot(backend)
+    data = encode_state_dump(backend)
     store.put(key, data)
     return len(data)

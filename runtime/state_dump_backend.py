@@ -1,38 +1,41 @@
-"""The full-snapshot baseline: checkpoints that write a subtask's whole keyed state.
+"""The state-dump baseline: checkpoints that write a subtask's whole keyed state.
 
-``StreamExecutionEnvironment(state_backend="full-snapshot")`` runs the same job with the
-statelog backend's changelog switched off; at every barrier a keyed operator captures its
-state (:class:`statelog.snapshot.CapturedState`: shallow copies of the tables, on the task
-thread) and the snapshot pool serializes it (format ``statelog.full-snapshot``,
-``docs/format.md``) and writes it to ``full-snapshots/<uid>/<subtask>/<checkpoint>.snapshot``
-under the job root. This is what a checkpoint costs without a changelog (Flink's heap
-backend with full snapshots); ``python -m bench runtime`` compares it with statelog.
+``StreamExecutionEnvironment(state_backend="state-dump")`` (formerly ``"full-snapshot"``,
+still accepted) runs the same job with the statelog backend's changelog switched off; at
+every barrier a keyed operator captures its state (:class:`statelog.state_dump.CapturedState`:
+shallow copies of the tables, on the task thread) and the snapshot pool serializes it
+(format ``statelog.state-dump``, ``docs/format.md``) and writes it to
+``full-snapshots/<uid>/<subtask>/<checkpoint>.snapshot`` under the job root (the key prefix
+keeps the baseline's former name: the object layout is unchanged). This is what a
+checkpoint costs without a changelog (Flink's heap backend with full snapshots);
+``python -m bench runtime`` compares it with statelog.
 
 It is a **benchmark baseline**: the checkpoints it takes are coordinated, timed and complete
 the sinks' transactions, but they are not published as statelog checkpoints and cannot be
-restored (the full-snapshot format has no timers and no TTL). A job with this backend runs
+restored (the state-dump format has no timers and no TTL). A job with this backend runs
 without restarts and refuses ``restore=``.
 """
 
 from __future__ import annotations
 
 from statelog.backend import KeyedStateBackend
-from statelog.snapshot import CapturedState, encode_captured
+from statelog.errors import CheckpointAbortedError
+from statelog.state_dump import CapturedState, encode_captured
 from statelog.store.base import ObjectStore
 
 PREFIX = "full-snapshots/"
 
 
-def snapshot_key(uid: str, subtask: int, checkpoint_id: int) -> str:
+def dump_key(uid: str, subtask: int, checkpoint_id: int) -> str:
     return f"{PREFIX}{uid}/{subtask:05d}/{checkpoint_id:012d}.snapshot"
 
 
-class FullSnapshotPending:
-    """One keyed backend's full snapshot: captured at creation, written by :meth:`result`."""
+class PendingStateDump:
+    """One keyed backend's state dump: captured at creation, written by :meth:`result`."""
 
     def __init__(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> None:
         self.checkpoint_id = checkpoint_id
-        self.key = snapshot_key(backend.operator_uid, backend.subtask, checkpoint_id)
+        self.key = dump_key(backend.operator_uid, backend.subtask, checkpoint_id)
         self.store = store
         self.captured: CapturedState | None = CapturedState(backend)
         self.nbytes = 0
@@ -46,9 +49,7 @@ class FullSnapshotPending:
         if captured is None:
             if self._done:
                 return None
-            from statelog.errors import CheckpointAbortedError
-
-            raise CheckpointAbortedError(f"full snapshot of checkpoint {self.checkpoint_id} was cancelled")
+            raise CheckpointAbortedError(f"state dump of checkpoint {self.checkpoint_id} was cancelled")
         data = encode_captured(captured)
         self.store.put(self.key, data)
         self.nbytes = len(data)
@@ -57,7 +58,7 @@ class FullSnapshotPending:
 
 
 def delete_older(store: ObjectStore, uid: str, subtask: int, completed: int) -> None:
-    """Delete this subtask's snapshots of checkpoints before ``completed`` (best effort)."""
+    """Delete this subtask's state dumps of checkpoints before ``completed`` (best effort)."""
     prefix = f"{PREFIX}{uid}/{subtask:05d}/"
     for obj in store.list(prefix):
         name = obj.key[len(prefix):].removesuffix(".snapshot")

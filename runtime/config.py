@@ -1,0 +1,60 @@
+"""The job configuration: what the job master and every worker need besides the graph.
+
+:class:`JobConfig` is built and validated by :class:`~runtime.api.StreamExecutionEnvironment`
+and pickled to the worker processes; the job master (:mod:`runtime.driver`), the task
+deployment (:mod:`runtime.deploy`) and the workers read it. It sits below all of them so
+that none of them imports the job API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from statelog.keys import DEFAULT_MAX_PARALLELISM
+from statelog.store.options import StoreOptions
+
+# state backends (docs/runtime.md, "State backends")
+CHANGELOG = "changelog"  # statelog: changelog checkpoints, restorable
+STATE_DUMP = "state-dump"  # the benchmark baseline: every checkpoint dumps the whole state
+FULL_SNAPSHOT = "full-snapshot"  # the state-dump baseline's former name, still accepted
+STATE_BACKENDS = (CHANGELOG, STATE_DUMP, FULL_SNAPSHOT)
+
+
+class CheckpointingMode(StrEnum):
+    EXACTLY_ONCE_ALIGNED = "exactly_once_aligned"
+    EXACTLY_ONCE_UNALIGNED = "exactly_once_unaligned"
+    AT_LEAST_ONCE = "at_least_once"
+
+
+SUPPORTED_MODES = (
+    CheckpointingMode.EXACTLY_ONCE_ALIGNED,
+    CheckpointingMode.EXACTLY_ONCE_UNALIGNED,
+    CheckpointingMode.AT_LEAST_ONCE,
+)
+
+
+@dataclass
+class JobConfig:
+    """Everything workers and the job master need besides the graph (picklable)."""
+
+    parallelism: int = 1
+    max_parallelism: int = DEFAULT_MAX_PARALLELISM
+    checkpoint_interval_s: float | None = 1.0
+    checkpoint_timeout_s: float = 60.0
+    mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE_ALIGNED
+    state_root: str = ""
+    store_options: StoreOptions = field(default_factory=StoreOptions)  # repr shows *** for secrets
+    writer_options: dict[str, Any] = field(default_factory=dict)
+    retain_checkpoints: int = 5
+    tolerable_failed_checkpoints: int = 0
+    batch_size: int = 256
+    channel_capacity: int = 8  # frames queued per channel before back-pressure
+    start_method: str = "forkserver"
+    worker_log_level: int | None = None
+    # options of a background materializer run by the job master (None: none runs)
+    materializer: dict[str, Any] | None = None
+    # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
+    # "full-snapshot", its former name, is kept as given)
+    state_backend: str = CHANGELOG

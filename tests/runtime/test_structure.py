@@ -1,0 +1,183 @@
+"""The runtime package's structure (issue 12): imports point down inside the package and
+each name says one thing.
+
+The import graph is read from the source (every import statement: module level, inside
+functions and under ``if TYPE_CHECKING:``), so a back edge hidden in a function still fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def runtime_imports() -> dict[str, set[str]]:
+    """runtime module -> the runtime modules it imports (anywhere in its source)."""
+    files = {_module(p): p for p in sorted((REPO / "runtime").glob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                while name and name not in files:  # "runtime.api.JobConfig" -> "runtime.api"
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+# -- point 1: no cycle between api, client, driver, task and worker ------------------------------
+
+
+def test_runtime_modules_form_no_import_cycle() -> None:
+    assert _cycles(runtime_imports()) == []
+
+
+def test_nothing_below_the_job_api_imports_it() -> None:
+    graph = runtime_imports()
+    importers = sorted(m for m, deps in graph.items() if "runtime.api" in deps)
+    assert importers == ["runtime"]  # only the package's public face re-exports it
+
+
+def test_a_task_does_not_know_the_worker_that_hosts_it() -> None:
+    graph = runtime_imports()
+    assert "runtime.worker" not in graph["runtime.task"]
+    assert "runtime.worker" not in graph["runtime.deploy"]
+    # the job configuration sits below everything that reads it
+    assert graph["runtime.config"] <= {"runtime.errors"}
+
+
+def test_the_job_configuration_keeps_its_public_names() -> None:
+    import runtime
+    from runtime.config import CHANGELOG, CheckpointingMode, JobConfig
+
+    assert runtime.CheckpointingMode is CheckpointingMode
+    assert JobConfig().state_backend == CHANGELOG
+    assert JobConfig().mode is CheckpointingMode.EXACTLY_ONCE_ALIGNED
+
+
+# -- point 2: JobCancelledError is a runtime error like the others -------------------------------
+
+
+def test_job_cancelled_error_lives_with_the_runtime_errors() -> None:
+    import runtime
+    from runtime.errors import JobCancelledError, RuntimeJobError
+
+    assert JobCancelledError.__module__ == "runtime.errors"
+    assert runtime.JobCancelledError is JobCancelledError
+    assert issubclass(JobCancelledError, RuntimeJobError)
+
+
+# -- point 3: two timer classes, two names -------------------------------------------------------
+
+
+def _class_definitions(name: str) -> list[str]:
+    found = []
+    for pkg in ("statelog", "materializer", "runtime", "tools"):
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            if any(isinstance(n, ast.ClassDef) and n.name == name for n in ast.walk(tree)):
+                found.append(str(path.relative_to(REPO)))
+    return found
+
+
+def test_the_engine_and_the_runtime_name_their_timer_classes_apart(tmp_path: Path) -> None:
+    import statelog
+    from runtime.functions import ProcessContext, TimerContext
+    from statelog.state.timers import TimerService
+
+    assert _class_definitions("TimerService") == ["statelog/state/timers.py"]
+    assert _class_definitions("TimerContext") == ["runtime/functions.py"]
+    with statelog.open(tmp_path.as_uri()) as job:
+        backend = job.backend("op", changelog=False)
+        timers = ProcessContext(backend, 0, 1, "op").timer_service()
+        assert isinstance(timers, TimerContext) and isinstance(backend.timers, TimerService)
+        backend.set_current_key("k")
+        timers.register_event_time_timer(5)  # the function's view writes the backend's timers
+        assert backend.timers.next_timestamp("event") == 5
+
+
+# -- point 4: deploying a worker's tasks is its own module ---------------------------------------
+
+
+def test_worker_module_stays_small_and_deploy_is_apart() -> None:
+    lines = (REPO / "runtime" / "worker.py").read_text().count("\n")
+    assert lines < 500
+    deploy = importlib.import_module("runtime.deploy")
+    assert callable(deploy.build_tasks)
+
+
+# -- point 5: "snapshot" is the seal; the baseline and its format are state dumps ----------------
+
+
+def test_the_state_dump_format_and_baseline_have_their_own_names() -> None:
+    assert (REPO / "statelog" / "state_dump.py").exists()
+    assert not (REPO / "statelog" / "snapshot.py").exists()
+    assert (REPO / "runtime" / "state_dump_backend.py").exists()
+    assert not (REPO / "runtime" / "full_snapshot.py").exists()
+    from runtime.config import STATE_BACKENDS, STATE_DUMP
+
+    assert STATE_DUMP == "state-dump"
+    assert set(STATE_BACKENDS) == {"changelog", "state-dump", "full-snapshot"}  # the old name stays
+
+
+@pytest.mark.parametrize("name", ["state-dump", "full-snapshot"])
+def test_both_names_of_the_state_dump_backend_are_accepted(tmp_path: Path, name: str) -> None:
+    from runtime import NoRestart, StreamExecutionEnvironment
+
+    env = StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_backend=name)
+    assert env.config.state_backend == name
+    assert isinstance(env.restart_strategy, NoRestart)
