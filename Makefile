@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml statelog/_ext/fastpath.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	touch $(STAMP)
 
 # Spark (make demo, the Spark tests) needs Java 17+; it is the one thing pip cannot install.

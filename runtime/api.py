@@ -14,7 +14,7 @@
 
 Every stateful operator, source and sink needs a ``uid``: checkpoints match state and
 positions by uid. Functions and objects of the job are shipped to worker processes with
-pickle (cloudpickle for lambdas and closures, when ``pyspark`` is installed).
+pickle (cloudpickle for lambdas and closures).
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import cloudpickle
+
 from runtime.config import CHANGELOG, JobConfig
 from runtime.coordinator import CheckpointCoordinator
 from runtime.errors import (
@@ -99,17 +101,10 @@ class _WorkerProc:
 
 
 def serialize_graph(graph: JobGraph) -> bytes:
-    """Pickle the job graph; fall back to cloudpickle (lambdas, closures) when available."""
+    """Pickle the job graph; lambdas and closures go through cloudpickle."""
     try:
         return pickle.dumps(graph, protocol=5)
-    except (pickle.PicklingError, AttributeError, TypeError) as first:
-        try:
-            from pyspark import cloudpickle  # type: ignore[import-untyped]
-        except ImportError:
-            raise RuntimeJobError(
-                f"the job graph cannot be pickled ({first}); define functions at module level "
-                "(lambdas and closures need cloudpickle, shipped with pyspark)"
-            ) from None
+    except (pickle.PicklingError, AttributeError, TypeError):
         return cloudpickle.dumps(graph, protocol=5)
 
 

@@ -121,3 +121,8 @@ class JobDescriptorMissingError(JobNotFoundError):
 class RestoreRequiredError(StatelogError):
     """A job (or backend) was started without ``restore=`` on a root whose checkpoints hold
     its state: restore one, or start fresh explicitly with ``restore="none"``."""
+
+
+class MissingDependencyError(StatelogError, ImportError):
+    """An optional part of statelog needs a package that is not installed (e.g. PySpark for
+    ``statelog.spark``); the message names the extra that installs it."""

@@ -11,7 +11,9 @@ They start a local SparkSession (``--master``, default ``$STATELOG_SPARK_MASTER`
   and writes a savepoint laid out for ``--parallelism``; a progress bar on a terminal.
 
 ``sql`` and ``inspect`` only read; ``restore`` writes one savepoint. Exit codes: 0 ok,
-2 usage or library error (also errors raised inside Spark by the data source).
+2 usage or library error (also errors raised inside Spark by the data source, and PySpark
+missing: it is the ``spark`` extra, ``pip install 'statelog[spark]'``). This module imports
+:mod:`statelog.spark` only inside the commands, so the other commands work without PySpark.
 """
 
 from __future__ import annotations
@@ -85,11 +87,9 @@ def _count(text: str) -> int:
 @contextlib.contextmanager
 def _spark(master: str | None) -> Iterator[Any]:
     """A local SparkSession for one command (an active session of the caller is reused, not stopped)."""
-    from pyspark.sql import SparkSession
+    import statelog.spark  # without PySpark: a MissingDependencyError naming the extra
 
-    import statelog.spark
-
-    active = SparkSession.getActiveSession()
+    active = statelog.spark.SparkSession.getActiveSession()
     if active is not None:
         yield statelog.spark.register(active)
         return

@@ -11,6 +11,9 @@
 The data sources are PySpark Python data sources: the Python workers read the objects
 through statelog's own store layer (``file://`` and ``s3://``; pass store options as
 ``store.<name>`` options). Usage, options and schemas: docs/spark.md.
+
+PySpark is an optional dependency (the ``spark`` extra): without it, importing this package
+raises :class:`~statelog.errors.MissingDependencyError`, which says how to install it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
+from statelog.errors import MissingDependencyError
+
+try:
     from pyspark.sql import SparkSession
+except ImportError as e:
+    raise MissingDependencyError(
+        f"statelog.spark needs PySpark, which cannot be imported ({e}); install the spark extra: "
+        "pip install 'statelog[spark]' (Spark also needs Java 17 or newer)"
+    ) from None
 
 STATE_FORMAT = "statelog"
 METADATA_FORMAT = "statelog-metadata"
@@ -56,8 +66,6 @@ def session(
     run the current interpreter (``PYSPARK_PYTHON``, unless already set), so they import
     the same statelog. The web UI and Spark's console progress bar are off.
     """
-    from pyspark.sql import SparkSession
-
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master or os.environ.get("STATELOG_SPARK_MASTER", "local[*]"))
     builder = builder.appName(app_name)
