@@ -15,28 +15,18 @@ import concurrent.futures as cf
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.changelog.format import (
-    OP_DELETE,
-    OP_LIST_APPEND,
-    OP_LIST_REPLACE,
-    OP_MAP_PUT,
-    OP_MAP_REMOVE,
-    OP_PUT,
-    OP_TIMER_ADD,
-    OP_TIMER_REMOVE,
-    TIMER_STATES,
-)
+from statelog.changelog.format import TIMER_STATES
+from statelog.changelog.ops import Op
 from statelog.changelog.reader import ChangeBatch, SegmentReader
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
-from statelog.errors import CorruptionError
 from statelog.keys import KeyGroupRange
 from statelog.materialization import (
     DATA_PREFIX,
@@ -53,6 +43,7 @@ from statelog.materialization import (
     table_schema,
     table_to_image,
 )
+from statelog.state.appliers import TimerApplier, applier_for
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -87,69 +78,6 @@ def _unit_runs(kgs: list[int], unit: int) -> list[KeyGroupRange]:
     return runs
 
 
-class _Apply:
-    """Applies change records to an image ``{(kg, key, ns): entry}`` (timers: a set of rows)."""
-
-    @staticmethod
-    def value(img: dict, recs: Iterable[tuple]) -> None:
-        for kg, op, kb, nsb, _uk, v, exp in recs:
-            k = (kg, kb, nsb)
-            if op == OP_PUT:
-                img[k] = (v, exp)
-            elif op == OP_DELETE:
-                img.pop(k, None)
-            else:
-                raise CorruptionError(f"operation {op} is not valid for value-like state")
-
-    @staticmethod
-    def list(img: dict, recs: Iterable[tuple]) -> None:
-        for kg, op, kb, nsb, _uk, v, exp in recs:
-            k = (kg, kb, nsb)
-            if op == OP_LIST_APPEND:
-                cur = img.get(k)
-                if cur is None:
-                    img[k] = [(x, exp) for x in v]
-                else:
-                    cur.extend((x, exp) for x in v)
-            elif op == OP_LIST_REPLACE:
-                img[k] = [(x, exp) for x in v]
-            elif op == OP_DELETE:
-                img.pop(k, None)
-            else:
-                raise CorruptionError(f"operation {op} is not valid for list state")
-
-    @staticmethod
-    def map(img: dict, recs: Iterable[tuple]) -> None:
-        for kg, op, kb, nsb, uk, v, exp in recs:
-            k = (kg, kb, nsb)
-            if op == OP_MAP_PUT:
-                m = img.get(k)
-                if m is None:
-                    m = img[k] = {}
-                m[uk] = (v, exp)
-            elif op == OP_MAP_REMOVE:
-                m = img.get(k)
-                if m is not None:
-                    m.pop(uk, None)
-                    if not m:
-                        del img[k]
-            elif op == OP_DELETE:
-                img.pop(k, None)
-            else:
-                raise CorruptionError(f"operation {op} is not valid for map state")
-
-    @staticmethod
-    def timers(img: dict, recs: Iterable[tuple]) -> None:
-        for kg, op, kb, nsb, _uk, ts, _exp in recs:
-            k = (kg, kb, nsb, ts)
-            if op == OP_TIMER_ADD:
-                img[k] = None
-            elif op == OP_TIMER_REMOVE:
-                img.pop(k, None)
-            else:
-                raise CorruptionError(f"operation {op} is not a timer operation")
-
-
 def _concat(tables: list[pa.Table]) -> pa.Table | None:
     if not tables:
         return None
@@ -173,14 +101,17 @@ def _kg_filter(table: pa.Table, kgr: KeyGroupRange) -> pa.Table:
 def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
     """Value-like states and timers, in Arrow: the last record per entry decides.
 
-    Base rows count as puts (timers: adds) before every change record; per
+    The result of :class:`~statelog.state.appliers.ValueApplier` (timers:
+    :class:`~statelog.state.appliers.TimerApplier`) on the image, vectorized (tested against
+    them): base rows count as puts (timers: adds) before every change record; per
     ``(key_group, key, namespace)`` (timers: plus timestamp) the last record wins and
     entries whose last record is a delete (timer removal) are dropped.
     """
     schema = table_schema(info)
-    timers = info.name in TIMER_STATES
+    applier = applier_for(info)
+    timers = isinstance(applier, TimerApplier)
     vcol = "timestamp" if timers else "value"
-    put = OP_TIMER_ADD if timers else OP_PUT
+    put = Op.TIMER_ADD.value if timers else Op.PUT.value
     vtype = schema.field(vcol).type
     parts = []
     n = 0
@@ -194,12 +125,9 @@ def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]
     for t in tail:
         m = t.num_rows
         ops = t.column("op")
-        allowed = (OP_TIMER_ADD, OP_TIMER_REMOVE) if timers else (OP_PUT, OP_DELETE)
-        if not pc.all(pc.is_in(ops, pa.array(allowed, pa.uint8()))).as_py():
-            raise CorruptionError(
-                f"state {info.name!r}: the changelog holds operations that are not valid for a "
-                f"{'timer' if timers else 'value-like'} state"
-            )
+        allowed = pa.array(sorted(applier.ops), pa.uint8())
+        if not pc.all(pc.is_in(ops, allowed)).as_py():
+            raise applier.invalid(pc.filter(ops, pc.invert(pc.is_in(ops, allowed)))[0].as_py())
         value = t.column("value")
         if value.type != vtype:
             value = value.cast(vtype)
@@ -239,26 +167,19 @@ def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]
 
 
 def _merge_python(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
-    """List and map states: rebuild entries in Python (appends and per-entry puts)."""
+    """List and map states: rebuild entries in Python (appends and per-entry puts) with the
+    state kind's applier; entries keep their expiry (``expiring``), keyed by
+    ``(key_group, key, namespace)``."""
     img: dict[Any, Any] = {}
     for t in base:
         img.update(table_to_image(info, t))
-    apply = _applier(info)
+    apply = applier_for(info, expiring=True).apply
     for t in tail:
-        apply(img, ((kg, op, kb, nsb, uk, v, exp) for _seq, kg, op, kb, nsb, uk, v, exp in ChangeBatch("", t).rows()))
+        for _seq, kg, op, kb, nsb, uk, v, exp in ChangeBatch("", t).rows():
+            apply(img, (kg, kb, nsb), op, uk, v, exp)
     if not img:
         return None
     return image_to_table(info, sorted(img.items(), key=lambda kv: kv[0]))
-
-
-def _applier(info: StateInfo) -> Callable[[dict, Iterable[tuple]], None]:
-    if info.name in TIMER_STATES:
-        return _Apply.timers
-    if info.kind is StateKind.LIST:
-        return _Apply.list
-    if info.kind is StateKind.MAP:
-        return _Apply.map
-    return _Apply.value
 
 
 class Materializer:

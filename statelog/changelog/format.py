@@ -37,28 +37,7 @@ _TRAILER = struct.Struct(">QII8s")
 HEADER_SIZE = _HEADER.size
 TRAILER_SIZE = _TRAILER.size
 
-# Operations of change records. Never renumber: they are persisted.
-OP_PUT = 1  # value/reducing/aggregating: set the value of (key, namespace)
-OP_DELETE = 2  # any state: remove (key, namespace) entirely
-OP_LIST_APPEND = 3  # list: append the elements in ``value`` (a list)
-OP_LIST_REPLACE = 4  # list: replace the list with ``value`` (a list)
-OP_MAP_PUT = 5  # map: put ``user_key`` -> ``value``
-OP_MAP_REMOVE = 6  # map: remove ``user_key``
-OP_TIMER_ADD = 7  # timers: add the timer at timestamp ``value``
-OP_TIMER_REMOVE = 8  # timers: remove the timer at timestamp ``value``
-
-OP_NAMES = {
-    OP_PUT: "put",
-    OP_DELETE: "delete",
-    OP_LIST_APPEND: "list_append",
-    OP_LIST_REPLACE: "list_replace",
-    OP_MAP_PUT: "map_put",
-    OP_MAP_REMOVE: "map_remove",
-    OP_TIMER_ADD: "timer_add",
-    OP_TIMER_REMOVE: "timer_remove",
-}
-# Ops that replace everything earlier for the same (state, key, namespace).
-OVERWRITING_OPS = frozenset({OP_PUT, OP_DELETE, OP_LIST_REPLACE})
+# Operations of change records (the ``op`` column): ``statelog.changelog.ops.Op``.
 
 # Pseudo-states holding timers; their value is the timer's timestamp (int64 ms).
 TIMER_STATES = ("__timers_event", "__timers_processing")

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from statelog.changelog import format as fmt
+from statelog.changelog.ops import OVERWRITING_OPS, Op
 from statelog.changelog.segment import SegmentRef
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import StatelogError, WriterFailedError
@@ -249,8 +250,8 @@ def _coalesce(cols: list[Any], compact: bool) -> list[int]:
     keep: list[int] = []
     overwritten: set[tuple] = set()
     entry_ops: set[tuple] = set()
-    overwriting = fmt.OVERWRITING_OPS
-    map_ops = (fmt.OP_MAP_PUT, fmt.OP_MAP_REMOVE)
+    overwriting = OVERWRITING_OPS
+    map_ops = (Op.MAP_PUT.value, Op.MAP_REMOVE.value)
     kbs, nss, ops = cols[fmt.C_KEY], cols[fmt.C_NS], cols[fmt.C_OP]
     ukeys = None if compact else cols[fmt.F_UKEY]
     for i in range(len(kbs) - 1, -1, -1):

@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
-from statelog.changelog import format as fmt
+from statelog.changelog.ops import op_label
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef
 from statelog.checkpoint import CheckpointMetadata, OperatorState
@@ -53,17 +53,6 @@ from statelog.spark.datasource import (
 from statelog.spark.restore import stream_state
 from statelog.spark.schema import Columns, ValueLayout, parse_key_type, pickle_dump, render
 from statelog.store.options import StoreOptions
-
-OP_NAMES = {
-    fmt.OP_PUT: "put",
-    fmt.OP_DELETE: "delete",
-    fmt.OP_LIST_APPEND: "list_append",
-    fmt.OP_LIST_REPLACE: "list_replace",
-    fmt.OP_MAP_PUT: "map_put",
-    fmt.OP_MAP_REMOVE: "map_remove",
-    fmt.OP_TIMER_ADD: "timer_add",
-    fmt.OP_TIMER_REMOVE: "timer_remove",
-}
 
 
 @dataclass(frozen=True)
@@ -311,7 +300,7 @@ def feed_batches(job: StateJob, plan: FeedPlan, kgr: KeyGroupRange, columns: Col
                 cols["stream"].append(rr.stream)
                 cols["seq"].append(seq)
                 cols["replay_order"].append(order)
-                cols["op"].append(OP_NAMES.get(op, str(op)))
+                cols["op"].append(op_label(op))
                 cols["key_group"].append(kg)
                 cols["key"].append(k[0] if key_type is not None else k[1])
                 if key_type is None:

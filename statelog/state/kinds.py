@@ -2,8 +2,9 @@
 
 Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``. Every
 mutation updates the table and appends a change record to the state's changelog stream
-(``state._append``; a no-op for a backend without changelog). The same ``apply`` code
-replays change records on restore, so live mutation and replay cannot drift apart.
+(``state._append``; a no-op for a backend without changelog). A restore replays change
+records with the state kind's applier (:mod:`statelog.state.appliers`, shared with the
+materializer), on the same tables.
 
 With TTL, entries are stored as ``[value, expires_ms]`` (list elements and map values
 individually); expired entries are invisible and are dropped lazily.
@@ -15,14 +16,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from statelog.changelog.format import (
-    OP_DELETE,
-    OP_LIST_APPEND,
-    OP_LIST_REPLACE,
-    OP_MAP_PUT,
-    OP_MAP_REMOVE,
-    OP_PUT,
-)
+from statelog.changelog.ops import Op
 from statelog.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -33,8 +27,9 @@ from statelog.descriptors import (
     TtlUpdate,
     ValueStateDescriptor,
 )
-from statelog.errors import CorruptionError, StatelogError
+from statelog.errors import StatelogError
 from statelog.keys import decode_key, encode_key
+from statelog.state.appliers import applier_for
 from statelog.types import fast_check, make_validator
 
 if TYPE_CHECKING:
@@ -42,6 +37,12 @@ if TYPE_CHECKING:
     from statelog.changelog.stream import ChangelogStream
 
 _MISSING = object()
+
+# the ops written into records as plain ints (the segment encoder caches the constant
+# columns of exact ints)
+_PUT, _DELETE = Op.PUT.value, Op.DELETE.value
+_LIST_APPEND, _LIST_REPLACE = Op.LIST_APPEND.value, Op.LIST_REPLACE.value
+_MAP_PUT, _MAP_REMOVE = Op.MAP_PUT.value, Op.MAP_REMOVE.value
 
 # The C version of the value-state update (statelog/_ext/fastpath.c), when it was built;
 # STATELOG_PURE_PYTHON=1 forces the pure-Python closures (the reference implementation).
@@ -77,6 +78,7 @@ class KeyedState:
             stream.owner = self
         self._check = make_validator(descriptor.value_type, descriptor.name)
         self._ttl = descriptor.ttl.ttl_ms if descriptor.ttl is not None else 0
+        self._applier = applier_for(self.info, expiring=bool(self._ttl))
         self._ttl_on_read = (
             descriptor.ttl is not None and descriptor.ttl.update is TtlUpdate.ON_READ_AND_WRITE
         )
@@ -126,7 +128,7 @@ class KeyedState:
     def clear(self) -> None:
         """Remove the entry of the current key and namespace."""
         if self._cur.pop(self._b._key, _MISSING) is not _MISSING:
-            self._emit(OP_DELETE, None, None, None)
+            self._emit(_DELETE, None, None, None)
 
     # -- iteration (snapshots, tools, tests) --------------------------------------------------
 
@@ -167,37 +169,9 @@ class KeyedState:
 
     def apply_many(self, records: Iterable[tuple[bytes, bytes, int, Any, Any, int | None]], keys: dict[bytes, Any]) -> None:
         """Apply change records ``(key bytes, namespace bytes, op, user key, value, expires)``
-        in order (restore path); ``keys`` maps key bytes to decoded keys."""
-        if type(self).apply is not KeyedState.apply:  # list and map states
-            apply = self.apply
-            for kb, nsb, op, ukey, value, exp in records:
-                apply(keys[kb], nsb, op, ukey, value, exp)
-            return
-        # value-like states: the loop of apply() inlined, one table lookup per namespace run
-        ttl = self._ttl
-        last: bytes | None = None
-        table: dict[Any, Any] = {}
-        for kb, nsb, op, _ukey, value, exp in records:
-            if nsb != last:
-                table, last = self._table_for(nsb), nsb
-            if op == OP_PUT:
-                table[keys[kb]] = [value, exp] if ttl else value
-            elif op == OP_DELETE:
-                table.pop(keys[kb], None)
-            else:
-                raise CorruptionError(
-                    f"state {self.name!r}: operation {op} is not valid for {self.info.kind.value} state"
-                )
-
-    def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
-        """Apply one change record (restore path)."""
-        table = self._table_for(nsb)
-        if op == OP_PUT:
-            table[key] = [value, expires] if self._ttl else value
-        elif op == OP_DELETE:
-            table.pop(key, None)
-        else:
-            raise CorruptionError(f"state {self.name!r}: operation {op} is not valid for {self.info.kind.value} state")
+        in order (restore path; what each op does: :mod:`statelog.state.appliers`); ``keys``
+        maps key bytes to decoded keys."""
+        self._applier.apply_all(records, self._table_for, keys)
 
 
 class ValueState(KeyedState):
@@ -235,7 +209,7 @@ class ValueState(KeyedState):
         if _fastpath is not None and not _FORCE_PYTHON:
             self.update = _fastpath.make_update(  # type: ignore[method-assign]
                 b, buf if stream is not None else None, stream, pytype, lo, hi,
-                check, clear, OP_PUT, self._nsctx,
+                check, clear, _PUT, self._nsctx,
                 stream.limit_cell if stream is not None else None,
             )
             return
@@ -251,7 +225,7 @@ class ValueState(KeyedState):
                 state._cur[b._key] = v
 
         else:
-            extend, put, limit_cell = buf.extend, OP_PUT, stream.limit_cell
+            extend, put, limit_cell = buf.extend, _PUT, stream.limit_cell
 
             def update(v: Any) -> None:
                 if v.__class__ is not pytype or (pytype is int and not lo <= v <= hi):
@@ -277,7 +251,7 @@ class ValueState(KeyedState):
             return
         self._check(value)
         self._cur[self._b._key] = value
-        self._emit(OP_PUT, None, value, None)
+        self._emit(_PUT, None, value, None)
 
     def _heap_update(self, value: Any) -> None:
         if value is None:
@@ -296,7 +270,7 @@ class ValueState(KeyedState):
             return self._default
         if self._ttl_on_read:
             entry[1] = now + self._ttl
-            self._emit(OP_PUT, None, entry[0], entry[1])
+            self._emit(_PUT, None, entry[0], entry[1])
         return entry[0]
 
     def _ttl_update(self, value: Any) -> None:
@@ -306,7 +280,7 @@ class ValueState(KeyedState):
         self._check(value)
         exp = self._now() + self._ttl
         self._cur[self._b._key] = [value, exp]
-        self._emit(OP_PUT, None, value, exp)
+        self._emit(_PUT, None, value, exp)
 
 
 class ReducingState(ValueState):
@@ -371,7 +345,7 @@ class ListState(KeyedState):
             exp = now + self._ttl
             for e in live:
                 e[1] = exp
-            self._emit(OP_LIST_REPLACE, None, [e[0] for e in live], exp)
+            self._emit(_LIST_REPLACE, None, [e[0] for e in live], exp)
         return [e[0] for e in live]
 
     def add(self, value: Any) -> None:
@@ -395,7 +369,7 @@ class ListState(KeyedState):
             entry.extend([v, exp] for v in values)
         else:
             entry.extend(values)
-        self._emit(OP_LIST_APPEND, None, values, exp)
+        self._emit(_LIST_APPEND, None, values, exp)
 
     def update(self, values: list[Any]) -> None:
         """Replace the list (an empty list clears it)."""
@@ -413,27 +387,13 @@ class ListState(KeyedState):
             self._cur[self._b._key] = [[v, exp] for v in values]
         else:
             self._cur[self._b._key] = values
-        self._emit(OP_LIST_REPLACE, None, list(values), exp)
+        self._emit(_LIST_REPLACE, None, list(values), exp)
 
     def _visible(self, entry: Any, now: int) -> Any:
         if not self._ttl:
             return list(entry)
         live = [e[0] for e in entry if e[1] > now]
         return live if live else _MISSING
-
-    def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
-        table = self._table_for(nsb)
-        if op == OP_LIST_APPEND:
-            entry = table.get(key)
-            if entry is None:
-                entry = table[key] = []
-            entry.extend([[v, expires] for v in value] if self._ttl else value)
-        elif op == OP_LIST_REPLACE:
-            table[key] = [[v, expires] for v in value] if self._ttl else list(value)
-        elif op == OP_DELETE:
-            table.pop(key, None)
-        else:
-            raise CorruptionError(f"state {self.name!r}: operation {op} is not valid for list state")
 
 
 class MapState(KeyedState):
@@ -465,7 +425,7 @@ class MapState(KeyedState):
             return e
         if self._ttl_on_read:
             e[1] = self._now() + self._ttl
-            self._emit(OP_MAP_PUT, uk, e[0], e[1])
+            self._emit(_MAP_PUT, uk, e[0], e[1])
         return e[0]
 
     def get(self, user_key: Any, default: Any = None) -> Any:
@@ -493,7 +453,7 @@ class MapState(KeyedState):
             m[user_key] = [value, exp]
         else:
             m[user_key] = value
-        self._emit(OP_MAP_PUT, user_key, value, exp)
+        self._emit(_MAP_PUT, user_key, value, exp)
 
     def put_all(self, mapping: dict[Any, Any]) -> None:
         for k, v in mapping.items():
@@ -507,7 +467,7 @@ class MapState(KeyedState):
         del m[user_key]
         if not m:
             del self._cur[key]
-        self._emit(OP_MAP_REMOVE, user_key, None, None)
+        self._emit(_MAP_REMOVE, user_key, None, None)
 
     def items(self) -> list[tuple[Any, Any]]:
         m = self._live()
@@ -532,24 +492,6 @@ class MapState(KeyedState):
             return dict(entry)
         live = {k: e[0] for k, e in entry.items() if e[1] > now}
         return live if live else _MISSING
-
-    def apply(self, key: Any, nsb: bytes, op: int, ukey: Any, value: Any, expires: int | None) -> None:
-        table = self._table_for(nsb)
-        if op == OP_MAP_PUT:
-            m = table.get(key)
-            if m is None:
-                m = table[key] = {}
-            m[ukey] = [value, expires] if self._ttl else value
-        elif op == OP_MAP_REMOVE:
-            m = table.get(key)
-            if m is not None:
-                m.pop(ukey, None)
-                if not m:
-                    del table[key]
-        elif op == OP_DELETE:
-            table.pop(key, None)
-        else:
-            raise CorruptionError(f"state {self.name!r}: operation {op} is not valid for map state")
 
 
 STATE_CLASSES: dict[type, type[KeyedState]] = {

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from sortedcontainers import SortedSet
 
-from statelog.changelog.format import OP_TIMER_ADD, OP_TIMER_REMOVE, TIMER_STATES
+from statelog.changelog.format import TIMER_STATES
+from statelog.changelog.ops import Op
 from statelog.descriptors import StateInfo, StateKind
-from statelog.errors import CorruptionError, StateTypeError
+from statelog.errors import StateTypeError
 from statelog.keys import decode_key, encode_key
+from statelog.state.appliers import TimerApplier
 
 if TYPE_CHECKING:
     from statelog.backend import KeyedStateBackend
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
 TIMER_INFOS = tuple(StateInfo(name, StateKind.VALUE, pa.int64(), None, None) for name in TIMER_STATES)
+# plain ints in records (the segment encoder caches the constant columns of exact ints)
+_ADD, _REMOVE = Op.TIMER_ADD.value, Op.TIMER_REMOVE.value
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class TimerService:
         self._b = backend
         self._sets = (SortedSet(), SortedSet())
         self._logs = (_TimerLog(streams[0]), _TimerLog(streams[1]))
+        self._appliers = (TimerApplier(TIMER_STATES[0]), TimerApplier(TIMER_STATES[1]))
         self.current_watermark: int | None = None
 
     def _domain(self, domain: str) -> int:
@@ -88,7 +93,7 @@ class TimerService:
         if entry in s:
             return
         s.add(entry)
-        self._logs[d].emit((ki[1], ki[2], entry[2], OP_TIMER_ADD, timestamp))
+        self._logs[d].emit((ki[1], ki[2], entry[2], _ADD, timestamp))
 
     def _delete(self, d: int, timestamp: int, namespace: Any) -> None:
         b = self._b
@@ -98,7 +103,7 @@ class TimerService:
         if entry not in s:
             return
         s.remove(entry)
-        self._logs[d].emit((ki[1], ki[2], entry[2], OP_TIMER_REMOVE, timestamp))
+        self._logs[d].emit((ki[1], ki[2], entry[2], _REMOVE, timestamp))
 
     def register_event_time_timer(self, timestamp: int, namespace: Any = None) -> None:
         self._add(0, timestamp, namespace)
@@ -124,7 +129,7 @@ class TimerService:
             ts, kb, nsb = s.pop(0)
             key = decode_key(kb)
             b.set_current_key(key)
-            log.emit((kb, b._kinfo[2], nsb, OP_TIMER_REMOVE, ts))
+            log.emit((kb, b._kinfo[2], nsb, _REMOVE, ts))
             yield Timer(ts, key, decode_key(nsb), domain)
 
     def advance_watermark(self, watermark: int) -> Iterator[Timer]:
@@ -148,10 +153,5 @@ class TimerService:
         return len(self._sets[0]) + len(self._sets[1])
 
     def apply(self, d: int, kb: bytes, nsb: bytes, op: int, timestamp: int) -> None:
-        entry = (timestamp, kb, nsb)
-        if op == OP_TIMER_ADD:
-            self._sets[d].add(entry)
-        elif op == OP_TIMER_REMOVE:
-            self._sets[d].discard(entry)
-        else:
-            raise CorruptionError(f"timers: operation {op} is not a timer operation")
+        """Apply one change record of domain ``d`` (restore path; :mod:`statelog.state.appliers`)."""
+        self._appliers[d].apply(self._sets[d], (timestamp, kb, nsb), op, None, timestamp, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from statelog.changelog import format as fmt
+from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
 from statelog.keys import KeyGroupRange
@@ -18,7 +19,7 @@ def _batch(enc: fmt.BlockEncoder, state: str, first: int, n: int, value_type=Non
         [f"k{i}".encode() for i in range(n)],  # key bytes
         [i % 4 for i in range(n)],  # key group
         [b"\x00"] * n,  # namespace
-        [fmt.OP_PUT] * n,
+        [Op.PUT.value] * n,
         [first + i for i in range(n)] if value_type is not PICKLE else [{"v": i} for i in range(n)],
     ]
     return enc.encode_batch(state, value_type, None, False, (first, n), cols)
@@ -50,8 +51,8 @@ def test_encode_segment_is_decoded_by_the_reader(tmp_path) -> None:
     ref = SegmentRef(name, len(data), span.start, span.end, span.bytes)
     rows = [r for b in reader.read_range("op.0.a/count", 0, 700, KeyGroupRange(0, 127), [ref]) for r in b.rows()]
     assert [(seq, kg, op, key, value) for seq, kg, op, key, _ns, _uk, value, _exp in rows] == [
-        (i, i % 4, fmt.OP_PUT, f"k{i}".encode(), i) for i in range(600)
-    ] + [(600 + i, i % 4, fmt.OP_PUT, f"k{i}".encode(), 600 + i) for i in range(100)]
+        (i, i % 4, Op.PUT.value, f"k{i}".encode(), i) for i in range(600)
+    ] + [(600 + i, i % 4, Op.PUT.value, f"k{i}".encode(), 600 + i) for i in range(100)]
     ref = SegmentRef(name, len(data), 3, 6, read.streams[2].bytes)
     objs = [r[6] for b in reader.read_range("op.0.a/obj", 3, 6, KeyGroupRange(0, 127), [ref]) for r in b.rows()]
     assert objs == [{"v": 0}, {"v": 1}, {"v": 2}]
