@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from materializer.compact import MaterializeOptions, Materializer
+from materializer.gc import collect_garbage
 from materializer.lease import LeaderLease, current_holder
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
@@ -261,7 +262,6 @@ class MaterializerDaemon:
         self._manifests: dict[str, Manifest] = {}
         self._published: dict[str, float] = {}  # manifest key -> clock() when this daemon published it
         self._last_gc_at: float | None = None
-        self._gc_missing_logged = False
         self._holder_logged: tuple[Any, ...] | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -443,13 +443,6 @@ class MaterializerDaemon:
         return True
 
     def _gc(self) -> dict[str, Any] | None:
-        try:
-            from materializer.gc import collect_garbage
-        except ImportError as exc:  # pragma: no cover - depends on the installation
-            if not self._gc_missing_logged:
-                log.warning("garbage collection is not available: %s", exc)
-                self._gc_missing_logged = True
-            return None
         self._last_gc_at = self.clock()
         if not self.lease.is_valid(self.publish_margin_s):
             log.warning("not collecting garbage: the lease is no longer valid")

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from materializer.compact import MaterializeOptions, Materializer
+from materializer.gc import LiveSet, recent_manifests
 from statelog.catalog import (
     JobCatalog,
     checkpoint_key,
@@ -267,8 +269,6 @@ def savepoint_users(store: ObjectStore, name: str) -> str:
     checkpoint reuses the savepoint's table files by path. A checkpoint whose metadata (or
     manifest) cannot be read counts as a user: what it references is unknown.
     """
-    from materializer.gc import LiveSet, recent_manifests
-
     prefix = savepoint_prefix(name)
     catalog = JobCatalog(store)
     cache: dict[str, Manifest] = {}
@@ -293,6 +293,4 @@ def savepoint_users(store: ObjectStore, name: str) -> str:
 
 
 def _iso_utc(ms: int) -> str:
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")[:-6] + "Z"

@@ -42,14 +42,6 @@ class PendingCheckpoint:
     task_stats: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass
-class CheckpointRecord:
-    """What the job result reports per completed checkpoint."""
-
-    checkpoint_id: int
-    stats: dict[str, Any]
-
-
 class CheckpointCoordinator:
     def __init__(
         self,

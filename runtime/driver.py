@@ -35,6 +35,7 @@ from typing import Any
 
 import cloudpickle
 
+from materializer.savepoint import create_savepoint
 from runtime.config import CHANGELOG, JobConfig
 from runtime.coordinator import CheckpointCoordinator
 from runtime.errors import (
@@ -52,6 +53,8 @@ from runtime.worker import worker_main
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import RestoreRequiredError
 from statelog.job import StateJob
+from statelog.materialization import check_savepoint_name
+from statelog.store import open_store
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +160,6 @@ class JobMaster:
         self._cancel.set()
 
     def request_savepoint(self, name: str, stop: bool) -> Future[CheckpointMetadata]:
-        from statelog.materialization import check_savepoint_name
-
         if self.config.state_backend != CHANGELOG:
             raise RuntimeJobError(
                 f"state_backend={self.config.state_backend!r} is a benchmark baseline: it takes no savepoints"
@@ -422,9 +423,6 @@ class JobMaster:
         return False
 
     def _start_savepoint(self, req: _SavepointRequest, cid: int) -> None:
-        from materializer.savepoint import create_savepoint
-        from statelog.store import open_store
-
         req.started, req.checkpoint_id = True, cid
         if req.stop:
             self.coordinator.suspended = True  # nothing may commit after the savepoint's checkpoint

@@ -37,6 +37,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from materializer.savepoint import list_savepoints
 from runtime.errors import RuntimeJobError
 from statelog.keys import key_group_of, subtask_for_key_group
 
@@ -151,8 +152,6 @@ class _KeepAll(Exception):
 
 
 def _savepoint_ids(store: Any) -> set[int]:
-    from materializer.savepoint import list_savepoints
-
     ids = set()
     for sp in list_savepoints(store):
         if "error" in sp:  # an unreadable savepoint may reference anything: keep everything

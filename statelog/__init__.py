@@ -4,6 +4,9 @@ Start with :func:`statelog.open` (a :class:`~statelog.job.StateJob`), create key
 from it and declare state with the descriptors exported here.
 """
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from statelog.backend import KeyedStateBackend, PendingSnapshot
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import (
@@ -30,7 +33,10 @@ from statelog.types import PICKLE
 
 open = open_job  # noqa: A001 - the natural name: statelog.open(root)
 
-__version__ = "0.1.0"
+try:
+    __version__ = _version("statelog")  # the installed distribution's (pyproject.toml)
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "DEFAULT_MAX_PARALLELISM",

@@ -1,8 +1,8 @@
 """State descriptors: the name, kind, value type and TTL of a keyed state.
 
 Descriptors are what an operator declares; the backend creates the state from them and
-records their description (``to_json``) in every checkpoint, so tools can read the state
-without the operator's code.
+records their description (:class:`StateInfo`, ``StateInfo.to_json``) in every checkpoint, so
+tools can read the state without the operator's code.
 """
 
 from __future__ import annotations
@@ -106,17 +106,6 @@ class StateDescriptor:
     @property
     def user_key_type(self) -> ValueType | None:
         return None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "kind": self.kind.value,
-            "value_type": type_to_json(self.value_type),
-            "ttl": None if self.ttl is None else self.ttl.to_json(),
-        }
-        if self.user_key_type is not None:
-            out["user_key_type"] = type_to_json(self.user_key_type)
-        return out
 
     def compatible_with(self, stored: StateInfo) -> str | None:
         """Why this descriptor cannot take over the stored state, or ``None`` if it can."""

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges, gc_paused
-from statelog.catalog import JOB_KEY, JobCatalog, parse_checkpoint_id
+from statelog.catalog import JOB_KEY, JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import (
@@ -263,8 +264,6 @@ class StateJob:
 
     def load_savepoint(self, name: str) -> CheckpointMetadata:
         """The metadata of savepoint ``name`` (restore from it like from a checkpoint)."""
-        from statelog.catalog import load_savepoint
-
         return load_savepoint(self.store, name)
 
     # -- materializations ----------------------------------------------------------------------
@@ -445,8 +444,6 @@ class StateJob:
 
 
 def _short_id() -> str:
-    import uuid
-
     return uuid.uuid4().hex[:12]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import uuid
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -59,8 +60,6 @@ def manifest_key(mid: str) -> str:
 
 
 def new_materialization_id(checkpoint_id: int, generation: int) -> str:
-    import uuid
-
     return f"m-{checkpoint_id:012d}-{generation:06d}-{uuid.uuid4().hex[:8]}"
 
 

@@ -15,6 +15,7 @@ and TTL expiries are not included: it is a benchmark baseline, not a restore for
 
 from __future__ import annotations
 
+import pickle
 import struct
 import zlib
 from typing import Any
@@ -97,8 +98,6 @@ def encode_captured(captured: CapturedState) -> bytes:
                 nss.append(nsb)
                 values.append(value)
         if info.kind in (StateKind.LIST, StateKind.MAP) or info.value_type is PICKLE:
-            import pickle
-
             value_arr = pa.array([pickle.dumps(v, protocol=5) for v in values], pa.binary())
         else:
             value_arr = to_arrow(values, info.value_type)

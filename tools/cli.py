@@ -1,11 +1,17 @@
-"""The ``statelog`` command line: inspect and verify job roots (see ``docs/cli.md``).
+"""The ``statelog`` command line: inspect, verify and maintain job roots (``docs/cli.md``).
 
-A thin shell over the library: the functions here compute plain data (dicts, lists, a
-:class:`VerifyReport`), :mod:`tools.output` renders it as ``rich`` tables or JSON. Nothing
-here creates or modifies objects: a root is opened read-only through
-:class:`~statelog.catalog.JobCatalog`, so a mistyped root is reported, never created.
+A thin shell over the library: commands compute plain data (dicts, lists, a
+:class:`VerifyReport`) and :mod:`tools.output` renders it as ``rich`` tables or JSON
+(``--json`` on every command). This module builds the parser, runs ``checkpoints
+list|show`` and ``verify``, and takes the other command groups from their modules, each of
+which registers its parsers: :mod:`tools.cli_materializer` (``materializer run|status``),
+:mod:`tools.cli_maintenance` (``gc``, ``savepoint create|list|delete``) and
+:mod:`tools.cli_spark` (``sql``, ``inspect``, ``restore``; they need the ``spark`` extra).
+The inspection commands open a root read-only, so a mistyped root is reported, never
+created; the maintenance commands write only what they are for.
 
-Exit codes: 0 success, 1 ``verify`` found faults, 2 usage or library error.
+Exit codes: 0 success, 1 ``verify`` found faults, 2 usage or library error (one line on
+stderr, no traceback), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -14,15 +20,15 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import statelog
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     StatelogError,
 )
-from tools import output
+from tools import cli_maintenance, cli_materializer, cli_spark, output
 from tools.roots import (  # noqa: F401 - re-exported for callers and tests
     Root,
     StoreOptionArg,
@@ -83,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect, verify and maintain statelog job roots.",
         epilog="exit codes: 0 ok, 1 verify found faults, 2 usage or statelog error",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {statelog.__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help=verbose_help)
     parser.add_argument(
         "--store-option", action="append", default=[], type=StoreOptionArg, metavar="KEY=VALUE",
@@ -101,8 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     # command groups in their own modules: register(commands, command) adds their parsers
-    from tools import cli_maintenance, cli_materializer, cli_spark
-
     cli_materializer.register(commands, command)
     cli_maintenance.register(commands, command)
     cli_spark.register(commands, command)
@@ -118,13 +122,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--checkpoint", metavar="ID", help="verify only this checkpoint")
     return parser
-
-
-def _version() -> str:
-    try:
-        return version("statelog")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def cmd_list(args: argparse.Namespace, options: dict[str, Any]) -> int:

@@ -16,7 +16,16 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from materializer.gc import collect_garbage
+from materializer.savepoint import (
+    create_savepoint,
+    delete_savepoint,
+    list_savepoints,
+    savepoint_summary,
+)
 from statelog.errors import ConfigError
+from statelog.materialization import check_savepoint_name
+from tools import cli_materializer
 from tools.output import NONE, _console, _json, _row, _table, human_bytes
 from tools.roots import Root, open_root, resolve_checkpoint_id
 
@@ -28,10 +37,8 @@ EXIT_OK, EXIT_FAULTS = 0, 1
 
 def parse_duration(text: str, option: str = "duration") -> float:
     """``"30s"``, ``"10m"``, ``"1h"``, ``"500ms"``, ``"2d"`` or plain seconds, named by ``option``."""
-    from tools.cli_materializer import parse_duration as parse
-
     try:
-        return parse(text)
+        return cli_materializer.parse_duration(text)
     except ConfigError as e:
         raise ConfigError(f"{option}: {e}") from None
 
@@ -85,8 +92,6 @@ def _session(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Root
 
 
 def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from materializer.gc import collect_garbage
-
     grace = parse_duration(args.grace, "--grace")
     retain = None if args.retain is None else parse_count(args.retain, "--retain")
     with _session(args, options) as root:
@@ -97,9 +102,6 @@ def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
 
 def cmd_savepoint_create(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from materializer.savepoint import create_savepoint, savepoint_summary
-    from statelog.materialization import check_savepoint_name
-
     name = check_savepoint_name(args.name)
     with _session(args, options) as root:
         cid = resolve_checkpoint_id(root, args.checkpoint)
@@ -110,8 +112,6 @@ def cmd_savepoint_create(args: argparse.Namespace, options: dict[str, Any]) -> i
 
 
 def cmd_savepoint_list(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from materializer.savepoint import list_savepoints
-
     with _session(args, options) as root:
         rows = list_savepoints(root.catalog.store)
     render_savepoint_list(rows, root.url, as_json=args.json)
@@ -119,8 +119,6 @@ def cmd_savepoint_list(args: argparse.Namespace, options: dict[str, Any]) -> int
 
 
 def cmd_savepoint_delete(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from materializer.savepoint import delete_savepoint
-
     with _session(args, options) as root:
         result = delete_savepoint(root.catalog.store, args.name, force=args.force)
     render_savepoint_deleted(result, root.url, as_json=args.json)

@@ -20,6 +20,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+
+from materializer.daemon import MaterializerDaemon, manifest_summary
+from materializer.lease import current_holder
 from statelog.catalog import JobCatalog
 from statelog.errors import ConfigError
 from statelog.materialization import latest_manifest_key, load_manifest
@@ -155,9 +160,6 @@ class _TerminalView:
     """A transient ``rich`` progress line on stderr: the cycle's phase and materialization progress."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-
         self.console = Console(stderr=True, highlight=False, markup=False)
         self.progress = Progress(
             SpinnerColumn(),
@@ -220,8 +222,6 @@ def _summary_line(s: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from materializer.daemon import MaterializerDaemon
-
     stop = threading.Event()
     store = open_store(args.root, options)
     try:
@@ -275,9 +275,6 @@ def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
 def materializer_status(store: Any, now: float | None = None) -> dict[str, Any]:
     """The lease holder, the newest materialization and the newest checkpoint of a job root."""
-    from materializer.daemon import manifest_summary
-    from materializer.lease import current_holder
-
     now = time.time() if now is None else now
     catalog = JobCatalog(store)
     catalog.open_job(None, create=False)

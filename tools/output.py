@@ -24,6 +24,7 @@ from rich.text import Text
 from statelog.catalog import checkpoint_key
 from statelog.checkpoint import ChangelogRange, CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
+from statelog.materialization import SAVEPOINT_PREFIX, parse_manifest_key
 from statelog.types import PICKLE, ValueType
 
 NONE = "-"
@@ -83,8 +84,6 @@ def checkpoint_summary(meta: CheckpointMetadata) -> dict[str, Any]:
 
 def materialization_summary(keys: set[str]) -> list[dict[str, Any]]:
     """The materializations a checkpoint builds on: manifest key, id and checkpoint id."""
-    from statelog.materialization import SAVEPOINT_PREFIX, parse_manifest_key
-
     out = []
     for key in sorted(keys):
         parsed = parse_manifest_key(key)

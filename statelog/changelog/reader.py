@@ -7,6 +7,7 @@ blocks of one stream, checks every checksum and yields the change records of a
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,8 +41,6 @@ class ChangeBatch:
         cols = [t.column(i) for i in range(8)]
         values = cols[6].to_pylist()
         if value_type is PICKLE:
-            import pickle
-
             if pa.types.is_list(cols[6].type):
                 values = [None if v is None else [pickle.loads(x) for x in v] for v in values]
             else:

@@ -33,6 +33,10 @@ except ImportError as e:
         "pip install 'statelog[spark]' (Spark also needs Java 17 or newer)"
     ) from None
 
+from statelog.spark.datasource import StatelogDataSource  # noqa: E402 - after the PySpark check
+from statelog.spark.metadata import StatelogMetadataDataSource  # noqa: E402
+from statelog.spark.options import to_spark_options  # noqa: E402
+
 STATE_FORMAT = "statelog"
 METADATA_FORMAT = "statelog-metadata"
 
@@ -47,9 +51,6 @@ _DEFAULT_CONF = {
 
 def register(spark: SparkSession) -> SparkSession:
     """Register ``format("statelog")`` and ``format("statelog-metadata")`` on ``spark``."""
-    from statelog.spark.datasource import StatelogDataSource
-    from statelog.spark.metadata import StatelogMetadataDataSource
-
     spark.dataSource.register(StatelogDataSource)
     spark.dataSource.register(StatelogMetadataDataSource)
     return spark
@@ -79,8 +80,6 @@ def session(
 def read_state(spark: SparkSession, root: str, operator: str, state: str, *, checkpoint: str | int = "latest",
                store_options: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """``spark.read.format("statelog")`` with the given options (a convenience)."""
-    from statelog.spark.options import to_spark_options
-
     reader = spark.read.format(STATE_FORMAT).option("root", root).option("operator", operator)
     reader = reader.option("state", state).option("checkpoint", str(checkpoint))
     for k, v in {**to_spark_options(store_options), **{k: str(v) for k, v in options.items()}}.items():
