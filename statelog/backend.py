@@ -46,8 +46,10 @@ from statelog.errors import (
 )
 from statelog.keys import (
     KeyGroupRange,
+    decode_key,
     decode_key_array,
     encode_key,
+    first_legacy_key,
     key_group_of_bytes,
     key_group_range_for_subtask,
 )
@@ -303,8 +305,19 @@ class KeyedStateBackend:
         cache = self._kcache
         if len(cache) >= self._kcache_limit:
             cache.clear()
-        if key not in cache:  # keys equal across types (1, True) keep the first type cached
+        prev = cache.get(key)
+        if prev is None:
             cache[key] = info
+        elif prev[1] != kb:
+            # keys equal in Python (1, True, 1.0) have one encoding; only a registered custom
+            # type that compares equal to another key can get here
+            raise SerializationError(
+                f"key {key!r} ({type(key).__name__}) equals a key of type {prev[0].__name__} used "
+                "before but encodes differently: keys equal in Python must be one key; a type "
+                "registered with register_key_type must not compare equal to another key type"
+            )
+        # else keys equal across types (1, True) keep the first type cached: the closure's
+        # type check sends the others here, and their bytes are the cached ones
         self._key = key
         self._kinfo = info
 
@@ -373,9 +386,35 @@ class KeyedStateBackend:
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
         return self.get_state(descriptor)
 
+    def legacy_key_error(self, state: str, kb: bytes) -> SerializationError:
+        """The error for a restored key (or namespace) in key encoding version 1 that version 2
+        encodes differently (a bool or an integral float): a job cannot continue from it."""
+        key = decode_key(kb)
+        try:
+            now = f"stores it as {decode_key(encode_key(key))!r} in another key group"
+        except SerializationError:
+            now = "refuses it (NaN)"
+        return SerializationError(
+            f"operator {self.operator_uid!r} state {state!r}: the checkpoint holds the key or namespace "
+            f"{key!r} in key encoding version 1 (bytes {kb.hex()}), before keys followed Python "
+            f"equality; version 2 {now}, so a job cannot continue from this checkpoint (docs/format.md "
+            "3.1). Read the state with statelog sql or the Spark data source and write it into a new "
+            "job, or continue it with the statelog version that wrote it"
+        )
+
+    def _check_restored_keys(self, state: str, arr: Any) -> None:
+        """Refuse version-1 keys a writing backend restores (a read-only one reads them)."""
+        if self.changelog_enabled:
+            if isinstance(arr, pa.ChunkedArray):
+                arr = arr.combine_chunks()
+            kb = first_legacy_key(arr)
+            if kb is not None:
+                raise self.legacy_key_error(state, kb)
+
     def _load_base(self, state: KeyedState) -> None:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
         for table in self._restored.base.pop(state.name, ()):
+            self._check_restored_keys(state.name, table.column("key"))
             keys, nss, values = base_entries(state.info, table)
             if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
                 state._table_for(nss[0]).update(zip(keys, values, strict=True))
@@ -393,13 +432,17 @@ class KeyedStateBackend:
         known = self._decoded_keys
         new = list({r[0] for r in records if r[0] not in known})
         if new:  # decode the keys in bulk (int and short-string columns decode without a loop)
-            known.update(zip(new, decode_key_array(pa.array(new, pa.binary())), strict=True))
+            arr = pa.array(new, pa.binary())
+            self._check_restored_keys(state.name, arr)
+            known.update(zip(new, decode_key_array(arr), strict=True))
         state.apply_many(records, known)
         state.compact()
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):
             for table in self._restored.base.pop(name, ()):
+                self._check_restored_keys(name, table.column("key"))
+                self._check_restored_keys(name, table.column("namespace"))
                 self.timers._sets[d].update(
                     zip(
                         table.column("timestamp").to_pylist(),
@@ -408,7 +451,10 @@ class KeyedStateBackend:
                         strict=True,
                     )
                 )
-            for kb, nsb, op, _ukey, value, _exp in self._restored.records.pop(name, ()):
+            records = self._restored.records.pop(name, ())
+            if records:
+                self._check_restored_keys(name, pa.array({b for r in records for b in r[:2]}, pa.binary()))
+            for kb, nsb, op, _ukey, value, _exp in records:
                 self.timers.apply(d, kb, nsb, op, value)
 
     def state_infos(self) -> list[StateInfo]:

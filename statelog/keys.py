@@ -7,8 +7,14 @@ later version computes the same key group for the same key.
 
 Supported key types: ``None``, ``bool``, ``int`` (any size), ``float``, ``str``, ``bytes``
 and tuples of these. Other types can be registered with :func:`register_key_type`.
-Keys that compare equal in Python but differ in type (``1``, ``1.0``, ``True``) are
-distinct keys here; do not mix them within one operator.
+
+Keys follow Python equality (key encoding version 2): keys that are equal in Python have
+identical bytes, hence one key group and one entry everywhere (live state, changelog,
+materialization, restore, readers). ``True``/``False`` encode as the ints ``1``/``0``, a
+float with an integral value as the int it equals (``1.0`` -> ``1``, ``-0.0`` -> ``0``),
+tuples element-wise; so ``1``, ``True`` and ``1.0`` are one key and decode as ``1``. NaN is
+refused (it is not equal to itself). A registered custom type must not compare equal to a
+builtin key. Version-1 bytes (``TAG_FALSE``/``TAG_TRUE``, integral floats) still decode.
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ from statelog.errors import ConfigError, CorruptionError, SerializationError
 DEFAULT_MAX_PARALLELISM = 128
 MAX_MAX_PARALLELISM = 32768
 
-# Type tags of the key encoding (version 1). Never renumber.
+# The key encoding's version (docs/format.md 3): 2 since keys follow Python equality.
+KEY_ENCODING_VERSION = 2
+
+# Type tags of the key encoding. Never renumber.
 TAG_NONE = 0x00
-TAG_FALSE = 0x01
-TAG_TRUE = 0x02
+TAG_FALSE = 0x01  # written by version 1 only (version 2 writes False as int 0); still decoded
+TAG_TRUE = 0x02  # written by version 1 only (version 2 writes True as int 1); still decoded
 TAG_INT64 = 0x03
 TAG_BIGINT = 0x04
 TAG_FLOAT = 0x05
@@ -44,6 +53,14 @@ _pack_f64 = struct.Struct(">d").pack
 _unpack_f64 = struct.Struct(">d").unpack_from
 _SIGN = 1 << 63
 
+_INT_FALSE = bytes((TAG_INT64,)) + _pack_u64(_SIGN)
+_INT_TRUE = bytes((TAG_INT64,)) + _pack_u64(_SIGN + 1)
+_NAN_MESSAGE = (
+    "cannot use NaN as a key, namespace or map key (nor inside a tuple key): NaN is not equal "
+    "to itself, so state stored under it could never be found again; map NaN to None or to a "
+    "string such as 'nan' before using it as a key"
+)
+
 _custom_by_type: dict[type, tuple[str, Callable[[Any], bytes]]] = {}
 _custom_by_name: dict[str, Callable[[bytes], Any]] = {}
 
@@ -55,7 +72,10 @@ def register_key_type(
 
     ``name`` is written into every serialized key and must stay stable for the life of
     the job; ``encode`` must be deterministic (equal objects give equal bytes) and
-    ``decode(encode(x)) == x``.
+    ``decode(encode(x)) == x``. Keys follow Python equality, so instances must not compare
+    equal to a builtin key (e.g. an ``IntEnum`` equals an int): two equal keys with
+    different bytes would be one entry in the live state but two in the changelog. Register
+    no such type; convert it to the builtin value it equals instead.
     """
     if not name or not isinstance(name, str):
         raise ConfigError("register_key_type: name must be a non-empty string")
@@ -111,15 +131,20 @@ def _encode_into(obj: Any, out: bytearray) -> None:
             out += b
     elif obj is None:
         out.append(TAG_NONE)
-    elif t is bool:
-        out.append(TAG_TRUE if obj else TAG_FALSE)
+    elif t is bool:  # the int it equals: True == 1 is one key
+        out += _INT_TRUE if obj else _INT_FALSE
     elif t is bytes:
         out.append(TAG_BYTES)
         out += _varint(len(obj))
         out += obj
     elif t is float:
-        out.append(TAG_FLOAT)
-        out += _pack_f64(0.0 if obj == 0.0 else obj)  # -0.0 and 0.0 are one key
+        if obj.is_integer():  # the int it equals (1.0 == 1, -0.0 == 0); False for inf and NaN
+            _encode_into(int(obj), out)
+        elif obj != obj:
+            raise SerializationError(_NAN_MESSAGE)
+        else:
+            out.append(TAG_FLOAT)
+            out += _pack_f64(obj)
     elif t is tuple:
         out.append(TAG_TUPLE)
         out += _varint(len(obj))
@@ -218,20 +243,31 @@ def decode_key(buf: bytes) -> Any:
     return obj
 
 
-def decode_key_array(arr: Any) -> list[Any]:
+def decode_key_array(arr: Any, key_type: Any = None) -> list[Any]:
     """Decode an Arrow ``binary`` array (or chunked array) of encoded keys into Python keys.
 
     Columns of only int64 keys or only short strings (the common key types) are decoded in
-    bulk; anything else key by key with :func:`decode_key`.
+    bulk; anything else key by key with :func:`decode_key`. With ``key_type`` (an Arrow
+    type, e.g. ``pa.float64()`` or ``pa.bool_()``) every key is converted to that type's
+    Python value with :func:`coerce_key` (int ``1`` becomes ``1.0`` or ``True``).
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if isinstance(arr, pa.ChunkedArray):
         out: list[Any] = []
         for chunk in arr.chunks:
             out.extend(decode_key_array(chunk))
-        return out
+    else:
+        out = _decode_key_chunk(arr)
+    if key_type is not None:
+        out = coerce_keys(out, key_type)
+    return out
+
+
+def _decode_key_chunk(arr: Any) -> list[Any]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     n = len(arr)
     if n == 0:
         return []
@@ -252,6 +288,120 @@ def decode_key_array(arr: Any) -> list[Any]:
             except pa.ArrowInvalid as e:
                 raise CorruptionError(f"malformed serialized string keys: {e}") from None
     return [decode_key(b) for b in arr.to_pylist()]
+
+
+def is_legacy_key(key: Any) -> bool:
+    """Whether a decoded key can only come from key encoding version 1: it holds a ``bool``,
+    a float with an integral value or a NaN, which version 2 never decodes to."""
+    t = type(key)
+    if t is bool:
+        return True
+    if t is float:
+        return key != key or key.is_integer()
+    if t is tuple:
+        return any(is_legacy_key(x) for x in key)
+    return False
+
+
+_LEGACY_TAGS = (TAG_FALSE, TAG_TRUE, TAG_FLOAT, TAG_TUPLE)
+
+
+def first_legacy_key(arr: Any) -> bytes | None:
+    """The first encoded key of an Arrow ``binary`` array that version 2 encodes differently
+    (a version-1 ``bool``, integral float or NaN, also inside a tuple), else ``None``.
+
+    One Arrow pass over the tag bytes; only keys tagged bool, float or tuple are decoded.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if len(arr) == 0:
+        return None
+    tags = pc.binary_slice(arr, 0, 1)
+    maybe = pc.is_in(tags, pa.array([bytes((t,)) for t in _LEGACY_TAGS], tags.type))
+    if not pc.any(maybe).as_py():
+        return None
+    for kb in arr.filter(maybe).to_pylist():
+        if is_legacy_key(decode_key(kb)):
+            return kb
+    return None
+
+
+def check_map_key(user_key: Any) -> None:
+    """Refuse a NaN map user key (also inside a tuple): it could never be found again."""
+    t = type(user_key)
+    if (t is float and user_key != user_key) or (t is tuple and _holds_nan(user_key)):
+        raise SerializationError(_NAN_MESSAGE)
+
+
+def _holds_nan(obj: Any) -> bool:
+    t = type(obj)
+    if t is float:
+        return obj != obj
+    return t is tuple and any(_holds_nan(x) for x in obj)
+
+
+def _misfit(key: Any, key_type: Any, why: str, hint: str) -> SerializationError:
+    return SerializationError(
+        f"the declared key type is {key_type}, but the state holds key {key!r} of type "
+        f"{type(key).__name__}, {why}; {hint}"
+    )
+
+
+def coerce_key(key: Any, key_type: Any) -> Any:
+    """A decoded key as the Python value of a declared Arrow column type (readers).
+
+    Keys are stored normalized (``True`` and ``1.0`` as the int ``1``), so a reader that
+    declares the key column's type converts: a floating type gets ``1.0`` from int ``1``, a
+    boolean type ``True``/``False`` from int ``1``/``0``, an integer type ``1`` from ``1.0``
+    (version-1 bytes). A key that does not fit (int ``2`` as boolean, ``1.5`` as an
+    integer, an int that no binary64 float equals) raises :class:`SerializationError`.
+    Other types (string, binary, ...) are returned as they are; ``None`` stays ``None``.
+    """
+    import pyarrow as pa
+
+    if key is None:
+        return None
+    t = type(key)
+    numeric = t is int or t is float or t is bool
+    if pa.types.is_boolean(key_type):
+        if t is bool:
+            return key
+        if numeric and key in (0, 1):
+            return bool(key)
+        raise _misfit(key, key_type, "which is not a boolean (False and True are stored as the ints 0 "
+                      "and 1)", "declare the key type the state holds (e.g. int64)")
+    if pa.types.is_integer(key_type):
+        if t is int or t is bool:
+            return int(key)
+        if t is float and key.is_integer():
+            return int(key)
+        hint = "declare a floating type such as double" if t is float else "declare the key type the state holds"
+        raise _misfit(key, key_type, "which is not an integer", hint)
+    if pa.types.is_floating(key_type):
+        if t is float:
+            return key
+        if t is int or t is bool:
+            try:
+                f = float(key)
+            except OverflowError:
+                f = None
+            if f is not None and f == key:
+                return f
+            raise _misfit(key, key_type, "which no binary64 float equals", "declare an integer type such as int64")
+        raise _misfit(key, key_type, "which is not a number", "declare the key type the state holds")
+    return key
+
+
+def coerce_keys(keys: list[Any], key_type: Any) -> list[Any]:
+    """:func:`coerce_key` of every key (types other than bool, integer and floating as is)."""
+    import pyarrow as pa
+
+    if not (pa.types.is_boolean(key_type) or pa.types.is_integer(key_type) or pa.types.is_floating(key_type)):
+        return keys
+    if pa.types.is_integer(key_type) and all(type(k) is int for k in keys):
+        return keys
+    return [coerce_key(k, key_type) for k in keys]
 
 
 def _fmix32(h: int) -> int:

@@ -261,7 +261,10 @@ ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObj
  * the int64 range or an exact ASCII str of at most 127 characters, written to out (at
  * least KEY_FAST_MAX bytes); returns its length, or 0 for any other key. The update fast
  * path uses it so that it need not read the cached key bytes object of the current key, a
- * cache miss per record when the keys are many: the key object itself was just hashed. */
+ * cache miss per record when the keys are many: the key object itself was just hashed.
+ * Keys equal in Python have one encoding (key encoding 2): a bool or an integral float is
+ * not an exact int, so it returns 0 here and the cached bytes (the int's, normalized by
+ * keys.py) are written; the caller only uses it when the cached type is the key's type. */
 #define KEY_FAST_MAX 129
 #define TAG_INT64 0x03
 #define TAG_STR 0x06

@@ -49,6 +49,7 @@ from statelog.spark.datasource import (
     key_sources,
     namespace_fields,
     to_batch,
+    typed_keys,
 )
 from statelog.spark.restore import stream_state
 from statelog.spark.schema import Columns, ValueLayout, parse_key_type, pickle_dump, render
@@ -292,7 +293,10 @@ def feed_batches(job: StateJob, plan: FeedPlan, kgr: KeyGroupRange, columns: Col
                 k = keys.get(kb)
                 if k is None:
                     obj = decode_key(kb)
-                    k = keys[kb] = (obj, obj if key_type is not None or type(obj) is str else render(obj))
+                    if key_type is not None:
+                        k = keys[kb] = (typed_keys([obj], key_type)[0], None)
+                    else:
+                        k = keys[kb] = (obj, obj if type(obj) is str else render(obj))
                 ns = nss.get(nsb)
                 if ns is None:
                     ns = nss[nsb] = (render(decode_key(nsb)),)

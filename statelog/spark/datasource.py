@@ -34,8 +34,8 @@ from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, 
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.descriptors import StateInfo, StateKind
-from statelog.errors import ConfigError, StatelogError
-from statelog.keys import encode_key, key_group_range_for_subtask
+from statelog.errors import ConfigError, SerializationError, StatelogError
+from statelog.keys import coerce_keys, encode_key, key_group_range_for_subtask
 from statelog.spark import options as opt
 from statelog.spark.restore import namespace_tables, restored_backend, split_entries, timer_entries
 from statelog.spark.schema import (
@@ -235,11 +235,23 @@ def state_batches(backend: Any, info: StateInfo, key_type: pa.DataType | None, m
             yield to_batch(columns, cols, sources, key_type)
 
 
+def typed_keys(ks: list[Any], key_type: pa.DataType) -> list[Any]:
+    """Keys as values of option ``keyType`` (keys are stored normalized: ``1.0`` and ``True`` as
+    the int ``1``, docs/format.md 3.1), or a ConfigError naming a key that does not fit."""
+    try:
+        return coerce_keys(ks, key_type)
+    except SerializationError as e:
+        raise ConfigError(
+            f'option "keyType": {e} (keys are stored normalized: True and 1.0 as 1), or omit keyType '
+            "(then key is a string rendering and key_bytes the encoded key)"
+        ) from None
+
+
 def _key_cells(ks: list[Any], key_type: pa.DataType | None, maxp: int) -> dict[str, Any]:
     kbs = list(map(encode_key, ks))
     cols: dict[str, Any] = {"key_group": key_groups(kbs, maxp)}
     if key_type is not None:
-        cols["key"] = ks
+        cols["key"] = typed_keys(ks, key_type)
     else:
         cols["key"] = render_all(ks)
         cols["key_bytes"] = kbs

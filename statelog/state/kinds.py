@@ -28,7 +28,7 @@ from statelog.descriptors import (
     ValueStateDescriptor,
 )
 from statelog.errors import StatelogError
-from statelog.keys import decode_key, encode_key
+from statelog.keys import check_map_key, decode_key, encode_key, is_legacy_key
 from statelog.state.appliers import applier_for
 from statelog.types import fast_check, make_validator
 
@@ -163,8 +163,11 @@ class KeyedState:
     def _table_for(self, nsb: bytes) -> dict[Any, Any]:
         table = self._tables.get(nsb)
         if table is None:
+            ns = decode_key(nsb)
+            if self._b.changelog_enabled and is_legacy_key(ns):
+                raise self._b.legacy_key_error(self.name, nsb)
             table = self._tables[nsb] = {}
-            self._namespaces[nsb] = decode_key(nsb)
+            self._namespaces[nsb] = ns
         return table
 
     def apply_many(self, records: Iterable[tuple[bytes, bytes, int, Any, Any, int | None]], keys: dict[bytes, Any]) -> None:
@@ -442,6 +445,7 @@ class MapState(KeyedState):
         if value is None:
             raise StatelogError(f"map state {self.name!r}: None values are not allowed; use remove()")
         self._check_ukey(user_key)
+        check_map_key(user_key)
         self._check(value)
         key = self._b._key
         m = self._cur.get(key)

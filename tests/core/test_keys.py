@@ -31,20 +31,118 @@ KEYS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4).map(tuple
 SAMPLE = [None, True, False, 0, 1, -1, 2**63 - 1, -(2**63), 2**80, 1.5, "", "user-1", "ü", b"", b"\xff", (1, "a"), ((), (None,))]
 
 
+def canonical(key):
+    """The Python value a key decodes to under key encoding 2 (the test's model)."""
+    if type(key) is bool:
+        return int(key)
+    if type(key) is float and key.is_integer():
+        return int(key)
+    if type(key) is tuple:
+        return tuple(canonical(x) for x in key)
+    return key
+
+
+def types_of(key):
+    return (type(key), tuple(types_of(x) for x in key)) if type(key) is tuple else type(key)
+
+
 @given(KEYS)
-def test_roundtrip_keeps_value_and_type(key):
+def test_roundtrip_keeps_value_and_normalizes_type(key):
     back = decode_key(encode_key(key))
-    assert back == key or (key != key)  # NaN excluded above
-    assert type(back) is type(key)
+    assert back == key
+    assert types_of(back) == types_of(canonical(key))
 
 
 @given(KEYS, KEYS)
-def test_distinct_keys_have_distinct_bytes(a, b):
-    if type(a) is type(b) and a == b:
-        assert encode_key(a) == encode_key(b)
-    elif encode_key(a) == encode_key(b):
-        # only equal values of identical structure may share bytes
-        assert repr(a) == repr(b) or (a == b and a == 0.0)
+def test_keys_have_equal_bytes_iff_equal_in_python(a, b):
+    assert (a == b) == (encode_key(a) == encode_key(b)), (a, b)
+
+
+COLLIDING = [
+    [1, True, 1.0],
+    [0, False, 0.0, -0.0],
+    [(1, "a"), (True, "a"), (1.0, "a")],
+    [((0, (1,)), "x"), ((False, (True,)), "x"), ((-0.0, (1.0,)), "x")],
+    [2**80, float(2**80)],
+    [int(1e300), 1e300],
+    [-(2**63), float(-(2**63))],
+]
+
+
+@pytest.mark.parametrize("group", COLLIDING, ids=lambda g: repr(g[0]))
+def test_keys_equal_in_python_have_one_encoding_and_key_group(group):
+    first = encode_key(group[0])
+    for k in group[1:]:
+        assert k == group[0]
+        assert encode_key(k) == first
+        assert key_group_of(k, 128) == key_group_of(group[0], 128)
+    assert types_of(decode_key(first)) == types_of(canonical(group[0]))
+
+
+def test_normalized_examples():
+    assert encode_key(True).hex() == "038000000000000001"
+    assert encode_key(False).hex() == "038000000000000000"
+    assert encode_key(-0.0) == encode_key(0.0) == encode_key(0)
+    assert encode_key(1e300)[0] == 0x04  # the big int it equals
+    assert encode_key(1.5).hex() == "053ff8000000000000"
+    assert encode_key(float("inf")).hex() == "057ff0000000000000"
+    assert encode_key(float("-inf")).hex() == "05fff0000000000000"
+    assert encode_key(float("inf")) != encode_key(float("-inf"))
+
+
+@pytest.mark.parametrize("key", [float("nan"), -float("nan"), ("a", float("nan")), (1, (float("nan"),))])
+def test_nan_key_is_refused(key):
+    with pytest.raises(SerializationError, match="NaN.*map NaN to None or to a string"):
+        encode_key(key)
+
+
+def test_version_1_bytes_still_decode():
+    """Key encoding 1 wrote bools with their own tags and integral floats as floats."""
+    from statelog.keys import is_legacy_key
+
+    assert decode_key(bytes.fromhex("02")) is True
+    assert decode_key(bytes.fromhex("01")) is False
+    one = decode_key(bytes.fromhex("053ff0000000000000"))
+    assert type(one) is float and one == 1
+    tup = decode_key(bytes.fromhex("0802" "02" "0601" "61"))
+    assert tup == (True, "a") and is_legacy_key(tup)
+    assert not is_legacy_key(decode_key(encode_key((True, 1.0, "a"))))
+
+
+def test_first_legacy_key_finds_version_1_bytes():
+    import pyarrow as pa
+
+    from statelog.keys import first_legacy_key
+
+    v2 = [encode_key(k) for k in [1, True, "a", (1.0, "b"), 1.5, None, b"x", 2**80]]
+    assert first_legacy_key(pa.array(v2, pa.binary())) is None
+    old_true = bytes.fromhex("0802" "02" "0601" "61")
+    assert first_legacy_key(pa.array([*v2, old_true], pa.binary())) == old_true
+    assert first_legacy_key(pa.array([bytes.fromhex("053ff0000000000000")], pa.binary())) is not None
+
+
+def test_keys_convert_to_a_declared_column_type():
+    import pyarrow as pa
+
+    from statelog.keys import coerce_key, decode_key_array
+
+    stored = pa.array([encode_key(k) for k in [1.0, 2.5, -0.0]], pa.binary())
+    assert decode_key_array(stored) == [1, 2.5, 0]
+    got = decode_key_array(stored, pa.float64())
+    assert got == [1.0, 2.5, 0.0] and all(type(x) is float for x in got)
+    flags = pa.array([encode_key(k) for k in [True, False]], pa.binary())
+    assert decode_key_array(flags) == [1, 0]
+    assert decode_key_array(flags, pa.bool_()) == [True, False]
+    assert [type(x) for x in decode_key_array(flags, pa.bool_())] == [bool, bool]
+    assert decode_key_array(pa.array([bytes.fromhex("02")], pa.binary()), pa.int64()) == [1]
+    assert coerce_key(None, pa.bool_()) is None
+    assert coerce_key("s", pa.string()) == "s"
+    with pytest.raises(SerializationError, match=r"declared key type is bool, but the state holds key 2 of type int, which is not a boolean"):
+        coerce_key(2, pa.bool_())
+    with pytest.raises(SerializationError, match=r"declared key type is int64, but the state holds key 1.5 of type float, which is not an integer; declare a floating type"):
+        decode_key_array(pa.array([encode_key(1.5)], pa.binary()), pa.int64())
+    with pytest.raises(SerializationError, match="declared key type is double, but .* which no binary64 float equals"):
+        coerce_key(2**53 + 1, pa.float64())
 
 
 def test_key_groups_identical_across_processes():

@@ -10,8 +10,12 @@ from hypothesis import strategies as st
 import statelog
 from tests.core.harness import Clock, Driver, Model
 
-KEYS = st.sampled_from([0, 1, 2, 7, -3, "a", "b", "user-9", (1, "x"), b"\x00k", 2.5, None])
-NAMESPACES = st.sampled_from([None, (0, 10), (10, 20), "w"])
+# keys equal in Python are one key (issue 11 point 0): the model is a dict, so Python
+# equality is the model; each group of colliding keys has members of different types
+COLLIDING_KEYS = [True, False, 1.0, -0.0, 0.0, 7.0, (True, "x"), (1.0, "x"), ((1, (True,)), "n"),
+                  ((1.0, (1,)), "n"), 2**80, float(2**80), -2.5]
+KEYS = st.sampled_from([0, 1, 2, 7, -3, "a", "b", "user-9", (1, "x"), b"\x00k", 2.5, None, *COLLIDING_KEYS])
+NAMESPACES = st.sampled_from([None, (0, 10), (10, 20), "w", (0.0, 10), (False, 10.0), (-0.0, 10), (10.0, 20.0)])
 SMALL = st.integers(-5, 100)
 TEXT = st.text(max_size=6)
 

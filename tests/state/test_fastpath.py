@@ -148,3 +148,44 @@ def test_c_update_writes_the_canonical_key_bytes(tmp_path):
     restored = statelog.open(tmp_path.as_uri()).backend("op", restore=meta)
     got = {repr(k): v for k, _, v in restored.get_state(ValueStateDescriptor("v", pa.int64())).entries()}
     assert got == {repr(k): i for i, k in enumerate(KEYS)}
+
+
+# keys equal in Python in changing orders, so that the key cache holds each type first once
+COLLIDING = [True, 1, 1.0, 1, True, (1, "a"), (True, "a"), (1.0, "a"), False, 0, -0.0, 0.0, 0,
+             2**80, float(2**80), 2**80, ((1.0, (True,)), "n"), ((1, (1,)), "n"), 7.0, 7]
+
+
+@pytest.mark.parametrize("force_python", [False, True], ids=["c", "python"])
+def test_keys_equal_in_python_write_one_key(tmp_path, monkeypatch, force_python):
+    """Keys equal in Python (1, True, 1.0) are one key: the C update and the Python closure
+    write their normalized bytes (those of the int), whichever type the key cache saw first."""
+    from statelog.changelog import format as fmt
+    from statelog.changelog.reader import SegmentReader
+    from statelog.keys import encode_key
+
+    monkeypatch.setattr(kinds, "_FORCE_PYTHON", force_python)
+    job = statelog.open(tmp_path.as_uri())
+    b = job.backend("op")
+    st = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    assert (type(st.update).__name__ == "ValueUpdate") is (not force_python)
+    want: dict = {}
+    for i, k in enumerate(COLLIDING):
+        b.set_current_key(k)
+        st.update(i)
+        want[k] = i
+    meta = job.checkpoint()
+    reader = SegmentReader(job.store)
+    written = []
+    for obj in job.store.list("changelog/"):
+        data = job.store.get(obj.key)
+        for info in reader.verify_segment(obj.key).blocks:
+            if info.state == "v":
+                written += fmt.decode_block(data[info.offset : info.offset + info.length], info, obj.key)["key"].to_pylist()
+    job.close()
+    canonical = {1: 1, 0: 0, 2**80: 2**80, 7: 7}
+    assert written == [encode_key(canonical.get(k, k)) for k in COLLIDING]
+    assert written[:5] == [encode_key(1)] * 5
+    restored = statelog.open(tmp_path.as_uri()).backend("op", restore=meta)
+    got = {k: v for k, _, v in restored.get_state(ValueStateDescriptor("v", pa.int64())).entries()}
+    assert got == want
+    assert len(got) == 6
