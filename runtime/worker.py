@@ -131,7 +131,7 @@ class Worker:
 
     def deploy(self, spec: dict[str, Any]) -> None:
         """Open the job root, resolve the checkpoint to restore and build this worker's tasks
-        (:mod:`runtime.deploy`); then open them, downstream operators first."""
+        (:mod:`runtime.deploy`), then open them (each task opens its chain downstream first)."""
         self.config: JobConfig = spec["config"]
         self.run_id: str = spec["run_id"]
         self.attempt: int = spec["attempt"]
