@@ -2,13 +2,13 @@
  * columnar record buffer of compact changelog streams.
  *
  * RecordBuffer holds the compact records (key bytes, key group, namespace bytes, op, value;
- * statelog/changelog/format.py) of one stream as typed columns: key and namespace bytes as
+ * statelog/changelog/records.py) of one stream as typed columns: key and namespace bytes as
  * Arrow binary (int32 offsets + data), key group uint16, op uint8, and the value as int64
  * or float64 with a validity bitmap when the state's Arrow type allows it (values that do
  * not fit, e.g. an int above 2**63-1 in a uint64 state, go to an overflow list of
  * (index, value) and the converter falls back to pyarrow for that batch), else as a Python
  * list. take() hands the columns over as bytes objects that pyarrow wraps without
- * per-record work (format.compact_columns). len() is in list items (records * 5), as for
+ * per-record work (records.compact_columns). len() is in list items (records * 5), as for
  * the flat list buffer it replaces, so the limit checks of every appender stay the same.
  *
  * A record is appended whole or not at all: every step that may run Python code (only the

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog.changelog import format as fmt
+from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class StreamChunk:
     state: str
     start: int
     end: int
-    batches: Sequence[fmt.EncodedBatch]
+    batches: Sequence[EncodedBatch]
 
 
 def encode_segment(
@@ -53,7 +54,7 @@ def encode_segment(
     segment: int,
     created_ms: int,
     chunks: Sequence[StreamChunk],
-    encoder: fmt.BlockEncoder,
+    encoder: BlockEncoder,
 ) -> tuple[bytes, fmt.SegmentFooter]:
     """The bytes of segment ``segment`` of ``writer``, holding ``chunks`` in order.
 

@@ -1,7 +1,7 @@
 """A changelog stream: the ordered change records of one state of one subtask attempt.
 
 Appending is lock-free: the task thread extends ``stream.buf`` by one fixed-width record
-(layouts in :mod:`statelog.changelog.format`); every ``encode_batch_records`` records it
+(layouts in :mod:`statelog.changelog.records`); every ``encode_batch_records`` records it
 converts its buffer to Arrow itself (while the records are hot in its cache), and the
 flusher of the :class:`~statelog.changelog.writer.ChangelogWriter` ships the converted
 batches, taking raw records only from slow streams or when a checkpoint waits for them. A
@@ -11,7 +11,7 @@ have sequence numbers ``0, 1, 2, ...``.
 When the C extension is built, a compact stream's buffer is a columnar ``RecordBuffer``
 (``statelog/_ext/fastpath.c``) instead of a flat list: same ``extend(record)`` and ``len``
 (in list items), but the records are stored as typed columns that become Arrow arrays
-without per-record work (:func:`statelog.changelog.format.compact_columns`).
+without per-record work (:func:`statelog.changelog.records.compact_columns`).
 
 A stream reaches the writer that flushes it only through :class:`StreamSink` (the writer
 implements it), so this module does not depend on the writer.
@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from statelog.changelog import format as fmt
+from statelog.changelog import records
+from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import OVERWRITING_OPS, Op
 from statelog.changelog.segment import SegmentRef
 from statelog.descriptors import StateInfo, StateKind
@@ -50,7 +51,7 @@ class StreamSink(Protocol):
     encode_batch_records: int
     max_buffered_records: int
     flush_records: int
-    encoder: fmt.BlockEncoder
+    encoder: BlockEncoder
 
     def wake(self) -> None:
         """Wake the flusher."""
@@ -73,12 +74,12 @@ class ChangelogStream:
         self.stream_id = stream_id
         self.info = info
         self.compact = compact
-        self.width = fmt.COMPACT_WIDTH if compact else fmt.FULL_WIDTH
+        self.width = records.COMPACT_WIDTH if compact else records.FULL_WIDTH
         # flat list (``width`` items per record) or, for compact streams, a RecordBuffer
         # (columns; the same ``extend`` and ``len``); ``take_raw`` empties either
         self.columnar = compact and writer.columnar
         self.buf: Any = (
-            _fastpath.RecordBuffer(fmt.buffer_value_kind(info.value_type))  # type: ignore[union-attr]
+            _fastpath.RecordBuffer(records.buffer_value_kind(info.value_type))  # type: ignore[union-attr]
             if self.columnar
             else []
         )
@@ -175,7 +176,7 @@ class ChangelogStream:
             self.encoded_records += count
             self.last_encode = time.monotonic()
 
-    def encode_chunk(self, start: int, raw: Any, seals: list[int]) -> list[fmt.EncodedBatch]:
+    def encode_chunk(self, start: int, raw: Any, seals: list[int]) -> list[EncodedBatch]:
         """Convert a chunk (from :meth:`take_raw`) to Arrow, coalescing first if enabled.
 
         Coalescing never crosses a sealed checkpoint position: records before it must stay
@@ -184,7 +185,7 @@ class ChangelogStream:
         info = self.info
         kg_range: tuple[int, int] | None = None
         if isinstance(raw, tuple):  # taken from a RecordBuffer
-            cols, kg_min, kg_max = fmt.compact_columns(raw, info.value_type)
+            cols, kg_min, kg_max = records.compact_columns(raw, info.value_type)
             kg_range = (kg_min, kg_max)
         else:
             cols = raw
@@ -192,7 +193,7 @@ class ChangelogStream:
         seqs: list[int] | tuple[int, int] = (start, n)
         if self.writer.coalesce:
             # the identity columns as lists (Arrow columns converted back)
-            ident = [fmt.C_KEY, fmt.C_NS, fmt.C_OP] + ([] if self.compact else [fmt.F_UKEY])
+            ident = [records.C_KEY, records.C_NS, records.C_OP] + ([] if self.compact else [records.F_UKEY])
             pycols: list[Any] = [None] * len(cols)
             for i in ident:
                 pycols[i] = cols[i].to_pylist() if isinstance(cols[i], pa.Array) else cols[i]
@@ -252,8 +253,8 @@ def _coalesce(cols: list[Any], compact: bool) -> list[int]:
     entry_ops: set[tuple] = set()
     overwriting = OVERWRITING_OPS
     map_ops = (Op.MAP_PUT.value, Op.MAP_REMOVE.value)
-    kbs, nss, ops = cols[fmt.C_KEY], cols[fmt.C_NS], cols[fmt.C_OP]
-    ukeys = None if compact else cols[fmt.F_UKEY]
+    kbs, nss, ops = cols[records.C_KEY], cols[records.C_NS], cols[records.C_OP]
+    ukeys = None if compact else cols[records.F_UKEY]
     for i in range(len(kbs) - 1, -1, -1):
         k = (kbs[i], nss[i])
         if k in overwritten:

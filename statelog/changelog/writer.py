@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 from statelog.changelog import format as fmt
+from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
 from statelog.changelog.stream import HAVE_RECORD_BUFFER, ChangelogStream
 from statelog.descriptors import StateInfo
@@ -92,7 +93,7 @@ class ChangelogWriter:
             raise ConfigError(
                 f"compression must be one of {', '.join(fmt.BLOCK_CODECS)} (changelog block codec), got {compression!r}"
             )
-        self.encoder = fmt.BlockEncoder(compression_level, compression)
+        self.encoder = BlockEncoder(compression_level, compression)
         self._streams: dict[str, ChangelogStream] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -344,9 +345,9 @@ class ChangelogWriter:
             return
         with self._cond:
             self._cond.notify_all()  # tasks waiting for their buffer to drain
-        converted: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]] = []
+        converted: list[tuple[ChangelogStream, int, int, list[EncodedBatch]]] = []
         for (s, start, end, encoded), (raw_start, cols, seals) in zip(taken, raw, strict=True):
-            batches: list[fmt.EncodedBatch] = []
+            batches: list[EncodedBatch] = []
             for chunk_start, _count, payload in encoded:
                 if isinstance(payload, tuple):  # columns taken by the task
                     batches.extend(s.encode_chunk(chunk_start, payload[0], payload[1]))
@@ -381,7 +382,7 @@ class ChangelogWriter:
         fut: cf.Future[None],
         name: str,
         size: int,
-        taken: list[tuple[ChangelogStream, int, int, list[fmt.EncodedBatch]]],
+        taken: list[tuple[ChangelogStream, int, int, list[EncodedBatch]]],
         spans: list[fmt.StreamSpan],
     ) -> None:
         exc = fut.exception()

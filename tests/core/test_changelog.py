@@ -18,6 +18,7 @@ from statelog import (
     ReducingStateDescriptor,
     ValueStateDescriptor,
 )
+from statelog.changelog import encoder, records
 from statelog.changelog import format as fmt
 from statelog.changelog.reader import SegmentReader
 from statelog.errors import (
@@ -417,21 +418,21 @@ def test_record_buffer_columns_match_pyarrow_conversion():
         (PICKLE, [{"a": 1}, None]),
     ]
     for value_type, values in cases:
-        rb = stream_mod._fastpath.RecordBuffer(fmt.buffer_value_kind(value_type))
+        rb = stream_mod._fastpath.RecordBuffer(records.buffer_value_kind(value_type))
         recs = [(b"k%d" % i * (i + 1), (i * 7919) % 65536, b"\x00" if i % 2 else b"ns", i % 3 + 1, v)
                 for i, v in enumerate(values)]
         for rec in recs:
             rb.extend(rec)
-        assert len(rb) == len(recs) * fmt.COMPACT_WIDTH and rb.records == len(recs)
-        cols, kg_min, kg_max = fmt.compact_columns(rb.take(), value_type)
+        assert len(rb) == len(recs) * records.COMPACT_WIDTH and rb.records == len(recs)
+        cols, kg_min, kg_max = records.compact_columns(rb.take(), value_type)
         assert len(rb) == 0
         want = [list(c) for c in zip(*recs, strict=True)]
-        assert cols[fmt.C_KEY].equals(pa.array(want[0], pa.binary()))
-        assert cols[fmt.C_KG].equals(pa.array(want[1], pa.uint16()))
-        assert cols[fmt.C_NS].equals(pa.array(want[2], pa.binary()))
-        assert cols[fmt.C_OP].equals(pa.array(want[3], pa.uint8()))
+        assert cols[records.C_KEY].equals(pa.array(want[0], pa.binary()))
+        assert cols[records.C_KG].equals(pa.array(want[1], pa.uint16()))
+        assert cols[records.C_NS].equals(pa.array(want[2], pa.binary()))
+        assert cols[records.C_OP].equals(pa.array(want[3], pa.uint8()))
         assert (kg_min, kg_max) == (min(want[1]), max(want[1]))
-        value = cols[fmt.C_VALUE]
+        value = cols[records.C_VALUE]
         if isinstance(value, list):
             assert value == want[4]
         else:
@@ -500,7 +501,7 @@ def test_batch_nbytes_is_arrow_nbytes():
     batch = pa.RecordBatch.from_arrays(cols, names=[str(i) for i in range(len(cols))])
     for off, length in [(0, n), (3, 50), (7, 1), (13, 200), (0, 0), (n - 1, 1), (1, n - 1)]:
         part = batch.slice(off, length)
-        assert fmt.batch_nbytes(part) == part.nbytes
+        assert encoder.batch_nbytes(part) == part.nbytes
 
 
 def test_every_block_codec_restores_the_same_state(tmp_path):

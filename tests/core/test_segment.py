@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pyarrow as pa
 
-from statelog.changelog import format as fmt
+from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
@@ -13,7 +15,7 @@ from statelog.store import open_store
 from statelog.types import PICKLE
 
 
-def _batch(enc: fmt.BlockEncoder, state: str, first: int, n: int, value_type=None) -> fmt.EncodedBatch:
+def _batch(enc: BlockEncoder, state: str, first: int, n: int, value_type=None) -> EncodedBatch:
     value_type = value_type or pa.int64()
     cols = [
         [f"k{i}".encode() for i in range(n)],  # key bytes
@@ -27,7 +29,7 @@ def _batch(enc: fmt.BlockEncoder, state: str, first: int, n: int, value_type=Non
 
 def test_encode_segment_is_decoded_by_the_reader(tmp_path) -> None:
     store = open_store(tmp_path.as_uri())
-    enc = fmt.BlockEncoder()
+    enc = BlockEncoder()
     chunks = [
         StreamChunk("op.0.a/count", "count", 0, 700, [_batch(enc, "count", 0, 600), _batch(enc, "count", 600, 100)]),
         StreamChunk("op.0.a/empty", "empty", 5, 5, []),  # a span without a block
@@ -57,3 +59,53 @@ def test_encode_segment_is_decoded_by_the_reader(tmp_path) -> None:
     objs = [r[6] for b in reader.read_range("op.0.a/obj", 3, 6, KeyGroupRange(0, 127), [ref]) for r in b.rows()]
     assert objs == [{"v": 0}, {"v": 1}, {"v": 2}]
 
+
+
+def _golden_chunks(enc: BlockEncoder) -> list[StreamChunk]:
+    """Every record layout and value encoding: compact int64 (compressed: 700 rows), pickled
+    values with explicit seqs, a list state and a map state with expiries, an empty span."""
+    put, delete, append, replace, mput, mremove = (
+        int(o) for o in (Op.PUT, Op.DELETE, Op.LIST_APPEND, Op.LIST_REPLACE, Op.MAP_PUT, Op.MAP_REMOVE)
+    )
+    n = 700
+    value_cols = [[f"k{i}".encode() for i in range(n)], [i % 7 for i in range(n)], [b"\x00"] * n, [put] * n,
+                  [i * 3 for i in range(n)]]
+    obj_cols = [[b"a", b"b", b"c"], [1, 2, 3], [b"\x00", b"ns", b"\x00"], [put, delete, put], [{"v": 1}, None, (2, 3)]]
+    list_cols = [[b"a", b"b"], [0, 5], [b"\x00", b"\x00"], [append, replace], [None, None], [["x", "y"], []],
+                 [None, 1_700_000_000_000]]
+    map_cols = [[b"a", b"a", b"b"], [4, 4, 9], [b"\x00"] * 3, [mput, mremove, mput], ["u1", "u1", "u2"],
+                [1.5, None, 2.5], [None, None, 5]]
+    return [
+        StreamChunk("op.0.x/count", "count", 0, n, [enc.encode_batch("count", pa.int64(), None, False, (0, n), value_cols)]),
+        StreamChunk("op.0.x/obj", "obj", 10, 16, [enc.encode_batch("obj", PICKLE, None, False, [10, 12, 15], obj_cols)]),
+        StreamChunk("op.0.x/none", "none", 7, 7, []),
+        StreamChunk("op.0.x/events", "events", 3, 5, [enc.encode_batch("events", pa.string(), None, True, (3, 2), list_cols)]),
+        StreamChunk("op.0.x/attrs", "attrs", 0, 3,
+                    [enc.encode_batch("attrs", pa.float64(), pa.string(), False, (0, 3), map_cols)]),
+    ]
+
+
+def test_segment_bytes_are_those_of_the_format_before_the_split() -> None:
+    """Splitting writer.py and format.py changed no byte: the digest was computed with the
+    writer's inline segment encoding before the split (statelog/changelog/format.py v1)."""
+    enc = BlockEncoder()
+    data, footer = encode_segment("1700000000000-abcdef012345", 42, 1_700_000_000_123, _golden_chunks(enc), enc)
+    assert len(data) == 11804
+    assert hashlib.sha256(data).hexdigest() == "9cfab72e515186a8990abe67170518e3d8ec118e21b5792062f43943447b8c70"
+    assert [s.bytes > 0 for s in footer.streams] == [True, True, False, True, True]
+
+
+def test_the_persisted_format_module_holds_no_in_memory_layout_or_encoder() -> None:
+    """format.py: persisted constants, schema, footer and their codec; records.py: the
+    in-memory layouts; encoder.py: records to batches and blocks."""
+    from statelog.changelog import format as fmt
+    from statelog.changelog import records
+
+    for name in ("C_KEY", "COMPACT_WIDTH", "compact_columns", "buffer_value_kind", "BlockEncoder", "EncodedBatch"):
+        assert not hasattr(fmt, name), name
+    assert (records.C_KEY, records.C_KG, records.C_NS, records.C_OP, records.C_VALUE) == (0, 1, 2, 3, 4)
+    assert (records.F_UKEY, records.F_VALUE, records.F_EXPIRES) == (4, 5, 6)
+    assert (records.COMPACT_WIDTH, records.FULL_WIDTH) == (5, 7)
+    assert fmt.block_schema(pa.int64(), None, False).names == [
+        "seq", "key_group", "op", "key", "namespace", "user_key", "value", "expires_ms",
+    ]

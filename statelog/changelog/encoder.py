@@ -1,0 +1,244 @@
+"""Batch encoder: change records (in a record layout) to Arrow batches, and batches to blocks.
+
+:meth:`BlockEncoder.encode_batch` converts the columns of one state's records (compact or
+full layout, :mod:`statelog.changelog.records`) to a record batch of the block schema;
+:meth:`BlockEncoder.write_block` serializes the batches of one stream as one compressed,
+checksummed block (``docs/format.md`` section 4), which
+:func:`statelog.changelog.format.decode_block` verifies and reads back.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statelog.changelog.format import COMPRESS_MIN_ROWS, META_STATE, block_schema
+from statelog.changelog.records import (
+    C_KEY,
+    C_KG,
+    C_NS,
+    C_OP,
+    C_VALUE,
+    COMPACT_WIDTH,
+    F_EXPIRES,
+    F_UKEY,
+    F_VALUE,
+)
+from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
+
+
+class BlockEncoder:
+    """Encodes batches of change records into compressed, checksummed blocks."""
+
+    def __init__(self, level: int = 1, codec: str = "zstd") -> None:
+        # Arrow's own IPC body compression runs in C++ without holding the GIL, so the
+        # flusher's compression overlaps with the task thread on another core. One core:
+        # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
+        # which on a small machine takes the task thread's core too.
+        # ``codec`` is one of BLOCK_CODECS (ChangelogWriter checks the user's option)
+        self._ipc_options = (
+            None
+            if codec == "none"
+            else pa.ipc.IpcWriteOptions(
+                compression=pa.Codec("zstd", compression_level=level) if codec == "zstd" else pa.Codec("lz4"),
+                use_threads=False,
+            )
+        )
+        self._schemas: dict[tuple, Any] = {}
+
+    def encode_batch(
+        self,
+        state: str,
+        value_type: ValueType,
+        user_key_type: ValueType | None,
+        is_list: bool,
+        seqs: list[int] | tuple[int, int],
+        cols: list[Any],
+        kg_range: tuple[int, int] | None = None,
+    ) -> EncodedBatch:
+        """Convert records given as columns (compact or full layout) to Arrow.
+
+        ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones. A
+        column is a list of Python values or an Arrow array of its stored type (columns from
+        :func:`compact_columns`). ``kg_range`` is ``(min, max)`` of the key groups when known.
+        """
+        n = len(cols[C_KEY])
+        compact = len(cols) == COMPACT_WIDTH
+        skey = (state, id(value_type), id(user_key_type), is_list)
+        cached = self._schemas.get(skey)
+        if cached is None:
+            schema = block_schema(value_type, user_key_type, is_list)
+            schema = schema.with_metadata({**schema.metadata, META_STATE: state.encode()})
+            self._schemas[skey] = (schema, value_type, user_key_type)  # keep the types alive
+        else:
+            schema = cached[0]
+        if isinstance(seqs, tuple):
+            first, count = seqs
+            seq_arr = _seq(first, count)
+            last = first + count - 1
+        else:
+            seq_arr = pa.array(seqs, pa.int64())
+            first, last = seqs[0], seqs[-1]
+        kgs = _array(cols[C_KG], pa.uint16())
+        values = cols[C_VALUE if compact else F_VALUE]
+        if isinstance(values, pa.Array):
+            value_arr = values
+        elif is_list:
+            if value_type is PICKLE:
+                dumps = pickle.dumps
+                values = [None if v is None else [dumps(x, protocol=5) for x in v] for v in values]
+            value_arr = pa.array(values, pa.list_(arrow_type(value_type)))
+        else:
+            value_arr = to_arrow(values, value_type)
+        if user_key_type is None or compact:
+            ukey_arr = _nulls(n, schema.field("user_key").type)
+        else:
+            ukey_arr = to_arrow(cols[F_UKEY], user_key_type)
+        batch = pa.record_batch(
+            [
+                seq_arr,
+                kgs,
+                _column(cols[C_OP], pa.uint8()),
+                _array(cols[C_KEY], pa.binary()),
+                _column(cols[C_NS], pa.binary()),
+                ukey_arr,
+                value_arr,
+                _nulls(n, pa.int64()) if compact else _column(cols[F_EXPIRES], pa.int64()),
+            ],
+            schema=schema,
+        )
+        if kg_range is None:
+            mm = pc.min_max(kgs)
+            kg_range = (mm["min"].as_py(), mm["max"].as_py())
+        return EncodedBatch(batch, first, last, kg_range[0], kg_range[1])
+
+    def write_block(self, batches: list[EncodedBatch]) -> tuple[bytes, int, int]:
+        """Serialize the batches of one (stream, state) as one block.
+
+        Returns ``(stored_bytes, uncompressed_data_bytes, crc32)``.
+        """
+        schema = batches[0].batch.schema
+        rows = sum(b.batch.num_rows for b in batches)
+        # compression has a fixed cost per buffer; small blocks are stored uncompressed
+        compress = rows >= COMPRESS_MIN_ROWS and self._ipc_options is not None
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema, options=self._ipc_options if compress else None) as w:
+            # one call for all batches: every write call releases the GIL, and getting it back
+            # from a busy task thread can take a switch interval (5 ms)
+            w.write_table(pa.Table.from_batches([b.batch for b in batches], schema))
+        stored = sink.getvalue().to_pybytes()
+        raw = sum(batch_nbytes(b.batch) for b in batches) if compress else len(stored)
+        return stored, raw, zlib.crc32(stored)
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Change records of one state converted to Arrow, waiting to be written into a block."""
+
+    batch: pa.RecordBatch
+    first_seq: int
+    last_seq: int
+    kg_min: int
+    kg_max: int
+
+
+_IOTA: list[pa.Array] = [pa.array(range(1 << 16), pa.int64())]
+_NONE_NS = b"\x00"  # the serialized default namespace (None)
+_CONSTANTS: dict[tuple[Any, Any], pa.Array] = {}
+
+
+_ARANGE = getattr(pa, "arange", None)  # pyarrow >= 19
+
+
+def _seq(first: int, count: int) -> pa.Array:
+    """``[first, first + 1, ..., first + count - 1]`` as int64."""
+    if _ARANGE is not None:
+        return _ARANGE(first, first + count)
+    return pc.add(_iota(count), pa.scalar(first, pa.int64()))
+
+
+_NULLS: dict[tuple[int, pa.DataType], pa.Array] = {}
+
+
+def _nulls(n: int, type_: pa.DataType) -> pa.Array:
+    """``pa.nulls(n, type_)``, cached per length and type (the batch size recurs)."""
+    key = (n, type_)
+    a = _NULLS.get(key)
+    if a is None:
+        if len(_NULLS) >= 64:
+            _NULLS.clear()
+        a = _NULLS[key] = pa.nulls(n, type_)
+    return a
+
+
+def batch_nbytes(batch: pa.RecordBatch) -> int:
+    """``batch.nbytes`` (the bytes of the buffer ranges its columns reference), computed
+    directly for the column types of change records; other types ask Arrow, whose
+    ``nbytes`` builds a table of byte ranges (tens of microseconds per batch)."""
+    total = 0
+    for a in batch.columns:
+        kind = _NBYTES_KIND.get(a.type)
+        if kind is None:
+            kind = _NBYTES_KIND[a.type] = _nbytes_kind(a.type)
+        if kind == 0:  # null: no buffers
+            continue
+        if kind == -1:
+            total += a.nbytes
+            continue
+        off, n = a.offset, len(a)
+        if kind == 1:  # binary: int32 offsets + the referenced values
+            total += 4 * n + a.total_values_length
+        else:  # fixed width, ``kind`` bits per value
+            total += (off * kind + n * kind + 7) // 8 - off * kind // 8
+        if a.buffers()[0] is not None:  # validity bitmap: the bytes covering bits [off, off + n)
+            total += (off % 8 + n + 7) // 8
+    return total
+
+
+_NBYTES_KIND: dict[pa.DataType, int] = {}
+
+
+def _nbytes_kind(t: pa.DataType) -> int:
+    if pa.types.is_null(t):
+        return 0
+    if pa.types.is_binary(t):
+        return 1
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return t.bit_width
+    return -1
+
+
+def _iota(n: int) -> pa.Array:
+    """``[0, 1, ..., n-1]`` as int64 (a zero-copy slice of a cached array)."""
+    if n > len(_IOTA[0]):
+        _IOTA[0] = pa.array(range(max(n, 2 * len(_IOTA[0]))), pa.int64())
+    return _IOTA[0].slice(0, n)
+
+
+def _array(values: list[Any] | pa.Array, type_: pa.DataType) -> pa.Array:
+    return values if isinstance(values, pa.Array) else pa.array(values, type_)
+
+
+def _column(values: list[Any] | pa.Array, type_: pa.DataType) -> pa.Array:
+    """An Arrow array of ``values``; constant columns (the common case) are cached slices."""
+    if isinstance(values, pa.Array):
+        return values
+    n = len(values)
+    if n and values.count(values[0]) == n:
+        v = values[0]
+        if v is None:
+            return pa.nulls(n, type_)
+        if not (v == _NONE_NS or (type(v) is int and 0 <= v < 16)):
+            return pa.repeat(pa.scalar(v, type_), n)  # e.g. a window namespace: not cached
+        key = (v, type_)
+        const = _CONSTANTS.get(key)
+        if const is None or len(const) < n:
+            const = pa.repeat(pa.scalar(v, type_), max(n, 1 << 12))
+            _CONSTANTS[key] = const
+        return const.slice(0, n)
+    return pa.array(values, type_)
