@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from materializer.daemon import due
 from materializer.gc import collect_garbage
 from statelog import ValueStateDescriptor

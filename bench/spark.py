@@ -41,7 +41,7 @@ def _log(progress: bool, msg: str) -> None:
 
 def _write(root: str, keys: int) -> tuple[int, float]:
     """Write the state; returns the measured checkpoint and the materialization time."""
-    from materializer.compact import materialize
+    from materializer.build import materialize
 
     job = statelog.open(root, max_parallelism=128)
     job.materialization_poll_s = 0

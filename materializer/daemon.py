@@ -10,7 +10,7 @@ One :class:`MaterializerDaemon` watches one job root. Every cycle (:meth:`~Mater
    newer than the materialization and its changelog tail (the bytes after its base) reached
    ``max_tail_bytes``, or ``interval_s`` passed since the last materialization, or there is
    no materialization yet (or the cycle is forced);
-3. materializes it (:class:`~materializer.compact.Materializer`) with the lease generation
+3. materializes it (:class:`~materializer.build.Materializer`) with the lease generation
    as fencing token. While it runs, a keeper thread renews the lease; right before the
    manifest is written the lease is checked again (``before_publish``) with a margin that
    covers the write, so a daemon whose lease expired or was taken over never publishes;
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from materializer.compact import MaterializeOptions, Materializer
+from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import collect_garbage
 from materializer.lease import LeaderLease, current_holder
 from statelog.catalog import JobCatalog
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 # looping; transient ones (timeouts, 5xx, resets) are retried with backoff
 FATAL_ERRORS = (StorePermissionError, AuthenticationError, BucketNotFoundError)
 
-Progress = Callable[[str, int, int], None]  # (what, done, total), as in materializer.compact
+Progress = Callable[[str, int, int], None]  # (what, done, total), as in materializer.build
 
 DEFAULT_INTERVAL_S = 60.0
 DEFAULT_MAX_TAIL_BYTES = 256 << 20

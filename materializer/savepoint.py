@@ -20,7 +20,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from materializer.compact import MaterializeOptions, Materializer
+from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import LiveSet, recent_manifests
 from statelog.catalog import (
     JobCatalog,

@@ -35,6 +35,7 @@ from typing import Any
 
 import cloudpickle
 
+from materializer import BackgroundMaterializer, start_background
 from materializer.savepoint import create_savepoint
 from runtime.config import CHANGELOG, JobConfig
 from runtime.coordinator import CheckpointCoordinator
@@ -144,6 +145,7 @@ class JobMaster:
         self._cancel = threading.Event()
         self._savepoints: list[_SavepointRequest] = []
         self._stopped_with: _SavepointRequest | None = None
+        self._materializer: BackgroundMaterializer | None = None  # with config.materializer
         p = config.parallelism
         self.task_keys = {f"{v.id}.{i}" for v in self.job_graph.vertices for i in range(p)}
         self.source_task_keys = {
@@ -187,7 +189,7 @@ class JobMaster:
             self.job.acquire_writer_lease()
             if cfg.materializer is not None:
                 opts = {"retain_checkpoints": cfg.retain_checkpoints, **cfg.materializer}
-                self.job.start_materializer(**opts)  # stopped by job.close()
+                self._materializer = start_background(self.job, **opts)  # stopped before job.close()
             if self.restore is None:
                 self._check_fresh_start()
             meta = self.job.resolve_checkpoint(self.restore)
@@ -254,6 +256,9 @@ class JobMaster:
             for req in left:
                 if not req.started and not req.future.done():  # a started one finishes by itself
                     req.future.set_exception(RuntimeJobError(f"job {self.name!r} ended before savepoint {req.name!r}"))
+            if self._materializer is not None:
+                self._materializer.stop()
+                self._materializer = None
             self.job.close(flush=False)
 
     def _latest_completed(self) -> int | None:

@@ -116,7 +116,6 @@ class StateJob:
         self._last_id: int | None = None
         self._last_bytes_uploaded = 0
         self._manifests: dict[str, Manifest] = {}
-        self._materializers: list[Any] = []
         self._latest_manifest: str | None = None
         self._manifest_checked = 0.0
         # how often checkpoint() looks for a newer materialization (one LIST request)
@@ -278,20 +277,6 @@ class StateJob:
             return None
         return load_manifest(self.store, self._latest_manifest, self._manifests)
 
-    def start_materializer(self, **options: Any) -> Any:
-        """Run the materializer in a background thread of this process (the embedded default).
-
-        ``options`` are those of :class:`materializer.daemon.MaterializerDaemon`
-        (``interval_s=60``, ``max_tail_bytes=256 MiB``, ``gc_grace_s``, ...). It takes the
-        root's leader lease like a separate daemon would, so running it in several processes
-        (or next to ``statelog materializer run``) is safe. :meth:`close` stops it.
-        """
-        from materializer.daemon import start_background
-
-        bg = start_background(self, **options)
-        self._materializers.append(bg)
-        return bg
-
     def adopt_latest_materialization(self) -> Manifest | None:
         """Let every live backend of this process build on the newest usable materialization."""
         live = [b for b in self._backends if not b._closed]
@@ -420,9 +405,6 @@ class StateJob:
         return self.catalog.latest()
 
     def close(self, flush: bool = True) -> None:
-        for bg in self._materializers:
-            bg.stop()
-        self._materializers.clear()
         for b in self._backends:
             b.close()
         self._backends.clear()

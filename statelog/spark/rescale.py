@@ -5,7 +5,8 @@ For every operator (minus dropped ones, under its new uid if renamed) and every 
 ``i`` of ``P``, one Spark task restores key groups ``key_group_range_for_subtask(M, P, i)``
 of the checkpoint (the overlapping materialized parts and changelog ranges of the old
 handles, restricted to those key groups, exactly what a runtime restore reads) and writes
-them as Parquet state tables with the materializer (``materializer.compact``), self-contained
+them as Parquet state tables with the engine's table writer
+(:class:`statelog.materialization_writer.StateTableWriter`, as a materialization), self-contained
 below ``savepoints/<name>/data/``. Files are cut at unit boundaries inside the new subtask's
 range, so each new subtask reads only its own files. The driver then writes one manifest
 (``savepoints/<name>/manifest.json``, kind ``savepoint``) and, last, the savepoint metadata
@@ -49,6 +50,7 @@ from statelog.materialization import (
     savepoint_manifest_key,
     savepoint_metadata_key,
 )
+from statelog.materialization_writer import StateTableWriter, new_stats
 from statelog.spark import options as opt
 from statelog.store.options import StoreOptions, resolve_store_options
 
@@ -164,24 +166,8 @@ def plan_restore(
 # -- one task (runs in a Spark Python worker) ----------------------------------------------------
 
 
-class _KeepManifest:
-    """The store, except that the task's manifest is not written (the driver writes one for all)."""
-
-    def __init__(self, store: Any, key: str) -> None:
-        self._store = store
-        self._key = key
-
-    def put(self, key: str, data: bytes) -> None:
-        if key != self._key:
-            self._store.put(key, data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-
 def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task: RestoreTask) -> dict[str, Any]:
     """Write the state tables of one new subtask; returns the tables (or an error message)."""
-    from materializer.compact import Materializer
     from statelog.store import open_store
 
     t0 = time.monotonic()
@@ -196,12 +182,12 @@ def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task
             max_parallelism=task.max_parallelism, sources={},
             operators={task.uid: OperatorState(task.uid, task.parallelism, (handle,))},
         )
-        key = f"{SAVEPOINT_PREFIX}{name}/task-{task.number}.json"  # never written
-        m = Materializer(_KeepManifest(store, key)).materialize(
-            meta, data_prefix=f"{SAVEPOINT_PREFIX}{name}/data/", key=key, self_contained=True, kind="savepoint",
-        )
-        mop = m.operators[task.uid]
-        return {"number": task.number, "operator": mop.to_json(), "stats": m.stats,
+        mid = new_materialization_id(task.checkpoint_id, 0)
+        stats = new_stats()
+        with StateTableWriter(store) as writer:
+            mop = writer.write_operator(meta, task.uid, 0, f"{SAVEPOINT_PREFIX}{name}/data/{mid}/", True, stats)
+        stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
+        return {"number": task.number, "operator": mop.to_json(), "stats": stats,
                 "seconds": round(time.monotonic() - t0, 3)}
     except StatelogError as e:
         return {"number": task.number, "error": f"{type(e).__name__}: {e}"}

@@ -5,7 +5,7 @@ for a state kind is written here once, and both readers of the changelog use it:
 backend's restore (:meth:`statelog.state.kinds.KeyedState.apply_many`,
 :meth:`statelog.state.timers.TimerService.apply`) and the materializer (list and map
 states; its Arrow merge of value-like states and timers is an optimisation tested against
-these appliers, ``tests/materializer/test_appliers.py``).
+these appliers, ``tests/core/test_table_merge.py``).
 
 An applier changes one table of entries ``{entry key: entry}`` of one state; the caller
 picks the table and the entry key (a backend: the namespace's table and the decoded key;

@@ -92,7 +92,7 @@ def test_readme_runtime_example_runs_and_writes_key_window_and_count(tmp_path: P
 
 def test_cli_doc_states_the_json_type_of_materialization(file_root: RootSpec,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from materializer.compact import materialize
+    from materializer.build import materialize
     from tools.cli import main
 
     with statelog.open(file_root.url) as job:

@@ -7,7 +7,7 @@ import pickle
 import pyarrow as pa
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.types import PICKLE
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.compact import MaterializeOptions
+from materializer.build import MaterializeOptions
 from materializer.daemon import MaterializerDaemon, due, start_background
 from materializer.lease import current_holder, generation_key
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor

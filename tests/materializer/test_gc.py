@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.compact import MaterializeOptions, materialize
+from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.catalog import JobCatalog, checkpoint_key

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.changelog.reader import SegmentReader
 from statelog.errors import SerializationError

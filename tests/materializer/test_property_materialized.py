@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statelog
-from materializer.compact import MaterializeOptions, materialize
+from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
 from statelog.catalog import load_savepoint, savepoint_names

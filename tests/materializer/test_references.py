@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint, list_savepoints
 from statelog.catalog import JobCatalog, checkpoint_key, load_savepoint

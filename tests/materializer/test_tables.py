@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from statelog.errors import CorruptionError
 from statelog.keys import encode_key, key_group_of, key_group_of_bytes, subtask_for_key_group
 from tests.core.harness import (

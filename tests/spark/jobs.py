@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from statelog import (
     PICKLE,
     AggregatingStateDescriptor,

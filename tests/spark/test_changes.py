@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.compact import materialize
+from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.descriptors import StateKind
 from statelog.spark.restore import restored_backend, state_entries, stream_state, timer_entries

@@ -1,19 +1,19 @@
-"""Materialize one completed checkpoint: compact its changelog into Parquet state tables.
+"""Writing the Parquet state tables of a materialization (format: docs/format.md section 9).
 
-For every operator and subtask handle of the checkpoint, the new image of each state is
-the handle's materialized base (parts of earlier manifests) with the handle's changelog
-ranges applied. Key groups are grouped into fixed units (``units`` per operator, aligned
-over ``[0, max_parallelism)``); a base file whose key groups are all untouched by the
-changelog (for that state) is reused as is, everything else is rewritten. The manifest is
-written last: until it exists, the new files are unreachable leftovers that GC removes
-after its grace period.
+For every operator and subtask handle of a checkpoint, the new image of each state is the
+handle's materialized base (parts of earlier manifests) with the handle's changelog ranges
+applied (:mod:`statelog.state.appliers`; value-like states and timers merged in Arrow).
+Key groups are grouped into fixed units (``units`` per operator, aligned over
+``[0, max_parallelism)``); a base file whose key groups are all untouched by the changelog
+(for that state) is reused as is, everything else is rewritten. The caller writes the
+manifest last (``materializer.build.Materializer``; the restore job writes one for all its
+tasks): until it exists, the new files are unreachable leftovers that GC removes after its
+grace period.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import logging
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,24 +29,18 @@ from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange
 from statelog.materialization import (
-    DATA_PREFIX,
     Manifest,
     MaterializedOperator,
     TableFile,
     encode_parquet,
     image_to_table,
     load_manifest,
-    manifest_key,
-    new_materialization_id,
-    parse_savepoint_manifest_key,
     read_table_file,
     table_schema,
     table_to_image,
 )
 from statelog.state.appliers import TimerApplier, applier_for
 from statelog.store.base import ObjectStore
-
-log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -182,83 +176,52 @@ def _merge_python(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -
     return image_to_table(info, sorted(img.items(), key=lambda kv: kv[0]))
 
 
-class Materializer:
-    """Writes the materialization of one checkpoint (used by the daemon, tools and tests)."""
+def new_stats() -> dict[str, Any]:
+    """The counters a :class:`StateTableWriter` adds to (a manifest's ``stats``)."""
+    return {"rows": 0, "files_written": 0, "files_reused": 0, "bytes_written": 0, "bytes_reused": 0,
+            "changelog_records": 0, "changelog_bytes": 0, "base_rows_read": 0}
+
+
+class StateTableWriter:
+    """Writes the Parquet state tables of a checkpoint's operators: per subtask handle, its
+    materialized base with its changelog ranges applied (:mod:`statelog.state.appliers`).
+
+    The materializer (``materializer.build.Materializer``) writes a materialization with
+    it and publishes the manifest; the restore job (:mod:`statelog.spark.rescale`) writes
+    a savepoint's tables. Use it as a context manager: uploads run on a thread pool that
+    ``__exit__`` joins.
+    """
 
     def __init__(
         self,
         store: ObjectStore,
         options: MaterializeOptions | None = None,
         progress: Progress | None = None,
+        manifests: dict[str, Manifest] | None = None,
     ) -> None:
         self.store = store
         self.options = options or MaterializeOptions()
         self.progress = progress
-        self._manifests: dict[str, Manifest] = {}
+        self._manifests = manifests if manifests is not None else {}
         self._pool: cf.ThreadPoolExecutor | None = None
 
-    def materialize(
-        self,
-        meta: CheckpointMetadata,
-        *,
-        lease_generation: int = 0,
-        data_prefix: str = DATA_PREFIX,
-        key: str | None = None,
-        self_contained: bool = False,
-        kind: str = "materialization",
-        before_publish: Callable[[], None] | None = None,
-    ) -> Manifest:
-        """Write the tables and publish the manifest of checkpoint ``meta``.
-
-        ``self_contained`` rewrites every file below ``data_prefix`` (savepoints);
-        ``before_publish`` runs right before the manifest is written and may raise to stop
-        the publication (the daemon's fencing check).
-        """
-        t0 = time.monotonic()
-        mid = new_materialization_id(meta.checkpoint_id, lease_generation)
-        key = key or manifest_key(mid)
-        stats = {"rows": 0, "files_written": 0, "files_reused": 0, "bytes_written": 0, "bytes_reused": 0,
-                 "changelog_records": 0, "changelog_bytes": 0, "base_rows_read": 0}
+    def __enter__(self) -> StateTableWriter:
         self._pool = cf.ThreadPoolExecutor(self.options.upload_threads, thread_name_prefix="statelog-mat")
-        try:
-            operators = {}
-            for idx, uid in enumerate(sorted(meta.operators)):
-                operators[uid] = self._operator(meta, uid, idx, f"{data_prefix}{mid}/", self_contained, stats)
-        finally:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
-        manifest = Manifest(
-            mid=mid,
-            key=key,
-            checkpoint_id=meta.checkpoint_id,
-            job_id=meta.job_id,
-            max_parallelism=meta.max_parallelism,
-            created_ms=int(time.time() * 1000),
-            lease_generation=lease_generation,
-            operators=operators,
-            kind=kind,
-            stats=stats,
-            savepoint=parse_savepoint_manifest_key(key) if kind == "savepoint" else None,
-        )
-        data, manifest = manifest.stored()
-        if before_publish is not None:
-            before_publish()
-        self.store.put(key, data)
-        self._manifests[key] = manifest
-        log.info(
-            "materialized checkpoint %d as %s: %d rows, %d files written (%d bytes), %d reused, "
-            "%d change records applied, in %.2fs",
-            meta.checkpoint_id, key, stats["rows"], stats["files_written"], stats["bytes_written"],
-            stats["files_reused"], stats["changelog_records"], stats["duration_ms"] / 1000,
-        )
-        return manifest
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._pool is not None
+        self._pool.shutdown(wait=True)
+        self._pool = None
 
     # -- per operator ---------------------------------------------------------------------------
 
-    def _operator(
+    def write_operator(
         self, meta: CheckpointMetadata, uid: str, idx: int, dir_: str, self_contained: bool, stats: dict
     ) -> MaterializedOperator:
+        """Write the tables of operator ``uid`` (the ``idx``-th of the checkpoint) below
+        ``dir_``; files of the bases whose key groups saw no change are reused unless
+        ``self_contained``. Adds to ``stats`` (:func:`new_stats`)."""
         op = meta.operators[uid]
         infos: dict[str, StateInfo] = {}
         covered: dict[str, int] = {}
@@ -419,9 +382,3 @@ class Materializer:
         stats["rows"] += table.num_rows
         assert self._pool is not None
         futures.append(self._pool.submit(self.store.put, path, data))
-
-
-def materialize(store: ObjectStore, meta: CheckpointMetadata, **kwargs: Any) -> Manifest:
-    """Materialize checkpoint ``meta`` with default options (see :class:`Materializer`)."""
-    options = kwargs.pop("options", None)
-    return Materializer(store, options).materialize(meta, **kwargs)

@@ -1,4 +1,4 @@
-"""The materializer's Arrow merge of value-like states and timers (``_merge_last_wins``) gives
+"""The Arrow merge of value-like states and timers in materializations (``_merge_last_wins``) gives
 what the reference appliers (statelog/state/appliers.py) give on random op sequences."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from materializer.compact import _merge_last_wins, _merge_python
 from statelog.changelog.format import block_schema
 from statelog.changelog.ops import Op
 from statelog.descriptors import StateInfo, StateKind, TtlConfig
 from statelog.errors import CorruptionError
 from statelog.materialization import image_to_table, table_to_image
+from statelog.materialization_writer import _merge_last_wins, _merge_python
 from statelog.state.appliers import applier_for
 
 KEYS = [b"\x06\x01a", b"\x06\x01b", b"\x06\x01c", b"\x06\x01d"]
