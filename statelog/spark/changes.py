@@ -41,7 +41,8 @@ from statelog.job import StateJob
 from statelog.keys import KeyGroupRange, decode_key
 from statelog.materialization import Manifest, load_manifest
 from statelog.spark import options as opt
-from statelog.spark.datasource import (
+from statelog.spark.restore import stream_state
+from statelog.spark.rows import (
     BATCH_ROWS,
     KeyGroupPartition,
     key_fields,
@@ -51,7 +52,6 @@ from statelog.spark.datasource import (
     to_batch,
     typed_keys,
 )
-from statelog.spark.restore import stream_state
 from statelog.spark.schema import Columns, ValueLayout, parse_key_type, pickle_dump, render
 from statelog.store.options import StoreOptions
 

@@ -30,89 +30,32 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.descriptors import StateInfo, StateKind
-from statelog.errors import ConfigError, SerializationError, StatelogError
-from statelog.keys import coerce_keys, encode_key, key_group_range_for_subtask
+from statelog.keys import encode_key
 from statelog.spark import options as opt
+from statelog.spark.changes import ChangeFeedReader, plan_feed
 from statelog.spark.restore import namespace_tables, restored_backend, split_entries, timer_entries
+from statelog.spark.rows import (
+    BATCH_ROWS,
+    KeyGroupPartition,
+    key_fields,
+    key_group_partitions,
+    key_sources,
+    namespace_fields,
+    to_batch,
+    typed_keys,
+)
 from statelog.spark.schema import (
     Columns,
     ValueLayout,
     parse_key_type,
     pickle_dump,
     render,
-    spark_type_of,
 )
 from statelog.store.options import StoreOptions
-
-BATCH_ROWS = 65_536
-
-
-# -- shared by state rows and change rows ---------------------------------------------------------
-
-
-def key_fields(key_type: pa.DataType | None) -> list[StructField]:
-    """``key`` typed by option ``keyType``, else its string rendering plus ``key_bytes``."""
-    if key_type is not None:
-        st = spark_type_of(key_type)
-        assert st is not None
-        return [StructField("key", st, True)]
-    return [StructField("key", StringType(), True), StructField("key_bytes", BinaryType(), False)]
-
-
-def namespace_fields() -> list[StructField]:
-    return [StructField("namespace", StringType(), True), StructField("namespace_bytes", BinaryType(), False)]
-
-
-def key_sources(key_type: pa.DataType | None) -> dict[str, pa.DataType]:
-    return {"key": key_type} if key_type is not None else {}
-
-
-def to_batch(columns: Columns, cols: dict[str, list[Any]], sources: dict[str, pa.DataType],
-             key_type: pa.DataType | None) -> pa.RecordBatch:
-    try:
-        return columns.batch(cols, sources)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as e:
-        if key_type is not None:
-            bad = next((k for k in cols["key"] if k is not None and not _fits(k, key_type)), None)
-            if bad is not None:
-                raise ConfigError(
-                    f'option "keyType" is {key_type}, but the state holds key {bad!r} of type '
-                    f"{type(bad).__name__}; use a matching keyType or omit it (then key is a string "
-                    "rendering and key_bytes the encoded key)"
-                ) from None
-        raise StatelogError(f"cannot convert restored values to Spark's types: {e}") from None
-
-
-def _fits(key: Any, t: pa.DataType) -> bool:
-    try:
-        pa.array([key], type=t)
-        return True
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return False
-
-
-class KeyGroupPartition(InputPartition):
-    """Subtask ``index`` of ``count``: key groups ``[start, end]``."""
-
-    def __init__(self, index: int, count: int, start: int, end: int) -> None:
-        super().__init__(index)
-        self.index, self.count, self.start, self.end = index, count, start, end
-
-    def __repr__(self) -> str:
-        return f"KeyGroupPartition({self.index}/{self.count}, key groups {self.start}..{self.end})"
-
-
-def key_group_partitions(max_parallelism: int, count: int) -> list[InputPartition]:
-    out: list[InputPartition] = []
-    for i in range(count):
-        kgr = key_group_range_for_subtask(max_parallelism, count, i)
-        out.append(KeyGroupPartition(i, count, kgr.start, kgr.end))
-    return out
-
 
 # -- state rows ----------------------------------------------------------------------------------
 
@@ -235,18 +178,6 @@ def state_batches(backend: Any, info: StateInfo, key_type: pa.DataType | None, m
             yield to_batch(columns, cols, sources, key_type)
 
 
-def typed_keys(ks: list[Any], key_type: pa.DataType) -> list[Any]:
-    """Keys as values of option ``keyType`` (keys are stored normalized: ``1.0`` and ``True`` as
-    the int ``1``, docs/format.md 3.1), or a ConfigError naming a key that does not fit."""
-    try:
-        return coerce_keys(ks, key_type)
-    except SerializationError as e:
-        raise ConfigError(
-            f'option "keyType": {e} (keys are stored normalized: True and 1.0 as 1), or omit keyType '
-            "(then key is a string rendering and key_bytes the encoded key)"
-        ) from None
-
-
 def _key_cells(ks: list[Any], key_type: pa.DataType | None, maxp: int) -> dict[str, Any]:
     kbs = list(map(encode_key, ks))
     cols: dict[str, Any] = {"key_group": key_groups(kbs, maxp)}
@@ -323,12 +254,7 @@ class StatelogDataSource(DataSource):
     def _plan(self) -> Any:
         plan = getattr(self, "_resolved", None)
         if plan is None:
-            if self._feed():
-                from statelog.spark.changes import plan_feed
-
-                plan = plan_feed(self.options)
-            else:
-                plan = plan_state(self.options)
+            plan = plan_feed(self.options) if self._feed() else plan_state(self.options)
             self._resolved = plan
         return plan
 
@@ -342,8 +268,6 @@ class StatelogDataSource(DataSource):
         plan = self._plan()
         if isinstance(plan, StatePlan):
             return StateReader(plan, schema)
-        from statelog.spark.changes import ChangeFeedReader
-
         return ChangeFeedReader(plan, schema)
 
 
