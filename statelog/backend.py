@@ -332,11 +332,11 @@ class KeyedStateBackend:
 
     # -- states --------------------------------------------------------------------------------
 
-    def _open_stream(self, info: StateInfo, compact: bool) -> ChangelogStream | None:
+    def _open_stream(self, info: StateInfo, narrow: bool) -> ChangelogStream | None:
         """The changelog stream of one state (``None`` without changelog)."""
         if self._writer is None:
             return None
-        stream = self._writer.open_stream(f"{self._stream_prefix}/{info.name}", info, compact)
+        stream = self._writer.open_stream(f"{self._stream_prefix}/{info.name}", info, narrow)
         self._streams[info.name] = stream
         return stream
 
@@ -362,10 +362,10 @@ class KeyedStateBackend:
                     f"{why}; keep the stored type or use a new state name"
                 )
         info = StateInfo.from_descriptor(descriptor)
-        compact = info.ttl is None and info.kind in (
+        narrow = info.ttl is None and info.kind in (
             StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING
         )
-        state = cls(self, descriptor, self._open_stream(info, compact))
+        state = cls(self, descriptor, self._open_stream(info, narrow))
         self._states[descriptor.name] = state
         with gc_paused():
             self._replay(state)
@@ -427,7 +427,7 @@ class KeyedStateBackend:
         self._load_base(state)
         records = self._restored.records.pop(state.name, None)
         if not records:
-            state.compact()
+            state.prune()
             return
         known = self._decoded_keys
         new = list({r[0] for r in records if r[0] not in known})
@@ -436,7 +436,7 @@ class KeyedStateBackend:
             self._check_restored_keys(state.name, arr)
             known.update(zip(new, decode_key_array(arr), strict=True))
         state.apply_many(records, known)
-        state.compact()
+        state.prune()
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):

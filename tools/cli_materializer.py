@@ -106,7 +106,7 @@ def register(commands: Any, command: Any) -> None:
     group = commands.add_parser(
         "materializer",
         help="run the materializer daemon, show its status",
-        description="Compact completed checkpoints into Parquet state tables and collect garbage.",
+        description="Materialize completed checkpoints into Parquet state tables and collect garbage.",
     )
     sub = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
     run = command(

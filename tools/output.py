@@ -209,8 +209,8 @@ def stats_items(stats: Mapping[str, Any] | None) -> list[tuple[str, str]]:
             try:
                 out.append((label, fmt(stats[key])))
             except (TypeError, ValueError):
-                out.append((label, _compact(stats[key])))
-    out.extend((k, _compact(v)) for k, v in sorted(stats.items()) if k not in known)
+                out.append((label, _short(stats[key])))
+    out.extend((k, _short(v)) for k, v in sorted(stats.items()) if k not in known)
     return out
 
 
@@ -240,7 +240,7 @@ def _json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
-def _compact(value: Any) -> str:
+def _short(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
@@ -355,7 +355,7 @@ def render_checkpoint(meta: CheckpointMetadata, root: str, *, as_json: bool) -> 
         console.print(Text("no checkpoint statistics"))
     sources = _table("Source positions", "source", "position")
     for name, pos in sorted(d["sources"].items()):
-        _row(sources, name, _compact(pos))
+        _row(sources, name, _short(pos))
     console.print()
     console.print(sources if d["sources"] else Text("no source positions"))
     for op in d["operators"]:

@@ -1,14 +1,14 @@
 /* Hot path of value-like state in C: ValueState.update() without the interpreter, and the
- * columnar record buffer of compact changelog streams.
+ * columnar record buffer of narrow changelog streams.
  *
- * RecordBuffer holds the compact records (key bytes, key group, namespace bytes, op, value;
+ * RecordBuffer holds the narrow records (key bytes, key group, namespace bytes, op, value;
  * statelog/changelog/records.py) of one stream as typed columns: key and namespace bytes as
  * Arrow binary (int32 offsets + data), key group uint16, op uint8, and the value as int64
  * or float64 with a validity bitmap when the state's Arrow type allows it (values that do
  * not fit, e.g. an int above 2**63-1 in a uint64 state, go to an overflow list of
  * (index, value) and the converter falls back to pyarrow for that batch), else as a Python
  * list. take() hands the columns over as bytes objects that pyarrow wraps without
- * per-record work (records.compact_columns). len() is in list items (records * 5), as for
+ * per-record work (records.narrow_columns). len() is in list items (records * 5), as for
  * the flat list buffer it replaces, so the limit checks of every appender stay the same.
  *
  * A record is appended whole or not at all: every step that may run Python code (only the
@@ -19,7 +19,7 @@
  *
  * update(v): type check (fast for the declared primitive type, else the Python validator),
  * table[backend._key] = v for the state's current namespace table, and with a changelog
- * stream: append the compact record to the stream's buffer (a RecordBuffer, or a flat list:
+ * stream: append the narrow record to the stream's buffer (a RecordBuffer, or a flat list:
  * five list appends), then call stream.on_buffer_full() when len(buffer) reaches the
  * stream's limit cell. The state shares its [table, namespace bytes] as a list (updated by
  * set_namespace) and the stream its limit as a one-element list (0 while throttled). The
@@ -35,7 +35,7 @@
 
 static PyObject *s_key, *s_kinfo, *s_on_buffer_full;
 
-#define WIDTH 5 /* items per compact record, as in the flat list layout */
+#define WIDTH 5 /* items per narrow record, as in the flat list layout */
 
 enum { VK_OBJECT = 0, VK_INT64 = 1, VK_FLOAT64 = 2 };
 
@@ -353,7 +353,7 @@ static Py_ssize_t rb_len(RecordBuffer *rb) { return rb->n * WIDTH; }
 
 static PyObject *rb_extend(RecordBuffer *rb, PyObject *rec) {
     if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != WIDTH) {
-        PyErr_SetString(PyExc_TypeError, "RecordBuffer.extend: expected a compact record (5-tuple)");
+        PyErr_SetString(PyExc_TypeError, "RecordBuffer.extend: expected a narrow record (5-tuple)");
         return NULL;
     }
     long op = PyLong_AsLong(PyTuple_GET_ITEM(rec, 3));
@@ -485,7 +485,7 @@ static PyObject *rb_get_value_kind(RecordBuffer *rb, void *closure) { return PyL
 static PyObject *rb_get_records(RecordBuffer *rb, void *closure) { return PyLong_FromSsize_t(rb->n); }
 
 static PyMethodDef rb_methods[] = {
-    {"extend", (PyCFunction)rb_extend, METH_O, "Append one compact record (a 5-tuple)."},
+    {"extend", (PyCFunction)rb_extend, METH_O, "Append one narrow record (a 5-tuple)."},
     {"take", (PyCFunction)rb_take, METH_NOARGS, "Remove and return every record as columns."},
     {NULL, NULL, 0, NULL},
 };
@@ -510,7 +510,7 @@ static PyTypeObject RecordBufferType = {
     .tp_methods = rb_methods,
     .tp_getset = rb_getset,
     .tp_new = rb_new,
-    .tp_doc = "RecordBuffer(value_kind=0): the compact records of one changelog stream, as columns.",
+    .tp_doc = "RecordBuffer(value_kind=0): the narrow records of one changelog stream, as columns.",
 };
 
 /* ---------------------------------------------------------------------------------------- */

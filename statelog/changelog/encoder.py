@@ -1,6 +1,6 @@
 """Batch encoder: change records (in a record layout) to Arrow batches, and batches to blocks.
 
-:meth:`BlockEncoder.encode_batch` converts the columns of one state's records (compact or
+:meth:`BlockEncoder.encode_batch` converts the columns of one state's records (narrow or
 full layout, :mod:`statelog.changelog.records`) to a record batch of the block schema;
 :meth:`BlockEncoder.write_block` serializes the batches of one stream as one compressed,
 checksummed block (``docs/format.md`` section 4), which
@@ -23,11 +23,11 @@ from statelog.changelog.records import (
     C_KG,
     C_NS,
     C_OP,
-    C_VALUE,
-    COMPACT_WIDTH,
-    F_EXPIRES,
-    F_UKEY,
-    F_VALUE,
+    N_VALUE,
+    NARROW_WIDTH,
+    W_EXPIRES,
+    W_UKEY,
+    W_VALUE,
 )
 from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
 
@@ -61,14 +61,14 @@ class BlockEncoder:
         cols: list[Any],
         kg_range: tuple[int, int] | None = None,
     ) -> EncodedBatch:
-        """Convert records given as columns (compact or full layout) to Arrow.
+        """Convert records given as columns (narrow or wide layout) to Arrow.
 
         ``seqs`` is a list of sequence numbers or ``(first, count)`` for contiguous ones. A
         column is a list of Python values or an Arrow array of its stored type (columns from
-        :func:`compact_columns`). ``kg_range`` is ``(min, max)`` of the key groups when known.
+        :func:`narrow_columns`). ``kg_range`` is ``(min, max)`` of the key groups when known.
         """
         n = len(cols[C_KEY])
-        compact = len(cols) == COMPACT_WIDTH
+        narrow = len(cols) == NARROW_WIDTH
         skey = (state, id(value_type), id(user_key_type), is_list)
         cached = self._schemas.get(skey)
         if cached is None:
@@ -85,7 +85,7 @@ class BlockEncoder:
             seq_arr = pa.array(seqs, pa.int64())
             first, last = seqs[0], seqs[-1]
         kgs = _array(cols[C_KG], pa.uint16())
-        values = cols[C_VALUE if compact else F_VALUE]
+        values = cols[N_VALUE if narrow else W_VALUE]
         if isinstance(values, pa.Array):
             value_arr = values
         elif is_list:
@@ -95,10 +95,10 @@ class BlockEncoder:
             value_arr = pa.array(values, pa.list_(arrow_type(value_type)))
         else:
             value_arr = to_arrow(values, value_type)
-        if user_key_type is None or compact:
+        if user_key_type is None or narrow:
             ukey_arr = _nulls(n, schema.field("user_key").type)
         else:
-            ukey_arr = to_arrow(cols[F_UKEY], user_key_type)
+            ukey_arr = to_arrow(cols[W_UKEY], user_key_type)
         batch = pa.record_batch(
             [
                 seq_arr,
@@ -108,7 +108,7 @@ class BlockEncoder:
                 _column(cols[C_NS], pa.binary()),
                 ukey_arr,
                 value_arr,
-                _nulls(n, pa.int64()) if compact else _column(cols[F_EXPIRES], pa.int64()),
+                _nulls(n, pa.int64()) if narrow else _column(cols[W_EXPIRES], pa.int64()),
             ],
             schema=schema,
         )

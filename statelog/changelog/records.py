@@ -1,7 +1,7 @@
 """Record layouts of the changelog writer's buffers (in memory only, never persisted).
 
 A :class:`~statelog.changelog.stream.ChangelogStream` buffers the change records of one
-state as fixed-width records in a flat list, or, for compact streams when the C extension
+state as fixed-width records in a flat list, or, for narrow streams when the C extension
 is built, as typed columns in a ``RecordBuffer`` (``statelog/_ext/fastpath.c``). Both
 layouts are written with the same block schema (:mod:`statelog.changelog.format`) by
 :mod:`statelog.changelog.encoder`.
@@ -17,16 +17,16 @@ from statelog.types import PICKLE, ValueType, to_arrow
 
 # Record layouts in writer buffers (in memory only). A stream holds the records of one
 # state of one subtask attempt, as a flat list of fixed-width records:
-#   compact (value, reducing and aggregating state without TTL; timers):
+#   narrow (value, reducing and aggregating state without TTL; timers):
 #       key bytes, key group, namespace bytes, op, value
-#   full (list and map state, any state with TTL):
+#   wide (list and map state, any state with TTL):
 #       key bytes, key group, namespace bytes, op, user key, value, expiry (ms) or None
-C_KEY, C_KG, C_NS, C_OP = range(4)
-C_VALUE = 4  # compact layout
-F_UKEY, F_VALUE, F_EXPIRES = 4, 5, 6  # full layout
-COMPACT_WIDTH = 5
-FULL_WIDTH = 7
-# A compact stream buffers its records as columns when the C extension is built
+C_KEY, C_KG, C_NS, C_OP = range(4)  # common to both layouts
+N_VALUE = 4  # narrow layout
+W_UKEY, W_VALUE, W_EXPIRES = 4, 5, 6  # wide layout
+NARROW_WIDTH = 5
+WIDE_WIDTH = 7
+# A narrow stream buffers its records as columns when the C extension is built
 # (``RecordBuffer`` in ``statelog/_ext/fastpath.c``): key and namespace bytes as Arrow binary,
 # key group uint16, op uint8, and the value by kind (these numbers are the C ``VK_*``):
 VALUE_OBJECT = 0  # a list of Python values, converted like the flat-list layout
@@ -45,8 +45,8 @@ def buffer_value_kind(value_type: ValueType) -> int:
     return VALUE_OBJECT
 
 
-def compact_columns(chunk: tuple, value_type: ValueType) -> tuple[list[Any], int, int]:
-    """The compact columns of records taken from a columnar buffer (``RecordBuffer.take()``).
+def narrow_columns(chunk: tuple, value_type: ValueType) -> tuple[list[Any], int, int]:
+    """The narrow-layout columns of records taken from a columnar buffer (``RecordBuffer.take()``).
 
     Returns ``([key, key group, namespace, op, value], kg_min, kg_max)``: Arrow arrays built on
     the taken bytes without per-record work; the value column is a list of Python values for

@@ -8,10 +8,10 @@ batches, taking raw records only from slow streams or when a checkpoint waits fo
 stream's position is the number of records ever appended to it; the records of the stream
 have sequence numbers ``0, 1, 2, ...``.
 
-When the C extension is built, a compact stream's buffer is a columnar ``RecordBuffer``
+When the C extension is built, a narrow stream's buffer is a columnar ``RecordBuffer``
 (``statelog/_ext/fastpath.c``) instead of a flat list: same ``extend(record)`` and ``len``
 (in list items), but the records are stored as typed columns that become Arrow arrays
-without per-record work (:func:`statelog.changelog.records.compact_columns`).
+without per-record work (:func:`statelog.changelog.records.narrow_columns`).
 
 A stream reaches the writer that flushes it only through :class:`StreamSink` (the writer
 implements it), so this module does not depend on the writer.
@@ -36,16 +36,16 @@ from statelog.errors import StatelogError, WriterFailedError
 
 try:
     from statelog._ext import fastpath as _fastpath
-except ImportError:  # not built: compact streams buffer flat lists
+except ImportError:  # not built: narrow streams buffer flat lists
     _fastpath = None
-# Whether compact streams can buffer their records as columns (RecordBuffer).
+# Whether narrow streams can buffer their records as columns (RecordBuffer).
 HAVE_RECORD_BUFFER = _fastpath is not None
 
 
 class StreamSink(Protocol):
     """What a stream needs from the writer that flushes it (:class:`ChangelogWriter`)."""
 
-    columnar: bool  # compact streams buffer columns (RecordBuffer)
+    columnar: bool  # narrow streams buffer columns (RecordBuffer)
     coalesce: bool
     encode_in_task: bool
     encode_batch_records: int
@@ -69,15 +69,15 @@ class StreamSink(Protocol):
 class ChangelogStream:
     """The ordered change records of one state of one subtask attempt."""
 
-    def __init__(self, writer: StreamSink, stream_id: str, info: StateInfo, compact: bool) -> None:
+    def __init__(self, writer: StreamSink, stream_id: str, info: StateInfo, narrow: bool) -> None:
         self.writer = writer
         self.stream_id = stream_id
         self.info = info
-        self.compact = compact
-        self.width = records.COMPACT_WIDTH if compact else records.FULL_WIDTH
-        # flat list (``width`` items per record) or, for compact streams, a RecordBuffer
+        self.narrow = narrow
+        self.width = records.NARROW_WIDTH if narrow else records.WIDE_WIDTH
+        # flat list (``width`` items per record) or, for narrow streams, a RecordBuffer
         # (columns; the same ``extend`` and ``len``); ``take_raw`` empties either
-        self.columnar = compact and writer.columnar
+        self.columnar = narrow and writer.columnar
         self.buf: Any = (
             _fastpath.RecordBuffer(records.buffer_value_kind(info.value_type))  # type: ignore[union-attr]
             if self.columnar
@@ -185,7 +185,7 @@ class ChangelogStream:
         info = self.info
         kg_range: tuple[int, int] | None = None
         if isinstance(raw, tuple):  # taken from a RecordBuffer
-            cols, kg_min, kg_max = records.compact_columns(raw, info.value_type)
+            cols, kg_min, kg_max = records.narrow_columns(raw, info.value_type)
             kg_range = (kg_min, kg_max)
         else:
             cols = raw
@@ -193,7 +193,7 @@ class ChangelogStream:
         seqs: list[int] | tuple[int, int] = (start, n)
         if self.writer.coalesce:
             # the identity columns as lists (Arrow columns converted back)
-            ident = [records.C_KEY, records.C_NS, records.C_OP] + ([] if self.compact else [records.F_UKEY])
+            ident = [records.C_KEY, records.C_NS, records.C_OP] + ([] if self.narrow else [records.W_UKEY])
             pycols: list[Any] = [None] * len(cols)
             for i in ident:
                 pycols[i] = cols[i].to_pylist() if isinstance(cols[i], pa.Array) else cols[i]
@@ -201,7 +201,7 @@ class ChangelogStream:
             bounds = [0, *seals, n]
             for lo, hi in zip(bounds, bounds[1:], strict=False):
                 part = [None if c is None else c[lo:hi] for c in pycols]
-                keep.extend(lo + i for i in _coalesce(part, self.compact))
+                keep.extend(lo + i for i in _coalesce(part, self.narrow))
             if len(keep) < n:
                 idx = pa.array(keep, pa.int64())
                 cols = [c.take(idx) if isinstance(c, pa.Array) else [c[i] for i in keep] for c in cols]
@@ -241,7 +241,7 @@ class ChangelogStream:
             return [s for s in self.segments if s.end > start and s.start < end]
 
 
-def _coalesce(cols: list[Any], compact: bool) -> list[int]:
+def _coalesce(cols: list[Any], narrow: bool) -> list[int]:
     """Indexes of the records (of one state's chunk, as columns) that survive coalescing.
 
     A record is dropped when a later record of the same key and namespace overwrites the
@@ -254,7 +254,7 @@ def _coalesce(cols: list[Any], compact: bool) -> list[int]:
     overwriting = OVERWRITING_OPS
     map_ops = (Op.MAP_PUT.value, Op.MAP_REMOVE.value)
     kbs, nss, ops = cols[records.C_KEY], cols[records.C_NS], cols[records.C_OP]
-    ukeys = None if compact else cols[records.F_UKEY]
+    ukeys = None if narrow else cols[records.W_UKEY]
     for i in range(len(kbs) - 1, -1, -1):
         k = (kbs[i], nss[i])
         if k in overwritten:

@@ -34,7 +34,7 @@ from statelog.store.retry import RetryPolicy, call_with_retry
 
 log = logging.getLogger(__name__)
 
-# Compact streams buffer their records as columns (RecordBuffer) when the extension is built;
+# Narrow streams buffer their records as columns (RecordBuffer) when the extension is built;
 # STATELOG_PURE_PYTHON=1 keeps the flat lists (the reference layout). Read when a writer is
 # created; ChangelogWriter(columnar=...) overrides it.
 COLUMNAR_BUFFERS = HAVE_RECORD_BUFFER and os.environ.get("STATELOG_PURE_PYTHON", "") in ("", "0")
@@ -85,7 +85,7 @@ class ChangelogWriter:
         self.max_inflight_bytes = max_inflight_bytes
         self.coalesce = coalesce
         self.encode_in_task = encode_in_task
-        # columnar buffers for compact streams (None: COLUMNAR_BUFFERS; needs the extension)
+        # columnar buffers for narrow streams (None: COLUMNAR_BUFFERS; needs the extension)
         self.columnar = (COLUMNAR_BUFFERS if columnar is None else columnar) and HAVE_RECORD_BUFFER
         self.encode_batch_records = max(1, min(encode_batch_records, max_buffered_records))
         self.retry = retry or RetryPolicy()
@@ -116,14 +116,14 @@ class ChangelogWriter:
 
     # -- streams ---------------------------------------------------------------------------
 
-    def open_stream(self, stream_id: str, info: StateInfo, compact: bool = False) -> ChangelogStream:
-        """A new stream for one state; ``compact`` records carry no user key and no expiry."""
+    def open_stream(self, stream_id: str, info: StateInfo, narrow: bool = False) -> ChangelogStream:
+        """A new stream for one state; ``narrow`` records carry no user key and no expiry."""
         self._check_usable()
         sid = stream_id
         with self._lock:
             if sid in self._streams:
                 raise ConfigError(f"changelog stream {sid!r} is already open in this writer")
-            stream = ChangelogStream(self, sid, info, compact)
+            stream = ChangelogStream(self, sid, info, narrow)
             self._streams[sid] = stream
             return stream
 

@@ -10,7 +10,7 @@ checkpoint A does not, read from the changelog ranges B references (docs/spark.m
   ``covered``). The feed holds, per range of B, the records at or after A's position of
   that stream; ranges of streams A never saw must start at 0.
 * If B builds on a materialization of a checkpoint after A, the records between A and that
-  checkpoint were compacted into Parquet tables and are no longer individual changes: the
+  checkpoint were materialized into Parquet tables and are no longer individual changes: the
   feed refuses (``ConfigError``) rather than return an incomplete delta.
 * B must descend from A: a stream A holds records of must be known to B at least as far.
   A B restored from a checkpoint older than A fails this check.
@@ -177,7 +177,7 @@ def _plan(job: StateJob, a: CheckpointMetadata, b: CheckpointMetadata, uid: str,
             raise ConfigError(
                 f"the changes of state {name!r} between {a_name} and checkpoint {b.checkpoint_id} are not "
                 f"representable: checkpoint {b.checkpoint_id} builds on materialization {m.mid} of checkpoint "
-                f"{m.checkpoint_id}, which compacted the changes up to {m.checkpoint_id} into state tables. "
+                f"{m.checkpoint_id}, which materialized the changes up to {m.checkpoint_id} into state tables. "
                 f"Read changes from {m.checkpoint_id} on (changesFrom={m.checkpoint_id}), or compare the "
                 "states of both checkpoints"
             )

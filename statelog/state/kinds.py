@@ -70,7 +70,7 @@ class KeyedState:
         self.info = StateInfo.from_descriptor(descriptor)
         self.name = descriptor.name
         self._stream = stream
-        self._compact = stream is not None and stream.compact
+        self._narrow = stream is not None and stream.narrow
         self._append: Callable[[tuple], None] = stream.append if stream is not None else _discard
         self._buf: list[Any] = stream.buf if stream is not None else []
         self._buf_limit = stream.normal_limit if stream is not None else 1 << 62
@@ -118,7 +118,7 @@ class KeyedState:
 
     def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
         ki = self._b._kinfo
-        if self._compact:
+        if self._narrow:
             self._append((ki[1], ki[2], self._nsb, op, value))
         else:
             self._append((ki[1], ki[2], self._nsb, op, ukey, value, expires))
@@ -148,7 +148,7 @@ class KeyedState:
             return entry
         return entry[0] if entry[1] > now else _MISSING
 
-    def compact(self) -> None:
+    def prune(self) -> None:
         """Drop tables of namespaces that hold no entries (after replay)."""
         for nsb in [n for n, t in self._tables.items() if not t and n != NONE_NS and n != self._nsb]:
             del self._tables[nsb]

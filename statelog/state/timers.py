@@ -3,7 +3,7 @@
 Timers are kept in sorted sets of ``(timestamp, key_bytes, namespace_bytes)`` (so keys of
 any type order consistently) and deduplicated per (timestamp, key, namespace), as in
 Flink. Adding and removing a timer -- including removal when it fires -- is a change record
-of the pseudo-states ``__timers_event`` / ``__timers_processing`` (compact records whose
+of the pseudo-states ``__timers_event`` / ``__timers_processing`` (narrow records whose
 value is the timestamp).
 """
 

@@ -408,7 +408,7 @@ def test_columnar_buffers_write_the_same_segments_as_flat_lists(tmp_path, monkey
 
 @needs_ext
 def test_record_buffer_columns_match_pyarrow_conversion():
-    """RecordBuffer.take() + compact_columns give the arrays pa.array gives for the lists."""
+    """RecordBuffer.take() + narrow_columns give the arrays pa.array gives for the lists."""
     cases = [
         (pa.int64(), [1, None, -(2**63), 2**63 - 1, 0]),
         (pa.uint64(), [2**64 - 1, None, 3, 2**63]),
@@ -423,8 +423,8 @@ def test_record_buffer_columns_match_pyarrow_conversion():
                 for i, v in enumerate(values)]
         for rec in recs:
             rb.extend(rec)
-        assert len(rb) == len(recs) * records.COMPACT_WIDTH and rb.records == len(recs)
-        cols, kg_min, kg_max = records.compact_columns(rb.take(), value_type)
+        assert len(rb) == len(recs) * records.NARROW_WIDTH and rb.records == len(recs)
+        cols, kg_min, kg_max = records.narrow_columns(rb.take(), value_type)
         assert len(rb) == 0
         want = [list(c) for c in zip(*recs, strict=True)]
         assert cols[records.C_KEY].equals(pa.array(want[0], pa.binary()))
@@ -432,7 +432,7 @@ def test_record_buffer_columns_match_pyarrow_conversion():
         assert cols[records.C_NS].equals(pa.array(want[2], pa.binary()))
         assert cols[records.C_OP].equals(pa.array(want[3], pa.uint8()))
         assert (kg_min, kg_max) == (min(want[1]), max(want[1]))
-        value = cols[records.C_VALUE]
+        value = cols[records.N_VALUE]
         if isinstance(value, list):
             assert value == want[4]
         else:

@@ -62,7 +62,7 @@ def test_encode_segment_is_decoded_by_the_reader(tmp_path) -> None:
 
 
 def _golden_chunks(enc: BlockEncoder) -> list[StreamChunk]:
-    """Every record layout and value encoding: compact int64 (compressed: 700 rows), pickled
+    """Every record layout and value encoding: narrow int64 (compressed: 700 rows), pickled
     values with explicit seqs, a list state and a map state with expiries, an empty span."""
     put, delete, append, replace, mput, mremove = (
         int(o) for o in (Op.PUT, Op.DELETE, Op.LIST_APPEND, Op.LIST_REPLACE, Op.MAP_PUT, Op.MAP_REMOVE)
@@ -101,11 +101,11 @@ def test_the_persisted_format_module_holds_no_in_memory_layout_or_encoder() -> N
     from statelog.changelog import format as fmt
     from statelog.changelog import records
 
-    for name in ("C_KEY", "COMPACT_WIDTH", "compact_columns", "buffer_value_kind", "BlockEncoder", "EncodedBatch"):
+    for name in ("C_KEY", "NARROW_WIDTH", "narrow_columns", "buffer_value_kind", "BlockEncoder", "EncodedBatch"):
         assert not hasattr(fmt, name), name
-    assert (records.C_KEY, records.C_KG, records.C_NS, records.C_OP, records.C_VALUE) == (0, 1, 2, 3, 4)
-    assert (records.F_UKEY, records.F_VALUE, records.F_EXPIRES) == (4, 5, 6)
-    assert (records.COMPACT_WIDTH, records.FULL_WIDTH) == (5, 7)
+    assert (records.C_KEY, records.C_KG, records.C_NS, records.C_OP, records.N_VALUE) == (0, 1, 2, 3, 4)
+    assert (records.W_UKEY, records.W_VALUE, records.W_EXPIRES) == (4, 5, 6)
+    assert (records.NARROW_WIDTH, records.WIDE_WIDTH) == (5, 7)
     assert fmt.block_schema(pa.int64(), None, False).names == [
         "seq", "key_group", "op", "key", "namespace", "user_key", "value", "expires_ms",
     ]

@@ -159,7 +159,7 @@ def test_feed_refuses_what_it_cannot_represent(spark: Any, tmp_path: Path) -> No
     root = (tmp_path / "root").as_uri()
     k = _lineages(root)
     b = jobs.Built(root, {})
-    # k3 builds on the materialization of k2: changes between k1 and k2 are compacted
+    # k3 builds on the materialization of k2: changes between k1 and k2 are materialized
     with pytest.raises(Exception, match=rf"between checkpoint {k['k1']} and checkpoint {k['k3']} are not "
                        rf"representable: .* materialization m-\S+ of checkpoint {k['k2']}.*changesFrom={k['k2']}"):
         feed(spark, b, "count", k["k1"], k["k3"])
