@@ -21,6 +21,12 @@ from urllib.parse import unquote, urlsplit
 from statelog.errors import ConfigError
 from statelog.store.base import ObjectInfo, ObjectStore
 from statelog.store.retry import RetryPolicy, call_with_retry
+from statelog.store.validation import (
+    check_segments,
+    validate_key,
+    validate_prefix,
+    validate_range,
+)
 
 __all__ = [
     "ObjectInfo",
@@ -54,65 +60,6 @@ def redact_url(url: str) -> str:
             tail = tail.split(mark, 1)[0] + mark + "***"
             break
     return f"{scheme}://{authority}{tail}"
-
-
-def _check_segments(value: str, what: str) -> None:
-    if "\x00" in value:
-        raise ConfigError(f"{what} {value!r} contains a NUL character; use printable characters")
-    if value.startswith("/"):
-        raise ConfigError(
-            f"{what} {value!r} starts with '/'; keys are relative to the store root "
-            f"(write {value.lstrip('/')!r})"
-        )
-    for segment in value.split("/"):
-        if segment == "":
-            raise ConfigError(
-                f"{what} {value!r} has an empty segment ('//' or a trailing '/'); "
-                "use single '/' separators"
-            )
-        if segment in (".", ".."):
-            raise ConfigError(
-                f"{what} {value!r} contains a '{segment}' segment; keys must not navigate "
-                "the path, name the object directly"
-            )
-
-
-def validate_key(key: str) -> str:
-    """Check that ``key`` is a relative, ``/``-separated object key; return it.
-
-    Raises :class:`ConfigError` for a non-string, empty key, leading ``/``, empty segments
-    (``a//b``, ``a/``) and ``.``/``..`` segments.
-    """
-    if not isinstance(key, str):
-        raise ConfigError(f"object key must be a str, got {type(key).__name__}")
-    if not key:
-        raise ConfigError("object key is empty; name the object, e.g. 'changelog/000001.seg'")
-    _check_segments(key, "object key")
-    return key
-
-
-def validate_prefix(prefix: str) -> str:
-    """Check a listing prefix: ``""`` or a key-like string that may end in ``/``."""
-    if not isinstance(prefix, str):
-        raise ConfigError(f"list prefix must be a str, got {type(prefix).__name__}")
-    if prefix:
-        body = prefix[:-1] if prefix.endswith("/") else prefix
-        if not body:
-            raise ConfigError("list prefix '/' is not allowed; use '' to list everything")
-        _check_segments(body, "list prefix")
-    return prefix
-
-
-def validate_range(key: str, offset: int, length: int) -> None:
-    """Check ``get_range`` arguments: int ``offset`` (negative = from the end), int ``length >= 0``."""
-    for name, value in (("offset", offset), ("length", length)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"get_range({key!r}) needs an int {name}, got {type(value).__name__}")
-    if length < 0:
-        raise ConfigError(
-            f"get_range({key!r}) needs length >= 0, got {length}; to read the last n bytes "
-            "use offset=-n, length=n"
-        )
 
 
 def _parse_file_url(url: str) -> str:
@@ -161,7 +108,7 @@ def _parse_s3_url(url: str) -> tuple[str, str]:
     prefix = unquote(parts.path).strip("/")
     if prefix:
         try:
-            _check_segments(prefix, "S3 prefix")
+            check_segments(prefix, "S3 prefix")
         except ConfigError as exc:
             raise ConfigError(f"the S3 job root {url!r} has a malformed prefix: {exc}") from exc
     return bucket, prefix

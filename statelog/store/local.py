@@ -34,8 +34,8 @@ from statelog.errors import (
     StoreError,
     StorePermissionError,
 )
-from statelog.store import validate_key, validate_prefix, validate_range
 from statelog.store.base import ObjectInfo, ObjectStore
+from statelog.store.validation import validate_key, validate_prefix, validate_range
 
 logger = logging.getLogger(__name__)
 

@@ -48,9 +48,9 @@ from statelog.errors import (
     StorePermissionError,
     TransientStoreError,
 )
-from statelog.store import validate_key, validate_prefix, validate_range
 from statelog.store.base import ObjectInfo, ObjectStore
 from statelog.store.retry import RetryPolicy, call_with_retry
+from statelog.store.validation import validate_key, validate_prefix, validate_range
 
 logger = logging.getLogger(__name__)
 
