@@ -20,8 +20,11 @@ SMALL = st.integers(-5, 100)
 TEXT = st.text(max_size=6)
 
 # operations on state and timers (also used by tests/materializer/test_property_materialized.py)
+# a small pool of colliding keys, drawn as often as KEYS: its members meet each other often
+TWINS = st.sampled_from([1, True, 1.0, 0, False, -0.0, (1, "x"), (True, "x"), (1.0, "x")])
 STATE_OPS = st.one_of(
     st.tuples(st.just("key"), KEYS),
+    st.tuples(st.just("key"), TWINS),
     st.tuples(st.just("ns"), NAMESPACES),
     st.tuples(st.just("value_rmw"), SMALL),
     st.tuples(st.just("value_clear")),
