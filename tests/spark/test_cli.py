@@ -56,7 +56,7 @@ def test_sql_errors(spark: Any, small: str, capsys: Any) -> None:
     code, _, err = run(capsys, "sql", small, "SELECT * FROM counter__count", "--checkpoint", "99")
     assert code == 2 and "checkpoint 99 does not exist" in err and "Traceback" not in err
     code, _, err = run(capsys, "sql", small, "SELECT * FROM counter__count", "--key-type", "int64")
-    assert code == 2 and 'option "keyType" is int64, but the state holds key' in err
+    assert code == 2 and 'the declared key type is int64, but the state holds key' in err
     code, _, err = run(capsys, "sql", small, "SELECT * FROM nope")
     assert code == 2 and "TABLE_OR_VIEW_NOT_FOUND" in err and "Traceback" not in err
 
