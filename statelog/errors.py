@@ -16,7 +16,13 @@ class ConfigError(StatelogError, ValueError):
 
 
 class StoreError(StatelogError):
-    """An object-store operation failed."""
+    """An object-store operation failed: the store, not the data, is at fault.
+
+    Readers raise it (never :class:`CorruptionError`) when a store is unreachable or fails;
+    ``retryable`` says whether the same call may succeed later.
+    """
+
+    retryable = False
 
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
@@ -25,6 +31,8 @@ class StoreError(StatelogError):
 
 class TransientStoreError(StoreError):
     """A store call failed in a way that may succeed when retried (timeouts, 5xx, resets)."""
+
+    retryable = True
 
 
 class ObjectNotFoundError(StoreError):

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statelog.changelog import format as fmt
-from statelog.errors import CorruptionError, ObjectNotFoundError, StoreError
+from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, from_arrow
@@ -62,7 +62,14 @@ class ChangeBatch:
 
 
 class SegmentReader:
-    """Reads and verifies segment objects; caches parsed footers."""
+    """Reads and verifies segment objects; caches parsed footers.
+
+    Two kinds of failure, never confused: bytes that fail verification, and a segment that
+    is missing although a checkpoint references it, raise :class:`CorruptionError` naming
+    the segment (the data is damaged); a store that is unreachable or fails raises the
+    store's :class:`~statelog.errors.StoreError` unchanged (its ``key`` is the segment,
+    ``retryable`` tells whether to try again later).
+    """
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
@@ -152,10 +159,7 @@ class SegmentReader:
                 key=segments[-1].name if segments else None,
             )
         for seg in segments:
-            try:
-                footer = self.footer(seg.name, seg.size)
-            except StoreError as e:
-                raise CorruptionError(f"cannot read changelog segment {seg.name}: {e}", key=seg.name) from e
+            footer = self.footer(seg.name, seg.size)  # a failing store raises StoreError, never corruption
             if not any((sp.stream, sp.start, sp.end) == (stream, seg.start, seg.end) for sp in footer.streams):
                 raise CorruptionError(
                     f"changelog segment {seg.name} does not hold records [{seg.start}, {seg.end}) of stream "

@@ -16,6 +16,11 @@ Every call passes through these stages, each optional and configured per operati
   (nothing stored) or after it (the object is durable, but the caller never learns it).
 * :meth:`~FaultInjectingStore.corrupt_reads` flips one byte of what ``get``/``get_range``
   return for matching keys, to exercise checksum verification.
+* :data:`OUTAGES` names error factories for the ways a store fails that are not the data's
+  fault, each raising what :mod:`statelog.store.s3` raises for it (the object key in the
+  message and in ``.key``): ``timeout``, ``connection`` (refused or reset), ``server``
+  (HTTP 503): :class:`~statelog.errors.TransientStoreError`; ``permission``:
+  :class:`~statelog.errors.StorePermissionError` (not retryable).
 
 Example::
 
@@ -34,7 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from statelog.errors import ConfigError, TransientStoreError
+from statelog.errors import ConfigError, StoreError, StorePermissionError, TransientStoreError
 from statelog.store.base import ObjectInfo, ObjectStore
 
 OPS = ("put", "put_if_absent", "get", "get_range", "head", "list", "delete")
@@ -45,6 +50,35 @@ Hook = Callable[[str, str], None]
 ErrorSpec = BaseException | type[BaseException] | Callable[[str, str], BaseException] | None
 """An exception instance, an exception class (called with a message), a factory
 ``f(op, key) -> exception``, or ``None`` for a :class:`TransientStoreError`."""
+
+
+def timeout_error(op: str, key: str) -> StoreError:
+    """A read or write that timed out (retryable)."""
+    return TransientStoreError(f"{op} {key}: timed out after 30s (injected)", key=key)
+
+
+def connection_error(op: str, key: str) -> StoreError:
+    """The store cannot be reached: connection refused or reset (retryable)."""
+    return TransientStoreError(f"{op} {key}: cannot reach the store (ConnectionResetError, injected)", key=key)
+
+
+def server_error(op: str, key: str) -> StoreError:
+    """The store answered HTTP 503 (retryable)."""
+    return TransientStoreError(f"{op} {key}: HTTP 503 (injected)", key=key)
+
+
+def permission_error(op: str, key: str) -> StoreError:
+    """The store refused the operation for lack of permission (not retryable)."""
+    return StorePermissionError(f"permission denied: {op} of {key} (injected)", key=key)
+
+
+OUTAGES: dict[str, Callable[[str, str], StoreError]] = {
+    "timeout": timeout_error,
+    "connection": connection_error,
+    "server": server_error,
+    "permission": permission_error,
+}
+"""Store failures that are not the data's fault, by name (``fail_next(op, error=OUTAGES[...])``)."""
 
 
 @dataclass
