@@ -42,6 +42,16 @@ class PendingCheckpoint:
     task_stats: list[dict[str, Any]] = field(default_factory=list)
 
 
+def referenced_segments(
+    source: CheckpointMetadata | list[SubtaskStateHandle] | None,
+) -> dict[str, int]:
+    """``{segment name: size}`` of every changelog segment the handles reference."""
+    if source is None:
+        return {}
+    handles = source if isinstance(source, list) else [h for op in source.operators.values() for h in op.subtasks]
+    return {s.name: s.size for h in handles for r in h.changelog for s in r.segments}
+
+
 class CheckpointCoordinator:
     def __init__(
         self,
@@ -57,6 +67,7 @@ class CheckpointCoordinator:
         attempt: int,
         mode: str,
         state_backend: str = CHANGELOG,
+        previous: CheckpointMetadata | None = None,
     ) -> None:
         self.job = job
         self.tasks = tasks
@@ -82,6 +93,9 @@ class CheckpointCoordinator:
         self._last_records = 0
         self._last_time = now
         self._bytes: dict[int, int] = {}
+        # changelog segments the previous checkpoint (or the restored one) references: what a
+        # checkpoint references beyond them is what it uploaded (``incremental_bytes``)
+        self._segments: dict[str, int] = referenced_segments(previous)
 
     # -- triggering ----------------------------------------------------------------------------
 
@@ -165,13 +179,17 @@ class CheckpointCoordinator:
         now = time.monotonic()
         ts = p.task_stats
         records = sum(s.get("records", 0) for s in ts)
-        uploaded = 0
-        for s in ts:
-            w = s.get("worker")
-            b = s.get("bytes_uploaded", 0)
-            if w is not None and b > self._bytes.get(w, 0):
-                uploaded += b - self._bytes.get(w, 0)
-                self._bytes[w] = b
+        segments = referenced_segments(p.handles) if self.publish else {}
+        if self.publish:  # the new changelog this checkpoint references
+            uploaded = sum(size for name, size in segments.items() if name not in self._segments)
+        else:  # the state-dump baseline references nothing: what its workers wrote
+            uploaded = 0
+            for s in ts:
+                w = s.get("worker")
+                b = s.get("bytes_uploaded", 0)
+                if w is not None and b > self._bytes.get(w, 0):
+                    uploaded += b - self._bytes.get(w, 0)
+                    self._bytes[w] = b
         elapsed = max(1e-9, now - self._last_time)
         stats = {
             "duration_ms": round((now - p.started) * 1000, 3),
@@ -202,6 +220,7 @@ class CheckpointCoordinator:
                 self._fail(p, f"could not be published: {type(e).__name__}: {e}")
                 return
         self._last_records, self._last_time = records, now
+        self._segments = segments
         self.pending = None
         self.failed_in_row = 0
         log.info("checkpoint %d completed in %.1f ms", p.checkpoint_id, stats["duration_ms"])

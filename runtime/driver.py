@@ -380,6 +380,7 @@ class JobMaster:
             attempt=self.attempt,
             state_backend=cfg.state_backend,
             mode=cfg.mode.value,
+            previous=meta,
         )
         if self._finished >= self.source_task_keys:
             self.coordinator.request_final()

@@ -276,10 +276,9 @@ class Worker:
                     self.job.store.put(*blob)
                 handles = [p.result(timeout) for p in pending]
                 dumped = sum(p.nbytes for p in pending if isinstance(p, PendingStateDump))
-                if dumped:
-                    with self._async_lock:
-                        self.state_dump_bytes += dumped
-                        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.state_dump_bytes
+                with self._async_lock:  # counted once the asynchronous part wrote its objects
+                    self.state_dump_bytes += dumped
+                    stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.state_dump_bytes
             except Exception as e:  # noqa: BLE001 - declined, the coordinator decides
                 self.send(("decline", checkpoint_id, task, f"{type(e).__name__}: {e}"))
                 return
