@@ -119,9 +119,9 @@ def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]
     for t in tail:
         m = t.num_rows
         ops = t.column("op")
-        allowed = pa.array(sorted(applier.ops), pa.uint8())
-        if not pc.all(pc.is_in(ops, allowed)).as_py():
-            raise applier.invalid(pc.filter(ops, pc.invert(pc.is_in(ops, allowed)))[0].as_py())
+        bad = pc.filter(ops, pc.invert(pc.is_in(ops, pa.array(sorted(applier.ops), pa.uint8()))))
+        if len(bad):
+            raise applier.invalid(bad[0].as_py())
         value = t.column("value")
         if value.type != vtype:
             value = value.cast(vtype)

@@ -93,6 +93,13 @@ def test_timer_merge_equals_the_timer_applier(base_timers, ops):
     assert (merged.to_pylist() if merged is not None else []) == _reference(TIMERS, base, recs)
 
 
+def test_an_empty_tail_table_changes_nothing():
+    base = image_to_table(VALUE, [((0, KEYS[0], NSS[0]), (1, None))])
+    empty = _tail(VALUE, [(KEYS[0], NSS[0], Op.PUT.value, 2, None)])[0].slice(0, 0)
+    merged = _merge_last_wins(VALUE, [base], [empty])
+    assert merged is not None and merged.to_pylist() == base.to_pylist()
+
+
 @pytest.mark.parametrize(("info", "op"), [(VALUE, Op.LIST_APPEND), (TIMERS, Op.PUT)])
 def test_an_op_not_valid_for_the_kind_fails_both_paths_alike(info, op):
     recs = [(KEYS[0], NSS[0], int(op), 1, None)]
