@@ -43,6 +43,7 @@ from typing import Any
 from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import collect_garbage
 from materializer.lease import LeaderLease, current_holder
+from statelog import options as opt
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
@@ -121,10 +122,26 @@ class _Stopped(Exception):
     """Raised from the progress hook to abandon a materialization when a stop is requested."""
 
 
-def _positive(name: str, value: Any, *, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (value >= 0 if zero else value > 0):
-        raise ConfigError(f"{name} must be a number {'>= 0' if zero else '> 0'}, got {value!r}")
-    return float(value)
+_RANGED = {
+    "interval_s": opt.MATERIALIZE_INTERVAL,
+    "max_tail_bytes": opt.MAX_TAIL_BYTES,
+    "lease_ttl_s": opt.LEASE_TTL,
+    "gc_grace_s": opt.GC_GRACE,
+    "poll_s": opt.POLL,
+    "gc_interval_s": opt.GC_INTERVAL,
+}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Check the values of :class:`MaterializerDaemon` options without a store (what the
+    runtime does with ``materializer={...}`` before it starts a job); :class:`ConfigError`."""
+    for name, value in options.items():
+        if name in _RANGED:
+            _RANGED[name].check(value)
+        elif name == "retain_checkpoints" and value is not None:
+            opt.RETAIN.check(value)
+        elif name == "owner" and value is not None:
+            opt.non_empty_name("owner", value)
 
 
 def default_owner(kind: str = "daemon") -> str:
@@ -233,30 +250,26 @@ class MaterializerDaemon:
         options: MaterializeOptions | None = None,
         lease_clock: Callable[[], float] | None = None,
     ) -> None:
-        self.interval_s = _positive("interval_s", interval_s)
-        if isinstance(max_tail_bytes, bool) or not isinstance(max_tail_bytes, int) or max_tail_bytes < 0:
-            raise ConfigError(f"max_tail_bytes must be an int >= 0, got {max_tail_bytes!r}")
-        self.max_tail_bytes = max_tail_bytes
-        self.gc_grace_s = _positive("gc_grace_s", gc_grace_s, zero=True)
-        if retain_checkpoints is not None and (
-            isinstance(retain_checkpoints, bool) or not isinstance(retain_checkpoints, int) or retain_checkpoints < 1
-        ):
-            raise ConfigError(f"retain_checkpoints must be an int >= 1 or None, got {retain_checkpoints!r}")
-        self.retain_checkpoints = retain_checkpoints
-        self.poll_s = _positive("poll_s", poll_s) if poll_s is not None else min(MAX_POLL_S, self.interval_s)
+        # the valid ranges live in statelog/options.py (docs/materializer.md lists them)
+        self.interval_s = opt.MATERIALIZE_INTERVAL.check(interval_s)
+        self.max_tail_bytes = opt.MAX_TAIL_BYTES.check(max_tail_bytes)
+        self.gc_grace_s = opt.GC_GRACE.check(gc_grace_s)
+        self.retain_checkpoints = None if retain_checkpoints is None else opt.RETAIN.check(retain_checkpoints)
+        self.poll_s = opt.POLL.check(poll_s) if poll_s is not None else min(MAX_POLL_S, self.interval_s)
         self.gc_interval_s = (
-            _positive("gc_interval_s", gc_interval_s) if gc_interval_s is not None else max(self.interval_s, 60.0)
+            opt.GC_INTERVAL.check(gc_interval_s) if gc_interval_s is not None else max(self.interval_s, 60.0)
         )
+        lease_ttl_s = opt.LEASE_TTL.check(lease_ttl_s)
         self.run_gc = bool(run_gc)
         self.store = store
         self.catalog = JobCatalog(store)
-        self.owner = owner or default_owner()
+        self.owner = default_owner() if owner is None else opt.non_empty_name("owner", owner)
         self.clock = clock
         self.progress = progress
         self.options = options
         if lease_clock is None:
             lease_clock = time.monotonic if clock is time.time else clock
-        self.lease = LeaderLease(store, self.owner, _positive("lease_ttl_s", lease_ttl_s), clock=lease_clock)
+        self.lease = LeaderLease(store, self.owner, lease_ttl_s, clock=lease_clock)
         # the fencing margin: the lease must stay valid this long after the check (the publish)
         self.publish_margin_s = self.lease.ttl_s / 6
         self._manifests: dict[str, Manifest] = {}

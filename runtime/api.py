@@ -46,6 +46,7 @@ from runtime.restart import FixedDelay, NoRestart, RestartStrategy
 from runtime.sinks import Sink
 from runtime.sources import Source, WatermarkStrategy
 from runtime.windows import WindowAssigner, WindowOperator
+from statelog import options as opt
 from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
 from statelog.store.options import StoreOptions
@@ -100,18 +101,17 @@ class StreamExecutionEnvironment:
             )
         if not state_root:
             raise JobGraphError("state_root is required: the job root URL, e.g. file:///var/lib/job")
-        if checkpoint_interval_s is not None and checkpoint_interval_s <= 0:
-            raise JobGraphError(f"checkpoint_interval_s must be > 0 or None, got {checkpoint_interval_s!r}")
-        if checkpoint_timeout_s <= 0:
-            raise JobGraphError(f"checkpoint_timeout_s must be > 0, got {checkpoint_timeout_s!r}")
-        if type(tolerable_failed_checkpoints) is not int or tolerable_failed_checkpoints < 0:
-            raise JobGraphError(
-                f"tolerable_failed_checkpoints must be an int >= 0, got {tolerable_failed_checkpoints!r}"
-            )
+        # ranges: statelog/options.py (docs/runtime.md lists them); a bad value is a ConfigError
+        if checkpoint_interval_s is not None:
+            checkpoint_interval_s = opt.CHECKPOINT_INTERVAL.check(checkpoint_interval_s)
+        checkpoint_timeout_s = opt.CHECKPOINT_TIMEOUT.check(checkpoint_timeout_s)
+        tolerable_failed_checkpoints = opt.TOLERABLE_FAILED_CHECKPOINTS.check(tolerable_failed_checkpoints)
+        retain_checkpoints = opt.RETAIN.check(retain_checkpoints)
+        batch_size = opt.BATCH_SIZE.check(batch_size)
+        channel_capacity = opt.CHANNEL_CAPACITY.check(channel_capacity)
+        writer_options = opt.check_writer_options(writer_options)
         if start_method not in ("spawn", "forkserver"):
             raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-        if type(batch_size) is not int or batch_size < 1 or type(channel_capacity) is not int or channel_capacity < 1:
-            raise JobGraphError("batch_size and channel_capacity must be ints >= 1")
         if state_backend not in STATE_BACKENDS:
             raise JobGraphError(
                 f"unknown state_backend {state_backend!r}; use {CHANGELOG!r} (statelog) or {STATE_DUMP!r} "
@@ -139,8 +139,10 @@ class StreamExecutionEnvironment:
             )
         if materializer is not None:
             from materializer.daemon import MaterializerDaemon
+            from materializer.daemon import check_options as check_daemon_options
 
             _check_materializer_options(MaterializerDaemon, materializer)
+            check_daemon_options(dict(materializer))
         self.config = JobConfig(
             parallelism=parallelism,
             max_parallelism=max_parallelism,

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from statelog import options as opt
 from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges, gc_paused
 from statelog.catalog import JOB_KEY, JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
@@ -81,13 +82,17 @@ class StateJob:
         writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
         writer_owner: str | None = None,
     ) -> None:
-        if type(retain_checkpoints) is not int or retain_checkpoints < 1:
-            raise ConfigError(f"retain_checkpoints must be an int >= 1, got {retain_checkpoints!r}")
+        retain_checkpoints = opt.RETAIN.check(retain_checkpoints)  # ranges: statelog/options.py
         unknown = set(writer_options or {}) - _WRITER_OPTIONS
         if unknown:
             raise ConfigError(
                 f"unknown changelog writer option(s) {sorted(unknown)}; valid: {sorted(_WRITER_OPTIONS)}"
             )
+        writer_options = opt.check_writer_options(writer_options)
+        if writer_lease:
+            check_writer_lease_ttl(writer_lease_ttl_s)
+            if writer_owner is not None:
+                opt.non_empty_name("writer_owner", writer_owner)
         own_store = store is None
         self.store = store if store is not None else open_store(root, store_options)
         self.root = self.store.url
@@ -109,8 +114,6 @@ class StateJob:
         self._writer_lease_opts: dict[str, Any] | None = (
             {"ttl_s": writer_lease_ttl_s, "owner": writer_owner} if writer_lease else None
         )
-        if writer_lease:
-            check_writer_lease_ttl(writer_lease_ttl_s)
         self._writer: ChangelogWriter | None = None
         self._backends: list[KeyedStateBackend] = []
         self._last_id: int | None = None
@@ -217,18 +220,24 @@ class StateJob:
     def resolve_checkpoint(self, which: CheckpointMetadata | int | str | None) -> CheckpointMetadata | None:
         """The metadata ``which`` names: ``None`` for ``None``, ``"none"``, or ``"latest"`` on
         a root without checkpoints. A checkpoint of another job (job id) is refused."""
-        if which is None or which == "none":
+        if which is None:
             return None
         if isinstance(which, CheckpointMetadata):
             meta = which
-        elif isinstance(which, str) and which.startswith("savepoint:"):
-            meta = self.load_savepoint(which[len("savepoint:"):])
-        elif which == "latest":
-            meta = self.catalog.latest()
-            if meta is None:
-                return None
         else:
-            meta = self.catalog.load(parse_checkpoint_id(which))
+            ref = opt.parse_checkpoint_ref(which, "restore", allow_none=True)  # the one parser
+            if ref.kind == "none":
+                return None
+            if ref.kind == "savepoint":
+                assert ref.savepoint is not None
+                meta = self.load_savepoint(ref.savepoint)
+            elif ref.kind == "latest":
+                meta = self.catalog.latest()
+                if meta is None:
+                    return None
+            else:
+                assert ref.checkpoint_id is not None
+                meta = self.catalog.load(ref.checkpoint_id)
         if meta.kind == "checkpoint" and meta.job_id != self.job_id:
             raise JobMismatchError(
                 f"checkpoint {meta.checkpoint_id} of {self.root} belongs to job {meta.job_id}, but the "

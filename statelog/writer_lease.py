@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from statelog.errors import ConfigError, LeaseHeldError, LeaseLostError, StoreError
+from statelog import options as opt
+from statelog.errors import LeaseHeldError, LeaseLostError, StoreError
 from statelog.lease import Lease, current_holder, holder_process_is_gone
 from statelog.store.base import ObjectStore
 
@@ -55,12 +56,9 @@ def default_owner() -> str:
 
 
 def check_writer_lease_ttl(ttl_s: Any) -> float:
-    """The writer lease ttl in seconds, or :class:`ConfigError` outside [0.05, 3600]."""
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0.05 <= ttl_s <= 3600:
-        raise ConfigError(
-            f"the writer lease ttl is a number of seconds in [0.05, 3600], got {ttl_s!r}"
-        )
-    return float(ttl_s)
+    """The writer lease ttl in seconds, or :class:`ConfigError` outside [50ms, 1h]
+    (``statelog.options.WRITER_LEASE_TTL``)."""
+    return opt.WRITER_LEASE_TTL.check(ttl_s)
 
 
 class WriterLease:
@@ -85,7 +83,7 @@ class WriterLease:
         self.store = store
         self._lease = Lease(
             store,
-            owner or default_owner(),
+            default_owner() if owner is None else opt.non_empty_name("writer_owner", owner),
             ttl_s,
             clock,
             prefix=WRITER_LEASE_PREFIX,

@@ -32,6 +32,7 @@ from tools import cli_maintenance, cli_materializer, cli_spark, output
 from tools.roots import (  # noqa: F401 - re-exported for callers and tests
     Root,
     StoreOptionArg,
+    load_checkpoint_or_savepoint,
     load_metadata,
     open_root,
     parse_store_options,
@@ -60,8 +61,9 @@ def list_checkpoints(root: Root) -> list[CheckpointMetadata]:
 
 
 def load_checkpoint(root: Root, which: str) -> CheckpointMetadata:
+    """A retained checkpoint (an id or ``latest``) or a savepoint (``savepoint:NAME``)."""
     root.require_job()
-    return load_metadata(root, resolve_checkpoint_id(root, which))
+    return load_checkpoint_or_savepoint(root, which)
 
 
 # -- command line --------------------------------------------------------------------------------
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     command(chk_cmds, "list", cmd_list, "list the retained checkpoints")
     show = command(chk_cmds, "show", cmd_show, "show one checkpoint in detail")
-    show.add_argument("checkpoint", metavar="ID", help="checkpoint id, or 'latest'")
+    show.add_argument("checkpoint", metavar="ID", help="checkpoint id, 'latest' or 'savepoint:NAME'")
     verify = command(
         commands,
         "verify",

@@ -23,9 +23,9 @@ from materializer.savepoint import (
     list_savepoints,
     savepoint_summary,
 )
+from statelog import options as opt
 from statelog.errors import ConfigError
 from statelog.materialization import check_savepoint_name
-from tools import cli_materializer
 from tools.output import NONE, _console, _json, _row, _table, human_bytes
 from tools.roots import Root, open_root, resolve_checkpoint_id
 
@@ -38,15 +38,9 @@ EXIT_OK, EXIT_FAULTS = 0, 1
 def parse_duration(text: str, option: str = "duration") -> float:
     """``"30s"``, ``"10m"``, ``"1h"``, ``"500ms"``, ``"2d"`` or plain seconds, named by ``option``."""
     try:
-        return cli_materializer.parse_duration(text)
+        return opt.parse_duration(text)
     except ConfigError as e:
         raise ConfigError(f"{option}: {e}") from None
-
-
-def parse_count(text: str, option: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ConfigError(f"{option}: invalid count {text!r}; use a whole number >= 1")
-    return int(text)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -92,8 +86,8 @@ def _session(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Root
 
 
 def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    grace = parse_duration(args.grace, "--grace")
-    retain = None if args.retain is None else parse_count(args.retain, "--retain")
+    grace = opt.GC_GRACE.check(args.grace, "--grace")  # ranges: statelog/options.py
+    retain = None if args.retain is None else opt.RETAIN.check(args.retain, "--retain")
     with _session(args, options) as root:
         report = collect_garbage(root.catalog.store, retain_checkpoints=retain, grace_s=grace, dry_run=args.dry_run)
     data = report.to_json()
@@ -104,7 +98,7 @@ def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
 def cmd_savepoint_create(args: argparse.Namespace, options: dict[str, Any]) -> int:
     name = check_savepoint_name(args.name)
     with _session(args, options) as root:
-        cid = resolve_checkpoint_id(root, args.checkpoint)
+        cid = resolve_checkpoint_id(root, args.checkpoint, "--checkpoint")
         meta = create_savepoint(root.catalog.store, cid, name)
         summary = savepoint_summary(root.catalog.store, meta, name)
     render_savepoint_created(summary, root.url, as_json=args.json)

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import json
 import logging
-import re
 import signal
 import sys
 import threading
@@ -25,9 +24,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from materializer.daemon import MaterializerDaemon, manifest_summary
 from materializer.lease import current_holder
+from statelog import options as opt
 from statelog.catalog import JobCatalog
-from statelog.errors import ConfigError
 from statelog.materialization import latest_manifest_key, load_manifest
+from statelog.options import parse_duration, parse_size  # noqa: F401 - re-exported for callers
 from statelog.store import open_store
 from tools import output
 from tools.roots import open_root
@@ -37,65 +37,22 @@ log = logging.getLogger("tools.cli")
 EXIT_OK = 0
 
 # -- value parsing -------------------------------------------------------------------------------
-
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
-}  # fmt: skip
-_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+# The values and ranges of the options are checked in statelog/options.py (one place for the
+# library and the CLI); a bad value is a ConfigError, printed as one line with exit code 2.
 
 
-def parse_duration(text: str) -> float:
-    """``"30s"``, ``"10m"``, ``"1h"``, ``"500ms"``, ``"1.5s"``, ``"2d"`` or plain seconds (``"45"``)."""
-    m = _NUMBER_UNIT.match(text or "")
-    unit = m.group(2).lower() if m else ""
-    if m is None or (unit and unit not in _DURATION_UNITS):
-        raise ConfigError(
-            f"invalid duration {text!r}: use a number with an optional unit ms, s, m, h or d "
-            "(e.g. 30s, 10m, 1h; a plain number is seconds)"
-        )
-    return float(m.group(1)) * _DURATION_UNITS[unit or "s"]
-
-
-def parse_size(text: str) -> int:
-    """``"256MB"``, ``"1GiB"``, ``"64k"`` or plain bytes (``"1000"``); units are binary (MB = MiB)."""
-    m = _NUMBER_UNIT.match(text or "")
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _SIZE_UNITS:
-        raise ConfigError(
-            f"invalid size {text!r}: use a number of bytes with an optional unit B, KB, MB, GB or "
-            "TB (binary: 1 MB = 1 MiB = 1048576 bytes), e.g. 256MB, 1GiB, 1000"
-        )
-    value = float(m.group(1)) * _SIZE_UNITS[unit]
-    if value != int(value):
-        raise ConfigError(f"invalid size {text!r}: not a whole number of bytes")
-    return int(value)
-
-
-def _arg(parse: Any, *, positive: bool = False) -> Any:
-    """An argparse ``type=``: ``parse`` with a usage error (exit 2) for bad values."""
-
-    def convert(text: str) -> Any:
-        try:
-            value = parse(text)
-        except ConfigError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if positive and value <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r} must be greater than zero")
-        return value
-
-    convert.__name__ = parse.__name__.removeprefix("parse_")  # named in argparse's messages
-    return convert
-
-
-def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"invalid count {text!r}: use a whole number >= 1")
-    return int(text)
+def _check_run_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``materializer run`` options as :class:`MaterializerDaemon` arguments, each checked
+    against its range (:mod:`statelog.options`), named by its flag in errors."""
+    return {
+        "interval_s": opt.MATERIALIZE_INTERVAL.check(args.interval, "--interval"),
+        "max_tail_bytes": opt.MAX_TAIL_BYTES.check(args.max_tail_bytes, "--max-tail-bytes"),
+        "lease_ttl_s": opt.LEASE_TTL.check(args.lease_ttl, "--lease-ttl"),
+        "gc_grace_s": opt.GC_GRACE.check(args.gc_grace, "--gc-grace"),
+        "retain_checkpoints": None if args.retain is None else opt.RETAIN.check(args.retain, "--retain"),
+        "poll_s": None if args.poll is None else opt.POLL.check(args.poll, "--poll"),
+        "owner": None if args.owner is None else opt.non_empty_name("--owner", args.owner),
+    }
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -115,23 +72,26 @@ def register(commands: Any, command: Any) -> None:
         cmd_run,
         "run the materializer daemon on ROOT until SIGTERM/SIGINT (or one cycle with --once)",
     )
-    run.add_argument("--interval", type=_arg(parse_duration, positive=True), default=60.0, metavar="DURATION",
-                     help="materialize a newer checkpoint at least this often (default 60s)")
-    run.add_argument("--max-tail-bytes", type=_arg(parse_size), default=256 << 20, metavar="SIZE",
+    ranges = {spec.name: spec.range for spec in (opt.MATERIALIZE_INTERVAL, opt.MAX_TAIL_BYTES, opt.LEASE_TTL,
+                                                 opt.GC_GRACE, opt.RETAIN, opt.POLL)}
+    run.add_argument("--interval", default="60s", metavar="DURATION",
+                     help=f"materialize a newer checkpoint at least this often (default 60s; {ranges['interval_s']})")
+    run.add_argument("--max-tail-bytes", default="256MB", metavar="SIZE",
                      help="materialize at once when a checkpoint's changelog tail reaches this size "
-                     "(default 256MB; binary units)")
+                     f"(default 256MB; binary units; {ranges['max_tail_bytes']})")
     run.add_argument("--once", action="store_true", help="run one cycle and exit")
-    run.add_argument("--lease-ttl", type=_arg(parse_duration, positive=True), default=30.0, metavar="DURATION",
+    run.add_argument("--lease-ttl", default="30s", metavar="DURATION",
                      help="leader lease ttl: a standby takes over about this long after the holder died "
-                     "(default 30s)")
-    run.add_argument("--gc-grace", type=_arg(parse_duration), default=600.0, metavar="DURATION",
-                     help="GC deletes unreferenced objects only when older than this (default 10m)")
-    run.add_argument("--retain", type=_count, default=None, metavar="N",
-                     help="GC also deletes all but the newest N checkpoints (default: keep them all)")
+                     f"(default 30s; {ranges['lease_ttl_s']})")
+    run.add_argument("--gc-grace", default="10m", metavar="DURATION",
+                     help=f"GC deletes unreferenced objects only when older than this (default 10m; {ranges['gc_grace_s']})")
+    run.add_argument("--retain", default=None, metavar="N",
+                     help=f"GC also deletes all but the newest N checkpoints (default: keep them all; {ranges['retain_checkpoints']})")
     run.add_argument("--no-gc", action="store_true", help="do not collect garbage")
-    run.add_argument("--poll", type=_arg(parse_duration, positive=True), default=None, metavar="DURATION",
-                     help="how often to look for due checkpoints (default: the interval, at most 5s)")
-    run.add_argument("--owner", default=None, help="name of this daemon in the lease (default daemon@HOST:PID)")
+    run.add_argument("--poll", default=None, metavar="DURATION",
+                     help=f"how often to look for due checkpoints (default: the interval, at most 5s; {ranges['poll_s']})")
+    run.add_argument("--owner", default=None, metavar="NAME",
+                     help="name of this daemon in the lease, not empty (default daemon@HOST:PID)")
     command(sub, "status", cmd_status, "show the lease holder and the newest materialization of ROOT")
 
 
@@ -223,20 +183,11 @@ def _summary_line(s: dict[str, Any]) -> str:
 
 def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
     stop = threading.Event()
+    daemon_options = _check_run_options(args)  # before the store is opened: a usage error
     store = open_store(args.root, options)
     try:
         JobCatalog(store).open_job(None, create=False)  # never create a job root here
-        daemon = MaterializerDaemon(
-            store,
-            interval_s=args.interval,
-            max_tail_bytes=args.max_tail_bytes,
-            lease_ttl_s=args.lease_ttl,
-            gc_grace_s=args.gc_grace,
-            retain_checkpoints=args.retain,
-            owner=args.owner,
-            poll_s=args.poll,
-            run_gc=not args.no_gc,
-        )
+        daemon = MaterializerDaemon(store, **daemon_options, run_gc=not args.no_gc)
         view = _TerminalView() if sys.stderr.isatty() else None
         if view is not None:
             daemon.progress = view.update

@@ -24,7 +24,7 @@ from rich.text import Text
 from statelog.catalog import checkpoint_key
 from statelog.checkpoint import ChangelogRange, CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
-from statelog.materialization import SAVEPOINT_PREFIX, parse_manifest_key
+from statelog.materialization import SAVEPOINT_PREFIX, parse_manifest_key, savepoint_metadata_key
 from statelog.types import PICKLE, ValueType
 
 NONE = "-"
@@ -152,7 +152,10 @@ def checkpoint_detail(meta: CheckpointMetadata) -> dict[str, Any]:
         for s in r.segments
     }
     out = checkpoint_summary(meta)
-    out["metadata_key"] = checkpoint_key(meta.checkpoint_id)
+    out["metadata_key"] = (
+        savepoint_metadata_key(meta.savepoint) if meta.kind == "savepoint" and meta.savepoint
+        else checkpoint_key(meta.checkpoint_id)
+    )
     out["segment_bytes"] = sum(sizes.values())
     out["operators"] = [_operator_detail(op) for _, op in sorted(meta.operators.items())]
     return out
@@ -329,7 +332,9 @@ def render_checkpoint(meta: CheckpointMetadata, root: str, *, as_json: bool) -> 
         _json(dict(d))
         return
     console = _console()
-    head = _table(f"Checkpoint {d['id']} in {root}", "field", "value")
+    title = f"Savepoint {meta.savepoint} (of checkpoint {d['id']})" if meta.kind == "savepoint" and meta.savepoint \
+        else f"Checkpoint {d['id']}"
+    head = _table(f"{title} in {root}", "field", "value")
     for name, value in (
         ("kind", d["kind"]),
         ("time (UTC)", d["timestamp"]),

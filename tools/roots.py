@@ -12,8 +12,8 @@ from statelog.catalog import (
     JobCatalog,
     JobInfo,
     checkpoint_key,
+    load_savepoint,
     missing_checkpoint_message,
-    parse_checkpoint_id,
 )
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
@@ -21,6 +21,7 @@ from statelog.errors import (
     ConfigError,
     CorruptionError,
 )
+from statelog.options import parse_checkpoint_ref
 from statelog.store import open_store, redact_url
 from statelog.store.options import REDACTED, StoreOptions, is_secret, redact
 
@@ -114,14 +115,35 @@ def load_metadata(root: Root, cid: int) -> CheckpointMetadata:
         raise CorruptionError(f"checkpoint metadata {key} is malformed: {e}", key=key) from e
 
 
-def resolve_checkpoint_id(root: Root, which: str) -> int:
-    """The retained checkpoint named by ``which`` (an id or ``latest``); errors list them."""
+def resolve_checkpoint_id(root: Root, which: str, option: str = "checkpoint") -> int:
+    """The retained checkpoint named by ``which`` (an id or ``latest``); errors list them.
+
+    ``which`` is parsed by the one parser of checkpoint references
+    (:func:`statelog.options.parse_checkpoint_ref`); a ``savepoint:NAME`` is refused here with
+    a message saying so (use :func:`load_checkpoint_or_savepoint` where a savepoint is fine)."""
+    ref = parse_checkpoint_ref(which, option)
+    if ref.kind == "savepoint":
+        raise ConfigError(
+            f"{option}: {which!r} names a savepoint, this command needs a retained checkpoint "
+            "(an id or latest); list them with `statelog checkpoints list ROOT`"
+        )
     ids = root.catalog.checkpoint_ids()
-    if which.strip().lower() == "latest":
+    if ref.kind == "latest":
         if not ids:
             raise CheckpointNotFoundError(f"{root.url} has no retained checkpoint yet")
         return ids[-1]
-    cid = parse_checkpoint_id(which)
+    cid = ref.checkpoint_id
+    assert cid is not None
     if cid not in ids:
         raise CheckpointNotFoundError(missing_checkpoint_message(cid, ids, root.url))
     return cid
+
+
+def load_checkpoint_or_savepoint(root: Root, which: str, option: str = "checkpoint") -> CheckpointMetadata:
+    """The metadata ``which`` names: ``latest``, a retained checkpoint id or ``savepoint:NAME``
+    (as ``sql``, ``inspect`` and ``restore`` accept them)."""
+    ref = parse_checkpoint_ref(which, option)
+    if ref.kind == "savepoint":
+        assert ref.savepoint is not None
+        return load_savepoint(root.catalog.store, ref.savepoint)
+    return load_metadata(root, resolve_checkpoint_id(root, which, option))

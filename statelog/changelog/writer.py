@@ -23,6 +23,7 @@ import uuid
 import weakref
 from typing import Any
 
+from statelog import options as opt
 from statelog.changelog import format as fmt
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
@@ -73,10 +74,13 @@ class ChangelogWriter:
         encode_batch_records: int = 4096,
         columnar: bool | None = None,
     ) -> None:
-        if persist_delay < 0:
-            raise ConfigError(f"persist_delay must be >= 0 seconds, got {persist_delay!r}")
-        if max_inflight_bytes <= 0 or max_buffered_records <= 0 or flush_records <= 0:
-            raise ConfigError("max_inflight_bytes, max_buffered_records and flush_records must be positive")
+        # ranges: statelog/options.py (docs/architecture.md, writer options)
+        persist_delay = opt.PERSIST_DELAY.check(persist_delay)
+        flush_records = opt.FLUSH_RECORDS.check(flush_records)
+        max_buffered_records = opt.MAX_BUFFERED_RECORDS.check(max_buffered_records)
+        max_inflight_bytes = opt.MAX_INFLIGHT_BYTES.check(max_inflight_bytes)
+        upload_threads = opt.UPLOAD_THREADS.check(upload_threads)
+        encode_batch_records = opt.ENCODE_BATCH_RECORDS.check(encode_batch_records)
         self.store = store
         self.writer_id = writer_id or new_writer_id()
         self.persist_delay = persist_delay

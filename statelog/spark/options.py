@@ -19,6 +19,7 @@ from statelog.checkpoint import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StateNotFoundError
 from statelog.job import StateJob
+from statelog.options import parse_checkpoint_ref
 from statelog.store.options import StoreOptions, resolve_store_options
 
 STORE_PREFIX = "store."
@@ -103,20 +104,10 @@ def parse_partitions(options: Mapping[str, str], default: int, max_parallelism: 
 
 def resolve(job: StateJob, which: str | None, option: str = "checkpoint") -> CheckpointMetadata:
     """The checkpoint or savepoint named by ``which``: ``latest`` (default), an id or ``savepoint:NAME``."""
-    which = (which or "latest").strip()
-    if which.lower() == "latest":
-        meta = job.resolve_checkpoint("latest")
-        if meta is None:
-            raise ConfigError(f"{job.root} has no retained checkpoint yet (option \"{option}\" is latest)")
-        return meta
-    if which.startswith("savepoint:"):
-        return job.resolve_checkpoint(which)
-    if not which.isdigit():
-        raise ConfigError(
-            f'option "{option}" must be "latest", a checkpoint id or "savepoint:NAME", got {which!r}'
-        )
-    meta = job.resolve_checkpoint(int(which))
-    assert meta is not None
+    ref = parse_checkpoint_ref(which or "latest", f'option "{option}"')  # the one parser
+    meta = job.resolve_checkpoint(str(ref))
+    if meta is None:
+        raise ConfigError(f"{job.root} has no retained checkpoint yet (option \"{option}\" is latest)")
     return meta
 
 

@@ -65,7 +65,7 @@ from tools.cli import main as cli_main
 PROJECT = Path(__file__).resolve().parents[2]
 MAXP = 2  # few key groups: few table files per materialization, fast restores
 RETAIN = 2
-LEASE_TTL_S = 0.4  # the killed daemons' lease: the next run takes it over this long after the kill
+LEASE_TTL_S = 1.0  # the killed daemons' lease (the shortest valid one): the next run takes it over this long after the kill
 COMPLETION_TTL_S = 3.0  # the in-process run's own lease: long, so that a busy machine does not fence it
 GRACE_S = 600.0
 CHECKPOINT_EVERY = 250  # producer operations between checkpoints
@@ -132,7 +132,7 @@ class Daemon:
     """``statelog materializer run ROOT --once ...`` in a worker process, stderr lines collected."""
 
     def __init__(self, root: str, options: Mapping[str, Any], err_path: Path) -> None:
-        args = ["materializer", "run", root, "--once", "--max-tail-bytes", "0", "--lease-ttl",
+        args = ["materializer", "run", root, "--once", "--max-tail-bytes", "1", "--lease-ttl",
                 f"{LEASE_TTL_S}s", "--retain", str(RETAIN), "-v"]
         for k, v in options.items():
             args += ["--store-option", f"{k}={v}"]
@@ -330,7 +330,7 @@ class CrashLoop:
         try:
             own = open_store(self.root, self.options)
             try:
-                d = MaterializerDaemon(own, lease_ttl_s=COMPLETION_TTL_S, max_tail_bytes=0, run_gc=False,
+                d = MaterializerDaemon(own, lease_ttl_s=COMPLETION_TTL_S, max_tail_bytes=1, run_gc=False,
                                        owner=f"completion-{n}", poll_s=0.05)
                 for _ in range(6):
                     summary = d.run(once=True)

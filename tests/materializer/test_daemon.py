@@ -237,8 +237,8 @@ def test_triggers_time_tail_and_nothing_new(job: Job, store_root: RootSpec) -> N
 
 def test_two_daemons_only_the_lease_holder_publishes(job: Job, store_root: RootSpec) -> None:
     with store_root.open() as sa, store_root.open() as sb:
-        a = daemon(sa, "daemon-a", interval_s=0.001, max_tail_bytes=0)
-        b = daemon(sb, "daemon-b", interval_s=0.001, max_tail_bytes=0)
+        a = daemon(sa, "daemon-a", interval_s=0.001, max_tail_bytes=1)
+        b = daemon(sb, "daemon-b", interval_s=0.001, max_tail_bytes=1)
         standby = []
         for _ in range(3):
             job.write()
@@ -330,7 +330,7 @@ def test_stale_leader_cannot_publish(job: Job, store_root: RootSpec, how: str) -
 
 def test_a_long_materialization_keeps_its_lease(file_job: Job, file_root: RootSpec) -> None:
     """The keeper thread renews the lease while a materialization outlasts the ttl several times."""
-    ttl = 0.6
+    ttl = 1.0  # the shortest valid lease ttl (statelog/options.py)
     with file_root.open() as sa, file_root.open() as sb:
         b = daemon(sb, "b", lease_ttl_s=ttl)
         attempts = []
@@ -439,7 +439,7 @@ def test_cli_once_json_and_status(file_job: Job, file_root: RootSpec, capsys: py
     ("argv", "message"),
     [
         (["--interval", "5x"], "invalid duration '5x'"),
-        (["--interval", "0s"], "must be greater than zero"),
+        (["--interval", "0s"], "--interval must be in [1ms, 30d]"),
         (["--lease-ttl", "soon"], "invalid duration 'soon'"),
         (["--max-tail-bytes", "12XB"], "invalid size '12XB'"),
         (["--retain", "0"], "invalid count '0'"),

@@ -201,7 +201,7 @@ def test_cli_savepoint_create_list_delete(store_root: RootSpec, capsys: pytest.C
 
 BAD_SAVEPOINT_REQUESTS = [
     (["create", "--checkpoint", "42", "--name", "x"], "checkpoint 42 does not exist"),
-    (["create", "--checkpoint", "abc", "--name", "x"], "a checkpoint id is a non-negative integer"),
+    (["create", "--checkpoint", "abc", "--name", "x"], '--checkpoint must be "latest", a checkpoint id'),
     (["create", "--checkpoint", "1", "--name", "bad/name"], "invalid savepoint name 'bad/name'"),
     (["create", "--checkpoint", "1", "--name", "dup"], "savepoint 'dup' already exists"),
     (["delete", "missing"], "savepoint 'missing' does not exist"),

@@ -242,7 +242,7 @@ def test_show_unknown_checkpoint_lists_retained(
         assert f"checkpoint {which} does not exist" in line
         assert "retained checkpoints: 3, 4" in line
     code, _, err = run(capsys, "checkpoints", "show", file_root.url, "abc")
-    assert code == 2 and "non-negative integer" in only_line(err)
+    assert code == 2 and 'must be "latest", a checkpoint id or "savepoint:NAME"' in only_line(err)
 
 
 # -- errors: roots and options -------------------------------------------------------------------
