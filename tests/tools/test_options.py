@@ -29,7 +29,7 @@ from tools.cli import main
 
 # -- the CLI -------------------------------------------------------------------------------------
 
-RUN = ["materializer", "run"]
+RUN = ["materializer", "run", "--once"]  # --once: a value wrongly accepted must not run a daemon forever
 BAD_CLI = [
     (RUN, ["--lease-ttl", "1ms"], "--lease-ttl must be in [1s, 1d], got 1ms"),
     (RUN, ["--lease-ttl", "0"], "--lease-ttl must be in [1s, 1d]"),
