@@ -46,7 +46,6 @@ from statelog.errors import (
 )
 from statelog.keys import (
     KeyGroupRange,
-    decode_key,
     decode_key_array,
     encode_key,
     first_legacy_key,
@@ -54,6 +53,7 @@ from statelog.keys import (
     key_group_range_for_subtask,
 )
 from statelog.materialization import Manifest, decode_values, load_manifest, read_table_file
+from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.kinds import (
     STATE_CLASSES,
     AggregatingState,
@@ -66,24 +66,6 @@ from statelog.state.kinds import (
 from statelog.state.timers import TIMER_INFOS, TimerService
 
 log = logging.getLogger(__name__)
-
-
-class _NoCurrentKey:
-    """The current key before ``set_current_key``: any state access fails clearly."""
-
-    def __hash__(self) -> int:
-        raise StatelogError(
-            "no current key: call backend.set_current_key(key) before accessing keyed state"
-        )
-
-    def __eq__(self, other: object) -> bool:
-        return other is self
-
-    def __repr__(self) -> str:
-        return "<no current key>"
-
-
-NO_KEY = _NoCurrentKey()
 
 
 def wall_clock_ms() -> int:
@@ -230,16 +212,13 @@ class KeyedStateBackend:
         self.max_parallelism = max_parallelism
         self.key_groups = key_group_range_for_subtask(max_parallelism, parallelism, subtask)
         self._kg_lo, self._kg_hi = self.key_groups.start, self.key_groups.end
-        self.clock: Callable[[], int] = clock or wall_clock_ms
         self._kcache: dict[Any, tuple[type, bytes, int]] = {}
         self._kcache_limit = 1 << 20
         self._writer = writer
         self._stream_prefix = stream_prefix or f"{operator_uid}.{subtask}.{uuid.uuid4().hex[:12]}"
-        self.changelog_enabled = writer is not None
         self._streams: dict[str, ChangelogStream] = {}
-        self._key: Any = NO_KEY
-        # (key type, key bytes, key group) of the current key, the entry of the key cache
-        self._kinfo: tuple[type, bytes, int] = (type(None), b"", -1)
+        # the current key as the states and timers see it (set_current_key writes it)
+        self.key_context = KeyContext(operator_uid, clock or wall_clock_ms, writer is not None)
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
@@ -258,7 +237,8 @@ class KeyedStateBackend:
         self._decoded_keys: dict[bytes, Any] = {}
         self._install_set_key()
         self.timers = TimerService(
-            self, (self._open_stream(TIMER_INFOS[0], True), self._open_stream(TIMER_INFOS[1], True))
+            self.key_context,
+            (self._open_stream(TIMER_INFOS[0], True), self._open_stream(TIMER_INFOS[1], True)),
         )
         self._restore_timers()
         self._closed = False
@@ -270,8 +250,9 @@ class KeyedStateBackend:
         self._set_key_slow(key)
 
     def _install_set_key(self) -> None:
-        """Replace ``set_current_key`` by a closure (it runs once per record)."""
-        me, cache, slow = self, self._kcache, self._set_key_slow
+        """Replace ``set_current_key`` by a closure (it runs once per record) and give it to
+        the key context (the timer service sets the key of a firing timer through it)."""
+        ctx, cache, slow = self.key_context, self._kcache, self._set_key_slow
 
         def set_current_key(key: Any) -> None:
             try:
@@ -285,12 +266,13 @@ class KeyedStateBackend:
                     "register_key_type"
                 ) from None
             if hit[0] is key.__class__:
-                me._key = key
-                me._kinfo = hit
+                ctx.key = key
+                ctx.key_info = hit
                 return None
             return slow(key)
 
         self.set_current_key = set_current_key  # type: ignore[method-assign]
+        ctx.set_current_key = set_current_key
 
     def _set_key_slow(self, key: Any) -> None:
         kb = encode_key(key)
@@ -318,17 +300,30 @@ class KeyedStateBackend:
             )
         # else keys equal across types (1, True) keep the first type cached: the closure's
         # type check sends the others here, and their bytes are the cached ones
-        self._key = key
-        self._kinfo = info
+        ctx = self.key_context
+        ctx.key = key
+        ctx.key_info = info
 
     @property
     def current_key(self) -> Any:
         """The current key (``None`` also when no key was set yet)."""
-        return None if self._key is NO_KEY else self._key
+        key = self.key_context.key
+        return None if key is NO_KEY else key
 
     @property
     def current_key_group(self) -> int:
-        return self._kinfo[2]
+        """The key group of the current key (-1 before the first ``set_current_key``)."""
+        return self.key_context.key_info[2]
+
+    @property
+    def clock(self) -> Callable[[], int]:
+        """The clock of TTL expiry, milliseconds (``time.time()`` unless given)."""
+        return self.key_context.clock
+
+    @property
+    def changelog_enabled(self) -> bool:
+        """Whether mutations are recorded in a changelog (else kept in memory only)."""
+        return self.key_context.changelog_enabled
 
     # -- states --------------------------------------------------------------------------------
 
@@ -365,7 +360,7 @@ class KeyedStateBackend:
         narrow = info.ttl is None and info.kind in (
             StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING
         )
-        state = cls(self, descriptor, self._open_stream(info, narrow))
+        state = cls(self.key_context, descriptor, self._open_stream(info, narrow))
         self._states[descriptor.name] = state
         with gc_paused():
             self._replay(state)
@@ -388,19 +383,8 @@ class KeyedStateBackend:
 
     def legacy_key_error(self, state: str, kb: bytes) -> SerializationError:
         """The error for a restored key (or namespace) in key encoding version 1 that version 2
-        encodes differently (a bool or an integral float): a job cannot continue from it."""
-        key = decode_key(kb)
-        try:
-            now = f"stores it as {decode_key(encode_key(key))!r} in another key group"
-        except SerializationError:
-            now = "refuses it (NaN)"
-        return SerializationError(
-            f"operator {self.operator_uid!r} state {state!r}: the checkpoint holds the key or namespace "
-            f"{key!r} in key encoding version 1 (bytes {kb.hex()}), before keys followed Python "
-            f"equality; version 2 {now}, so a job cannot continue from this checkpoint (docs/format.md "
-            "3.1). Read the state with statelog sql or the Spark data source and write it into a new "
-            "job, or continue it with the statelog version that wrote it"
-        )
+        encodes differently (:meth:`KeyContext.legacy_key_error`)."""
+        return self.key_context.legacy_key_error(state, kb)
 
     def _check_restored_keys(self, state: str, arr: Any) -> None:
         """Refuse version-1 keys a writing backend restores (a read-only one reads them)."""

@@ -18,13 +18,17 @@
  * sees a partial record.
  *
  * update(v): type check (fast for the declared primitive type, else the Python validator),
- * table[backend._key] = v for the state's current namespace table, and with a changelog
+ * table[ctx.key] = v for the state's current namespace table, and with a changelog
  * stream: append the narrow record to the stream's buffer (a RecordBuffer, or a flat list:
  * five list appends), then call stream.on_buffer_full() when len(buffer) reaches the
- * stream's limit cell. The state shares its [table, namespace bytes] as a list (updated by
- * set_namespace) and the stream its limit as a one-element list (0 while throttled). The
- * pure-Python closure in statelog/state/kinds.py is the reference implementation and the
- * fallback when this module is not built.
+ * stream's limit cell. ctx is the backend's key context (statelog/state/context.py): its
+ * slots key and key_info (type, key bytes, key group) are the current key, located once
+ * when the update is built (the offsets of KeyContext's slot descriptors, so each update
+ * reads them without an attribute lookup; any other object is read with getattr). The
+ * state shares its [table, namespace bytes] as a list (updated by set_namespace) and the
+ * stream its limit as a one-element list (0 while throttled). The pure-Python closure in
+ * statelog/state/kinds.py is the reference implementation and the fallback when this
+ * module is not built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,8 +36,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <limits.h>
+#ifndef Py_T_OBJECT_EX /* before Python 3.12 the member types are in structmember.h */
+#include "structmember.h"
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
 
-static PyObject *s_key, *s_kinfo, *s_on_buffer_full;
+static PyObject *s_key, *s_key_info, *s_on_buffer_full;
 
 #define WIDTH 5 /* items per narrow record, as in the flat list layout */
 
@@ -520,7 +528,9 @@ typedef struct {
     PyObject_HEAD
     PyObject *nsctx;    /* the state's [current table, current namespace bytes] */
     PyObject *cell;     /* the stream's [buffer limit], or NULL */
-    PyObject *backend;
+    PyObject *ctx;      /* the backend's key context */
+    PyTypeObject *ctx_type; /* type(ctx) when its key and key_info are slots, else NULL */
+    Py_ssize_t key_off, info_off; /* offsets of those slots in ctx_type's instances */
     PyObject *buf;      /* RecordBuffer or list, or NULL without changelog */
     RecordBuffer *rb;   /* buf when it is a RecordBuffer, else NULL */
     PyObject *stream;   /* stream, or NULL */
@@ -536,17 +546,33 @@ typedef struct {
 
 static void update_dealloc(Update *self) {
     PyObject_GC_UnTrack(self);
-    Py_CLEAR(self->nsctx); Py_CLEAR(self->cell); Py_CLEAR(self->backend); Py_CLEAR(self->buf);
+    Py_CLEAR(self->nsctx); Py_CLEAR(self->cell); Py_CLEAR(self->ctx); Py_CLEAR(self->ctx_type);
+    Py_CLEAR(self->buf);
     Py_CLEAR(self->stream);
     Py_CLEAR(self->pytype); Py_CLEAR(self->check); Py_CLEAR(self->clear); Py_CLEAR(self->op);
     PyObject_GC_Del(self);
 }
 
 static int update_traverse(Update *self, visitproc visit, void *arg) {
-    Py_VISIT(self->nsctx); Py_VISIT(self->cell); Py_VISIT(self->backend); Py_VISIT(self->buf);
+    Py_VISIT(self->nsctx); Py_VISIT(self->cell); Py_VISIT(self->ctx); Py_VISIT(self->ctx_type);
+    Py_VISIT(self->buf);
     Py_VISIT(self->stream);
     Py_VISIT(self->pytype); Py_VISIT(self->check); Py_VISIT(self->clear); Py_VISIT(self->op);
     return 0;
+}
+
+/* A new reference to the key context's attribute name (slot at off), or NULL with an error. */
+ALWAYS_INLINE PyObject *ctx_get(Update *self, Py_ssize_t off, PyObject *name) {
+    if (Py_TYPE(self->ctx) == self->ctx_type) {
+        PyObject *v = *(PyObject **)((char *)self->ctx + off);
+        if (v == NULL) {
+            PyErr_Format(PyExc_AttributeError, "key context has no %R (not set)", name);
+            return NULL;
+        }
+        Py_INCREF(v);
+        return v;
+    }
+    return PyObject_GetAttr(self->ctx, name);
 }
 
 static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -575,7 +601,7 @@ static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf,
         Py_DECREF(r);
     }
     PyObject *cur = PyList_GET_ITEM(self->nsctx, 0);
-    PyObject *key = PyObject_GetAttr(self->backend, s_key);
+    PyObject *key = ctx_get(self, self->key_off, s_key);
     if (key == NULL) return NULL;
     Py_INCREF(cur);
     int rc = PyObject_SetItem(cur, key, v); /* may run Python code (__hash__, __eq__) */
@@ -586,12 +612,12 @@ static PyObject *update_call(Update *self, PyObject *const *args, size_t nargsf,
         Py_RETURN_NONE;
     }
 
-    PyObject *kinfo = PyObject_GetAttr(self->backend, s_kinfo);
+    PyObject *kinfo = ctx_get(self, self->info_off, s_key_info);
     if (kinfo == NULL) { Py_DECREF(key); return NULL; }
     if (!PyTuple_CheckExact(kinfo) || PyTuple_GET_SIZE(kinfo) != 3) {
         Py_DECREF(kinfo);
         Py_DECREF(key);
-        PyErr_SetString(PyExc_TypeError, "fast path: backend._kinfo must be a 3-tuple");
+        PyErr_SetString(PyExc_TypeError, "fast path: the key context's key_info must be a 3-tuple");
         return NULL;
     }
     /* kinfo is (type, key bytes, key group) of the current key: the key bytes may be
@@ -653,10 +679,25 @@ static PyTypeObject UpdateType = {
     .tp_doc = "Fast update() of a value-like state (see statelog/state/kinds.py).",
 };
 
-/* make_update(backend, buf, stream, pytype, lo, hi, check, clear, op, nsctx, cell) */
+/* The offset of the object slot name in the instances of tp, or -1 when name is not such a
+ * slot of tp (no error set). */
+static Py_ssize_t slot_offset(PyTypeObject *tp, PyObject *name) {
+    PyObject *d = PyObject_GetAttr((PyObject *)tp, name); /* a slot gives its descriptor */
+    if (d == NULL) { PyErr_Clear(); return -1; }
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == Py_T_OBJECT_EX && m->offset > 0 && PyType_IsSubtype(tp, PyDescr_TYPE(d)))
+            off = m->offset;
+    }
+    Py_DECREF(d);
+    return off;
+}
+
+/* make_update(ctx, buf, stream, pytype, lo, hi, check, clear, op, nsctx, cell) */
 static PyObject *make_update(PyObject *module, PyObject *args) {
-    PyObject *backend, *buf, *stream, *pytype, *lo, *hi, *check, *clear, *op, *nsctx, *cell;
-    if (!PyArg_UnpackTuple(args, "make_update", 11, 11, &backend, &buf, &stream, &pytype, &lo,
+    PyObject *ctx, *buf, *stream, *pytype, *lo, *hi, *check, *clear, *op, *nsctx, *cell;
+    if (!PyArg_UnpackTuple(args, "make_update", 11, 11, &ctx, &buf, &stream, &pytype, &lo,
                            &hi, &check, &clear, &op, &nsctx, &cell))
         return NULL;
     int is_rb = Py_IS_TYPE(buf, &RecordBufferType);
@@ -687,7 +728,15 @@ static PyObject *make_update(PyObject *module, PyObject *args) {
         if (h == -1 && PyErr_Occurred()) { PyObject_GC_Del(self); return NULL; }
         self->hi = of > 0 ? LLONG_MAX : (of < 0 ? LLONG_MIN : h);
     }
-    Py_INCREF(backend); self->backend = backend;
+    Py_INCREF(ctx); self->ctx = ctx;
+    self->key_off = slot_offset(Py_TYPE(ctx), s_key);
+    self->info_off = slot_offset(Py_TYPE(ctx), s_key_info);
+    if (self->key_off > 0 && self->info_off > 0) {
+        self->ctx_type = Py_TYPE(ctx);
+        Py_INCREF(self->ctx_type);
+    } else {
+        self->ctx_type = NULL;
+    }
     Py_INCREF(nsctx); self->nsctx = nsctx;
     if (buf == Py_None) { self->buf = NULL; self->rb = NULL; self->stream = NULL; self->cell = NULL; }
     else {
@@ -716,7 +765,7 @@ PyMODINIT_FUNC PyInit_fastpath(void) {
     if (PyType_Ready(&UpdateType) < 0) return NULL;
     if (PyType_Ready(&RecordBufferType) < 0) return NULL;
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
-    INTERN(s_key, "_key") INTERN(s_kinfo, "_kinfo") INTERN(s_on_buffer_full, "on_buffer_full")
+    INTERN(s_key, "key") INTERN(s_key_info, "key_info") INTERN(s_on_buffer_full, "on_buffer_full")
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     Py_INCREF(&RecordBufferType);

@@ -4,7 +4,8 @@ Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``. E
 mutation updates the table and appends a change record to the state's changelog stream
 (``state._append``; a no-op for a backend without changelog). A restore replays change
 records with the state kind's applier (:mod:`statelog.state.appliers`, shared with the
-materializer), on the same tables.
+materializer), on the same tables. A state reaches the current key (and the clock) through
+its backend's :class:`~statelog.state.context.KeyContext`, never through the backend.
 
 With TTL, entries are stored as ``[value, expires_ms]`` (list elements and map values
 individually); expired entries are invisible and are dropped lazily.
@@ -30,10 +31,10 @@ from statelog.descriptors import (
 from statelog.errors import StatelogError
 from statelog.keys import check_map_key, decode_key, encode_key, is_legacy_key
 from statelog.state.appliers import applier_for
+from statelog.state.context import KeyContext
 from statelog.types import fast_check, make_validator
 
 if TYPE_CHECKING:
-    from statelog.backend import KeyedStateBackend
     from statelog.changelog.stream import ChangelogStream
 
 _MISSING = object()
@@ -63,9 +64,9 @@ class KeyedState:
     """Common part: namespace handling, tables, iteration and replay."""
 
     def __init__(
-        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+        self, ctx: KeyContext, descriptor: StateDescriptor, stream: ChangelogStream | None
     ) -> None:
-        self._b = backend
+        self._ctx = ctx
         self.descriptor = descriptor
         self.info = StateInfo.from_descriptor(descriptor)
         self.name = descriptor.name
@@ -114,10 +115,10 @@ class KeyedState:
     # -- helpers -------------------------------------------------------------------------------
 
     def _now(self) -> int:
-        return self._b.clock()
+        return self._ctx.clock()
 
     def _emit(self, op: int, ukey: Any, value: Any, expires: int | None) -> None:
-        ki = self._b._kinfo
+        ki = self._ctx.key_info
         if self._narrow:
             self._append((ki[1], ki[2], self._nsb, op, value))
         else:
@@ -127,7 +128,7 @@ class KeyedState:
 
     def clear(self) -> None:
         """Remove the entry of the current key and namespace."""
-        if self._cur.pop(self._b._key, _MISSING) is not _MISSING:
+        if self._cur.pop(self._ctx.key, _MISSING) is not _MISSING:
             self._emit(_DELETE, None, None, None)
 
     # -- iteration (snapshots, tools, tests) --------------------------------------------------
@@ -155,7 +156,7 @@ class KeyedState:
             del self._namespaces[nsb]
 
     def namespaces_of_current_key(self) -> list[Any]:
-        key = self._b._key
+        key = self._ctx.key
         return [self._namespaces[nsb] for nsb, t in self._tables.items() if key in t]
 
     # -- replay --------------------------------------------------------------------------------
@@ -164,8 +165,8 @@ class KeyedState:
         table = self._tables.get(nsb)
         if table is None:
             ns = decode_key(nsb)
-            if self._b.changelog_enabled and is_legacy_key(ns):
-                raise self._b.legacy_key_error(self.name, nsb)
+            if self._ctx.changelog_enabled and is_legacy_key(ns):
+                raise self._ctx.legacy_key_error(self.name, nsb)
             table = self._tables[nsb] = {}
             self._namespaces[nsb] = ns
         return table
@@ -181,26 +182,26 @@ class ValueState(KeyedState):
     """One value per key and namespace."""
 
     def __init__(
-        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+        self, ctx: KeyContext, descriptor: StateDescriptor, stream: ChangelogStream | None
     ) -> None:
-        super().__init__(backend, descriptor, stream)
+        super().__init__(ctx, descriptor, stream)
         self._default = descriptor.default if isinstance(descriptor, ValueStateDescriptor) else None
         if self._ttl:
             self.value = self._ttl_value  # type: ignore[method-assign]
             self.update = self._ttl_update  # type: ignore[method-assign]
-        elif not backend.changelog_enabled:
+        elif not ctx.changelog_enabled:
             self.update = self._heap_update  # type: ignore[method-assign]
         if not self._ttl:
             self._install_fast_paths()
 
     def _install_fast_paths(self) -> None:
         """Replace ``value``/``update`` by closures: the per-record hot path of most jobs."""
-        state, b, default = self, self._b, self._default
+        state, ctx, default = self, self._ctx, self._default
         stream, buf = self._stream, self._buf
         check, clear = self._check, self.clear
 
         def value() -> Any:
-            return state._cur.get(b._key, default)
+            return state._cur.get(ctx.key, default)
 
         self.value = value  # type: ignore[method-assign]
         fast = fast_check(self.descriptor.value_type)
@@ -211,7 +212,7 @@ class ValueState(KeyedState):
             lo, hi = -1, 1  # only consulted for ints
         if _fastpath is not None and not _FORCE_PYTHON:
             self.update = _fastpath.make_update(  # type: ignore[method-assign]
-                b, buf if stream is not None else None, stream, pytype, lo, hi,
+                ctx, buf if stream is not None else None, stream, pytype, lo, hi,
                 check, clear, _PUT, self._nsctx,
                 stream.limit_cell if stream is not None else None,
             )
@@ -225,7 +226,7 @@ class ValueState(KeyedState):
                         clear()
                         return
                     check(v)
-                state._cur[b._key] = v
+                state._cur[ctx.key] = v
 
         else:
             extend, put, limit_cell = buf.extend, _PUT, stream.limit_cell
@@ -236,8 +237,8 @@ class ValueState(KeyedState):
                         clear()
                         return
                     check(v)
-                state._cur[b._key] = v
-                ki = b._kinfo
+                state._cur[ctx.key] = v
+                ki = ctx.key_info
                 extend((ki[1], ki[2], state._nsb, put, v))
                 # the limit drops to 0 while the writer applies back-pressure
                 if len(buf) >= limit_cell[0]:
@@ -246,14 +247,14 @@ class ValueState(KeyedState):
         self.update = update  # type: ignore[method-assign]
 
     def value(self) -> Any:
-        return self._cur.get(self._b._key, self._default)
+        return self._cur.get(self._ctx.key, self._default)
 
     def update(self, value: Any) -> None:
         if value is None:
             self.clear()
             return
         self._check(value)
-        self._cur[self._b._key] = value
+        self._cur[self._ctx.key] = value
         self._emit(_PUT, None, value, None)
 
     def _heap_update(self, value: Any) -> None:
@@ -261,15 +262,15 @@ class ValueState(KeyedState):
             self.clear()
             return
         self._check(value)
-        self._cur[self._b._key] = value
+        self._cur[self._ctx.key] = value
 
     def _ttl_value(self) -> Any:
-        entry = self._cur.get(self._b._key)
+        entry = self._cur.get(self._ctx.key)
         if entry is None:
             return self._default
         now = self._now()
         if entry[1] <= now:
-            del self._cur[self._b._key]
+            del self._cur[self._ctx.key]
             return self._default
         if self._ttl_on_read:
             entry[1] = now + self._ttl
@@ -282,7 +283,7 @@ class ValueState(KeyedState):
             return
         self._check(value)
         exp = self._now() + self._ttl
-        self._cur[self._b._key] = [value, exp]
+        self._cur[self._ctx.key] = [value, exp]
         self._emit(_PUT, None, value, exp)
 
 
@@ -290,9 +291,9 @@ class ReducingState(ValueState):
     """A value folded with the descriptor's ``reduce_fn``."""
 
     def __init__(
-        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+        self, ctx: KeyContext, descriptor: StateDescriptor, stream: ChangelogStream | None
     ) -> None:
-        super().__init__(backend, descriptor, stream)
+        super().__init__(ctx, descriptor, stream)
         assert isinstance(descriptor, ReducingStateDescriptor)
         self._reduce = descriptor.reduce_fn
 
@@ -308,9 +309,9 @@ class AggregatingState(ValueState):
     """An accumulator updated with the descriptor's aggregate function."""
 
     def __init__(
-        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+        self, ctx: KeyContext, descriptor: StateDescriptor, stream: ChangelogStream | None
     ) -> None:
-        super().__init__(backend, descriptor, stream)
+        super().__init__(ctx, descriptor, stream)
         assert isinstance(descriptor, AggregatingStateDescriptor)
         self._agg = descriptor.aggregate
 
@@ -332,7 +333,7 @@ class ListState(KeyedState):
     """A list per key and namespace. ``get`` returns a copy; mutate through the methods."""
 
     def get(self) -> list[Any]:
-        entry = self._cur.get(self._b._key)
+        entry = self._cur.get(self._ctx.key)
         if entry is None:
             return []
         if not self._ttl:
@@ -341,9 +342,9 @@ class ListState(KeyedState):
         live = [e for e in entry if e[1] > now]
         if len(live) != len(entry):
             if live:
-                self._cur[self._b._key] = live
+                self._cur[self._ctx.key] = live
             else:
-                del self._cur[self._b._key]
+                del self._cur[self._ctx.key]
         if self._ttl_on_read and live:
             exp = now + self._ttl
             for e in live:
@@ -362,7 +363,7 @@ class ListState(KeyedState):
             if v is None:
                 raise StatelogError(f"list state {self.name!r}: None elements are not allowed")
             self._check(v)
-        key = self._b._key
+        key = self._ctx.key
         entry = self._cur.get(key)
         if entry is None:
             entry = self._cur[key] = []
@@ -387,9 +388,9 @@ class ListState(KeyedState):
         exp = None
         if self._ttl:
             exp = self._now() + self._ttl
-            self._cur[self._b._key] = [[v, exp] for v in values]
+            self._cur[self._ctx.key] = [[v, exp] for v in values]
         else:
-            self._cur[self._b._key] = values
+            self._cur[self._ctx.key] = values
         self._emit(_LIST_REPLACE, None, list(values), exp)
 
     def _visible(self, entry: Any, now: int) -> Any:
@@ -403,14 +404,14 @@ class MapState(KeyedState):
     """A map per key and namespace. Reads return copies; an empty map is no entry."""
 
     def __init__(
-        self, backend: KeyedStateBackend, descriptor: StateDescriptor, stream: ChangelogStream | None
+        self, ctx: KeyContext, descriptor: StateDescriptor, stream: ChangelogStream | None
     ) -> None:
-        super().__init__(backend, descriptor, stream)
+        super().__init__(ctx, descriptor, stream)
         assert isinstance(descriptor, MapStateDescriptor)
         self._check_ukey = make_validator(descriptor.key_type, f"{descriptor.name} (map key)")
 
     def _live(self) -> dict[Any, Any] | None:
-        m = self._cur.get(self._b._key)
+        m = self._cur.get(self._ctx.key)
         if m is None or not self._ttl:
             return m
         now = self._now()
@@ -418,7 +419,7 @@ class MapState(KeyedState):
         for k in dead:
             del m[k]
         if not m:
-            del self._cur[self._b._key]
+            del self._cur[self._ctx.key]
             return None
         return m
 
@@ -447,7 +448,7 @@ class MapState(KeyedState):
         self._check_ukey(user_key)
         check_map_key(user_key)
         self._check(value)
-        key = self._b._key
+        key = self._ctx.key
         m = self._cur.get(key)
         if m is None:
             m = self._cur[key] = {}
@@ -464,7 +465,7 @@ class MapState(KeyedState):
             self.put(k, v)
 
     def remove(self, user_key: Any) -> None:
-        key = self._b._key
+        key = self._ctx.key
         m = self._cur.get(key)
         if m is None or user_key not in m:
             return

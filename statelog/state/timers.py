@@ -22,9 +22,9 @@ from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import StateTypeError
 from statelog.keys import decode_key, encode_key
 from statelog.state.appliers import TimerApplier
+from statelog.state.context import KeyContext
 
 if TYPE_CHECKING:
-    from statelog.backend import KeyedStateBackend
     from statelog.changelog.stream import ChangelogStream
 
 EVENT_TIME = "event"
@@ -64,12 +64,12 @@ class _TimerLog:
 
 
 class TimerService:
-    """Timers of one keyed backend, scoped to the backend's current key."""
+    """Timers of one keyed backend, scoped to the current key of the backend's key context."""
 
     def __init__(
-        self, backend: KeyedStateBackend, streams: tuple[ChangelogStream | None, ChangelogStream | None]
+        self, ctx: KeyContext, streams: tuple[ChangelogStream | None, ChangelogStream | None]
     ) -> None:
-        self._b = backend
+        self._ctx = ctx
         self._sets = (SortedSet(), SortedSet())
         self._logs = (_TimerLog(streams[0]), _TimerLog(streams[1]))
         self._appliers = (TimerApplier(TIMER_STATES[0]), TimerApplier(TIMER_STATES[1]))
@@ -85,9 +85,9 @@ class TimerService:
     def _add(self, d: int, timestamp: int, namespace: Any) -> None:
         if type(timestamp) is not int:
             raise StateTypeError(f"timer timestamps are int milliseconds, got {type(timestamp).__name__}")
-        b = self._b
-        hash(b._key)  # fails clearly when no current key is set
-        ki = b._kinfo
+        ctx = self._ctx
+        hash(ctx.key)  # fails clearly when no current key is set
+        ki = ctx.key_info
         entry = (timestamp, ki[1], encode_key(namespace))
         s = self._sets[d]
         if entry in s:
@@ -96,8 +96,7 @@ class TimerService:
         self._logs[d].emit((ki[1], ki[2], entry[2], _ADD, timestamp))
 
     def _delete(self, d: int, timestamp: int, namespace: Any) -> None:
-        b = self._b
-        ki = b._kinfo
+        ki = self._ctx.key_info
         entry = (timestamp, ki[1], encode_key(namespace))
         s = self._sets[d]
         if entry not in s:
@@ -123,13 +122,13 @@ class TimerService:
 
     def _fire(self, d: int, upto: int, domain: str) -> Iterator[Timer]:
         s = self._sets[d]
-        b = self._b
+        ctx = self._ctx
         log = self._logs[d]
         while s and s[0][0] <= upto:
             ts, kb, nsb = s.pop(0)
             key = decode_key(kb)
-            b.set_current_key(key)
-            log.emit((kb, b._kinfo[2], nsb, _REMOVE, ts))
+            ctx.set_current_key(key)
+            log.emit((kb, ctx.key_info[2], nsb, _REMOVE, ts))
             yield Timer(ts, key, decode_key(nsb), domain)
 
     def advance_watermark(self, watermark: int) -> Iterator[Timer]:

@@ -127,6 +127,8 @@ def test_c_update_writes_the_canonical_key_bytes(tmp_path):
     from statelog.changelog.reader import SegmentReader
     from statelog.keys import encode_key
 
+    if kinds._FORCE_PYTHON:
+        pytest.skip("STATELOG_PURE_PYTHON=1: no C update (the Python closure is checked below)")
     job = statelog.open(tmp_path.as_uri())
     b = job.backend("op")
     st = b.get_state(ValueStateDescriptor("v", pa.int64()))
@@ -189,3 +191,79 @@ def test_keys_equal_in_python_write_one_key(tmp_path, monkeypatch, force_python)
     got = {k: v for k, _, v in restored.get_state(ValueStateDescriptor("v", pa.int64())).entries()}
     assert got == want
     assert len(got) == 6
+
+
+def _updates_through_the_context(root, monkeypatch, force_python: bool):
+    """Value updates with the key context written directly (as the backend's setter
+    would), keys of every kind: what each update reads and writes."""
+    from statelog.changelog import format as fmt
+    from statelog.changelog.reader import SegmentReader
+
+    monkeypatch.setattr(kinds, "_FORCE_PYTHON", force_python)
+    job = statelog.open(root.as_uri())
+    b = job.backend("op")
+    st = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    assert (type(st.update).__name__ == "ValueUpdate") is (not force_python)
+    ctx = b.key_context
+    infos = {}
+    for k in KEYS:
+        b.set_current_key(k)
+        infos[repr(k)] = ctx.key_info
+    b.set_current_key(KEYS[0])
+    seen = []
+    for i, k in enumerate(KEYS):
+        # the context alone decides which key an update reads and writes
+        ctx.key, ctx.key_info = k, infos[repr(k)]
+        st.update(i)
+        seen.append(st.value())
+    meta = job.checkpoint()
+    reader = SegmentReader(job.store)
+    written = []
+    for obj in job.store.list("changelog/"):
+        data = job.store.get(obj.key)
+        for info in reader.verify_segment(obj.key).blocks:
+            if info.state == "v":
+                block = fmt.decode_block(data[info.offset : info.offset + info.length], info, obj.key)
+                written += zip(block["key"].to_pylist(), block["key_group"].to_pylist(), strict=True)
+    job.close()
+    restored = statelog.open(root.as_uri()).backend("op", restore=meta)
+    entries = sorted(
+        (repr(k), v) for k, _, v in restored.get_state(ValueStateDescriptor("v", pa.int64())).entries()
+    )
+    return seen, written, entries, infos
+
+
+def test_c_and_python_updates_read_the_same_key_context(tmp_path, monkeypatch):
+    c = _updates_through_the_context(tmp_path / "c", monkeypatch, False)
+    py = _updates_through_the_context(tmp_path / "py", monkeypatch, True)
+    assert c == py
+    seen, written, entries, infos = c
+    assert seen == list(range(len(KEYS)))
+    assert written == [infos[repr(k)][1:] for k in KEYS]
+    assert entries == sorted((repr(k), i) for i, k in enumerate(KEYS))
+
+
+def test_c_update_reads_any_key_context_object():
+    """The C update reads KeyContext's slots at fixed offsets; another object standing in
+    for the context (no such slots) is read by attribute, with the same result."""
+    import types
+
+    from statelog.state.context import KeyContext
+
+    if kinds._FORCE_PYTHON:
+        pytest.skip("STATELOG_PURE_PYTHON=1: no C update")
+    desc = ValueStateDescriptor("v", pa.int64())
+    slots = KeyContext("op", lambda: 0, False)
+    other = types.SimpleNamespace(key=None, key_info=None, clock=lambda: 0, changelog_enabled=False)
+    for ctx in (slots, other):
+        st = kinds.ValueState(ctx, desc, None)
+        assert type(st.update).__name__ == "ValueUpdate"
+        for k in ("a", 7, ("t", 1)):
+            ctx.key = k
+            st.update(len(str(k)))
+        assert sorted(map(repr, st.entries())) == sorted(
+            repr((k, None, len(str(k)))) for k in ("a", 7, ("t", 1))
+        )
+    del slots.key
+    with pytest.raises(AttributeError, match="key"):
+        kinds.ValueState(slots, desc, None).update(1)
