@@ -267,7 +267,7 @@ WRITER_LEASE_TTL = Duration("writer_lease_ttl_s", 0.05, HOUR)
 
 # the runtime (runtime/api.py StreamExecutionEnvironment, docs/runtime.md)
 CHECKPOINT_INTERVAL = Duration("checkpoint_interval_s", 10 * MS, DAY)
-CHECKPOINT_TIMEOUT = Duration("checkpoint_timeout_s", 10 * MS, DAY)
+CHECKPOINT_TIMEOUT = Duration("checkpoint_timeout_s", 1 * MS, DAY)
 TOLERABLE_FAILED_CHECKPOINTS = Count("tolerable_failed_checkpoints", 0, 1_000_000)
 BATCH_SIZE = Count("batch_size", 1, 1 << 20)
 CHANNEL_CAPACITY = Count("channel_capacity", 1, 1 << 16)

@@ -145,7 +145,7 @@ def test_checkpoint_failures_beyond_the_tolerance_restart_then_fail(file_root: R
     env = make_env(
         file_root,
         checkpoint_interval_s=0.05,
-        checkpoint_timeout_s=1e-4,
+        checkpoint_timeout_s=1e-3,  # the smallest allowed: below any checkpoint (fsync + barrier)
         tolerable_failed_checkpoints=2,
         restart_strategy=FixedDelay(attempts=1, delay_s=0.0),
     )
