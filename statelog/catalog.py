@@ -9,18 +9,20 @@ Layout below the job root (see ``docs/format.md``)::
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from statelog import envelope
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     CorruptionError,
+    FormatVersionError,
     JobDescriptorMissingError,
     JobMismatchError,
     JobNotFoundError,
@@ -57,12 +59,27 @@ class JobInfo:
             "max_parallelism": self.max_parallelism,
             "created_ms": self.created_ms,
         }
-        return envelope.dump(body, compact=False)
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True).encode()
 
     @staticmethod
     def from_bytes(data: bytes, key: str) -> JobInfo:
-        body = envelope.load(data, key, "job descriptor", fmt=JOB_FORMAT, versions=(JOB_VERSION,))
         try:
+            wrapped = json.loads(data)
+            body = wrapped["body"]
+            if not isinstance(body, dict):
+                raise TypeError("body is not a JSON object")
+            canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+            if zlib.crc32(canon) != wrapped["crc32"]:
+                raise CorruptionError(f"job descriptor {key}: checksum mismatch; the object is corrupt", key=key)
+            if body.get("format") != JOB_FORMAT:
+                raise CorruptionError(f"{key} is not a statelog job descriptor", key=key)
+            if body.get("version") != JOB_VERSION:
+                raise FormatVersionError(
+                    f"job descriptor {key} has version {body.get('version')}, this build reads "
+                    f"version {JOB_VERSION}; upgrade statelog",
+                    key=key,
+                )
             return JobInfo(str(body["job_id"]), int(body["max_parallelism"]), int(body["created_ms"]))
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptionError(f"job descriptor {key} is malformed: {e}", key=key) from None

@@ -28,11 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from statelog import envelope
 from statelog.changelog.format import TIMER_STATES
-from statelog.checkpoint import MaterializedPart
+from statelog.checkpoint import MaterializedPart, dump_checked, load_checked
 from statelog.descriptors import StateInfo, StateKind
-from statelog.errors import ConfigError, CorruptionError, ObjectNotFoundError
+from statelog.errors import ConfigError, CorruptionError, FormatVersionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, arrow_type
@@ -226,11 +225,19 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
-        return envelope.dump(self.body())
+        return dump_checked(self.body())
 
     @staticmethod
     def from_bytes(data: bytes, key: str) -> Manifest:
-        body = envelope.load(data, key, "materialization manifest", fmt=MANIFEST_FORMAT, versions=(MANIFEST_VERSION,))
+        body = load_checked(data, key, "materialization manifest")
+        if body.get("format") != MANIFEST_FORMAT:
+            raise CorruptionError(f"{key} is not a materialization manifest", key=key)
+        if body.get("version") != MANIFEST_VERSION:
+            raise FormatVersionError(
+                f"materialization manifest {key} has format version {body.get('version')}, this build reads "
+                f"version {MANIFEST_VERSION}; upgrade statelog",
+                key=key,
+            )
         try:
             m = Manifest(
                 mid=str(body["id"]),
