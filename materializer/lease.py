@@ -16,12 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from statelog import lease as _lease
-from statelog.layout import (
-    MATERIALIZER_LEASE_PREFIX,
-    lease_generation_key,
-    lease_released_key,
-    lease_renewal_key,
-)
 from statelog.lease import LEASE_FORMAT, LEASE_VERSION
 from statelog.store.base import ObjectStore
 
@@ -36,19 +30,19 @@ __all__ = [
     "renewal_key",
 ]
 
-LEASE_PREFIX = MATERIALIZER_LEASE_PREFIX
+LEASE_PREFIX = "materializer/lease/"
 
 
 def generation_key(generation: int) -> str:
-    return lease_generation_key(LEASE_PREFIX, generation)
+    return _lease.generation_key(LEASE_PREFIX, generation)
 
 
 def renewal_key(generation: int, seq: int) -> str:
-    return lease_renewal_key(LEASE_PREFIX, generation, seq)
+    return _lease.renewal_key(LEASE_PREFIX, generation, seq)
 
 
 def released_key(generation: int) -> str:
-    return lease_released_key(LEASE_PREFIX, generation)
+    return _lease.released_key(LEASE_PREFIX, generation)
 
 
 def current_holder(store: ObjectStore) -> dict[str, Any] | None:

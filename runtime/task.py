@@ -32,7 +32,6 @@ from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
 from runtime.operators import ChainedOutput, Output, StreamOperator
 from runtime.router import Router
 from runtime.sources import SourceSplits
-from statelog.layout import inflight_key
 
 FRAMES_PER_STEP = 4
 
@@ -331,7 +330,7 @@ class Task:
                 "output": data_out,
             }
             data, digest = inflight.encode(payload)
-            key = inflight_key(checkpoint_id, self.key)
+            key = inflight.object_key(checkpoint_id, self.key)
             blob = (key, data)
             sources = {inflight.INFLIGHT_KEY: {self.key: {
                 "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,

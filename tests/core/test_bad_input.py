@@ -7,6 +7,7 @@ import pytest
 
 import statelog
 from statelog import ListStateDescriptor, MapStateDescriptor, TtlConfig, ValueStateDescriptor
+from statelog.catalog import checkpoint_key
 from statelog.errors import (
     AuthenticationError,
     CheckpointNotFoundError,
@@ -18,7 +19,6 @@ from statelog.errors import (
     SerializationError,
     StateTypeError,
 )
-from statelog.layout import checkpoint_key
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,8 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.background import start_background
 from materializer.build import MaterializeOptions
-from materializer.daemon import MaterializerDaemon, due
+from materializer.daemon import MaterializerDaemon, due, start_background
 from materializer.lease import current_holder, generation_key
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor
 from statelog.catalog import JobCatalog
