@@ -27,6 +27,7 @@ import pyarrow as pa
 
 import statelog
 from statelog import ValueStateDescriptor
+from statelog.layout import bench_state_dump_key
 from statelog.state_dump import write_state_dump
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
@@ -94,7 +95,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
             meta_bytes = len(meta.to_bytes())
             cl_bytes.append(job.writer.bytes_uploaded - before + meta_bytes)
             t0 = time.perf_counter()
-            nbytes = write_state_dump(b, job.store, f"full-snapshots/{r}.snapshot")
+            nbytes = write_state_dump(b, job.store, bench_state_dump_key(str(r)))
             full_times.append(time.perf_counter() - t0)
             full_bytes.append(nbytes)
             _log(

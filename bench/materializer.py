@@ -45,9 +45,11 @@ from materializer.build import materialize
 from materializer.daemon import due
 from materializer.gc import collect_garbage
 from statelog import ValueStateDescriptor
-from statelog.backend import KeyedStateBackend, RestoredChanges, gc_paused
+from statelog.backend import KeyedStateBackend
 from statelog.checkpoint import CheckpointMetadata
+from statelog.layout import bench_state_dump_key
 from statelog.materialization import latest_manifest_key, load_manifest
+from statelog.restore import RestoredChanges, gc_paused
 from statelog.state_dump import decode_state_dump, encode_state_dump
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
@@ -144,7 +146,7 @@ def _throughput_and_restore(root: str, keys: int, rounds: int, progress: bool) -
             st.update(st.value() + 1)
         meta = job.checkpoint(sources={"round": r + 1})  # adopts m: the tail is the 1 % after it
         assert all(h.materialization for op in meta.operators.values() for h in op.subtasks)
-        snap_key = f"full-snapshots/bench-{r}.snapshot"
+        snap_key = bench_state_dump_key(f"bench-{r}")
         job.store.put(snap_key, encode_state_dump(b))
 
         for rep in range(RESTORE_PAIRS):

@@ -16,13 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from statelog.checkpoint import CheckpointMetadata
-from statelog.materialization import (
+from statelog.layout import (
     DATA_PREFIX,
-    Manifest,
     manifest_key,
     new_materialization_id,
     parse_savepoint_manifest_key,
+    table_dir,
 )
+from statelog.materialization import Manifest
 from statelog.materialization_writer import (
     MaterializeOptions,
     Progress,
@@ -74,7 +75,7 @@ class Materializer:
         with StateTableWriter(self.store, self.options, self.progress, self._manifests) as writer:
             operators = {}
             for idx, uid in enumerate(sorted(meta.operators)):
-                operators[uid] = writer.write_operator(meta, uid, idx, f"{data_prefix}{mid}/", self_contained, stats)
+                operators[uid] = writer.write_operator(meta, uid, idx, table_dir(mid, data_prefix), self_contained, stats)
         stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
         manifest = Manifest(
             mid=mid,

@@ -49,8 +49,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from statelog.catalog import JobCatalog, checkpoint_key, load_savepoint, savepoint_names
-from statelog.changelog.writer import CHANGELOG_PREFIX
+from statelog.catalog import JobCatalog, load_savepoint, savepoint_names
 from statelog.checkpoint import CheckpointMetadata, MaterializedPart
 from statelog.errors import (
     AuthenticationError,
@@ -61,15 +60,15 @@ from statelog.errors import (
     SavepointNotFoundError,
     StoreError,
 )
-from statelog.materialization import (
-    DATA_PREFIX,
-    MANIFEST_PREFIX,
+from statelog.layout import (
+    CHANGELOG_PREFIX,
     MATERIALIZATIONS_PREFIX,
-    Manifest,
-    list_manifests,
-    load_manifest,
+    ObjectKind,
+    checkpoint_key,
+    parse_key,
     savepoint_metadata_key,
 )
+from statelog.materialization import Manifest, list_manifests, load_manifest
 from statelog.store.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -79,15 +78,14 @@ CATEGORIES = ("segments", "manifests", "table_files", "other")
 _FATAL = (AuthenticationError, BucketNotFoundError)
 
 
+_CATEGORY = {ObjectKind.SEGMENT: "segments", ObjectKind.MANIFEST: "manifests", ObjectKind.TABLE: "table_files"}
+
+
 def category(key: str) -> str:
-    """The report category of an object GC may delete."""
-    if key.startswith(CHANGELOG_PREFIX):
-        return "segments"
-    if key.startswith(MANIFEST_PREFIX):
-        return "manifests"
-    if key.startswith(DATA_PREFIX):
-        return "table_files"
-    return "other"
+    """The report category of an object GC may delete, by what :func:`statelog.layout.parse_key`
+    says it is: ``"other"`` for a key no statelog module writes."""
+    parsed = parse_key(key)
+    return "other" if parsed is None else _CATEGORY.get(parsed.kind, "other")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from statelog import lease as _lease
+from statelog.layout import (
+    MATERIALIZER_LEASE_PREFIX,
+    lease_generation_key,
+    lease_released_key,
+    lease_renewal_key,
+)
 from statelog.lease import LEASE_FORMAT, LEASE_VERSION
 from statelog.store.base import ObjectStore
 
@@ -30,19 +36,19 @@ __all__ = [
     "renewal_key",
 ]
 
-LEASE_PREFIX = "materializer/lease/"
+LEASE_PREFIX = MATERIALIZER_LEASE_PREFIX
 
 
 def generation_key(generation: int) -> str:
-    return _lease.generation_key(LEASE_PREFIX, generation)
+    return lease_generation_key(LEASE_PREFIX, generation)
 
 
 def renewal_key(generation: int, seq: int) -> str:
-    return _lease.renewal_key(LEASE_PREFIX, generation, seq)
+    return lease_renewal_key(LEASE_PREFIX, generation, seq)
 
 
 def released_key(generation: int) -> str:
-    return _lease.released_key(LEASE_PREFIX, generation)
+    return lease_released_key(LEASE_PREFIX, generation)
 
 
 def current_holder(store: ObjectStore) -> dict[str, Any] | None:

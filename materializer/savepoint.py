@@ -22,13 +22,7 @@ from typing import Any
 
 from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import LiveSet, recent_manifests
-from statelog.catalog import (
-    JobCatalog,
-    checkpoint_key,
-    load_savepoint,
-    parse_checkpoint_id,
-    savepoint_names,
-)
+from statelog.catalog import JobCatalog, load_savepoint, parse_checkpoint_id, savepoint_names
 from statelog.checkpoint import (
     CheckpointMetadata,
     OperatorState,
@@ -41,25 +35,19 @@ from statelog.errors import (
     SavepointNotFoundError,
     StoreError,
 )
-from statelog.materialization import (
-    SAVEPOINT_PREFIX,
-    Manifest,
+from statelog.layout import (
     check_savepoint_name,
-    load_manifest,
+    checkpoint_key,
+    parse_savepoint_manifest_key,
+    savepoint_data_prefix,
     savepoint_manifest_key,
     savepoint_metadata_key,
+    savepoint_prefix,
 )
+from statelog.materialization import Manifest, load_manifest
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
-
-
-def savepoint_prefix(name: str) -> str:
-    return f"{SAVEPOINT_PREFIX}{name}/"
-
-
-def savepoint_data_prefix(name: str) -> str:
-    return f"{SAVEPOINT_PREFIX}{name}/data/"
 
 
 def savepoint_metadata(meta: CheckpointMetadata, manifest: Manifest, created_ms: int) -> CheckpointMetadata:
@@ -247,7 +235,7 @@ def delete_savepoint(store: ObjectStore, name: str, *, force: bool = False) -> d
                     f"on its files, so they were kept below {prefix}; delete it again once those are "
                     "no longer retained"
                 )
-    rest = sorted((o for o in objects if o.key != meta_key), key=lambda o: (not o.key.endswith("manifest.json"), o.key))
+    rest = sorted((o for o in objects if o.key != meta_key), key=lambda o: (parse_savepoint_manifest_key(o.key) is None, o.key))
     for o in rest:  # the manifest before the files it lists
         store.delete(o.key)
     result = {

@@ -54,7 +54,7 @@ from runtime.worker import worker_main
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import RestoreRequiredError
 from statelog.job import StateJob
-from statelog.materialization import check_savepoint_name
+from statelog.layout import check_savepoint_name
 from statelog.store import open_store
 
 log = logging.getLogger(__name__)

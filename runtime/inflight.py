@@ -33,25 +33,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import pickle
-import re
 from collections.abc import Iterable
 from typing import Any
 
 from materializer.savepoint import list_savepoints
 from runtime.errors import RuntimeJobError
 from statelog.keys import key_group_of, subtask_for_key_group
+from statelog.layout import INFLIGHT_PREFIX, parse_inflight_key
 
 log = logging.getLogger(__name__)
 
 INFLIGHT_KEY = "__runtime.inflight__"
-PREFIX = "runtime/inflight/"
 MAGIC = b"SLIF"
 VERSION = 1
-_CHK = re.compile(r"^chk-(\d+)/")
-
-
-def object_key(checkpoint_id: int, task: str) -> str:
-    return f"{PREFIX}chk-{checkpoint_id}/{task}.bin"
 
 
 def encode(payload: dict[str, Any]) -> tuple[bytes, str]:
@@ -140,10 +134,10 @@ def replay_for(
 
 def _checkpoint_dirs(store: Any) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
-    for info in store.list(PREFIX):
-        m = _CHK.match(info.key[len(PREFIX):])
-        if m:
-            out.setdefault(int(m.group(1)), []).append(info.key)
+    for info in store.list(INFLIGHT_PREFIX):
+        parsed = parse_inflight_key(info.key)
+        if parsed is not None:
+            out.setdefault(parsed[0], []).append(info.key)
     return out
 
 
@@ -158,9 +152,9 @@ def _savepoint_ids(store: Any) -> set[int]:
             raise _KeepAll
         refs = references(sp.get("sources"))
         for ref in refs.values():
-            m = _CHK.match(str(ref.get("key", ""))[len(PREFIX):])
-            if m:
-                ids.add(int(m.group(1)))
+            parsed = parse_inflight_key(str(ref.get("key", "")))
+            if parsed is not None:
+                ids.add(parsed[0])
     return ids
 
 

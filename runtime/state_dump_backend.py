@@ -20,14 +20,9 @@ from __future__ import annotations
 
 from statelog.backend import KeyedStateBackend
 from statelog.errors import CheckpointAbortedError
+from statelog.layout import parse_state_dump_key, state_dump_dir, state_dump_key
 from statelog.state_dump import CapturedState, encode_captured
 from statelog.store.base import ObjectStore
-
-PREFIX = "full-snapshots/"
-
-
-def dump_key(uid: str, subtask: int, checkpoint_id: int) -> str:
-    return f"{PREFIX}{uid}/{subtask:05d}/{checkpoint_id:012d}.snapshot"
 
 
 class PendingStateDump:
@@ -35,7 +30,7 @@ class PendingStateDump:
 
     def __init__(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> None:
         self.checkpoint_id = checkpoint_id
-        self.key = dump_key(backend.operator_uid, backend.subtask, checkpoint_id)
+        self.key = state_dump_key(backend.operator_uid, backend.subtask, checkpoint_id)
         self.store = store
         self.captured: CapturedState | None = CapturedState(backend)
         self.nbytes = 0
@@ -59,8 +54,7 @@ class PendingStateDump:
 
 def delete_older(store: ObjectStore, uid: str, subtask: int, completed: int) -> None:
     """Delete this subtask's state dumps of checkpoints before ``completed`` (best effort)."""
-    prefix = f"{PREFIX}{uid}/{subtask:05d}/"
-    for obj in store.list(prefix):
-        name = obj.key[len(prefix):].removesuffix(".snapshot")
-        if name.isdigit() and int(name) < completed:
+    for obj in store.list(state_dump_dir(uid, subtask)):
+        parsed = parse_state_dump_key(obj.key)
+        if parsed is not None and parsed[2] < completed:
             store.delete(obj.key)

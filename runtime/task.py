@@ -32,6 +32,7 @@ from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
 from runtime.operators import ChainedOutput, Output, StreamOperator
 from runtime.router import Router
 from runtime.sources import SourceSplits
+from statelog.layout import inflight_key
 
 FRAMES_PER_STEP = 4
 
@@ -330,7 +331,7 @@ class Task:
                 "output": data_out,
             }
             data, digest = inflight.encode(payload)
-            key = inflight.object_key(checkpoint_id, self.key)
+            key = inflight_key(checkpoint_id, self.key)
             blob = (key, data)
             sources = {inflight.INFLIGHT_KEY: {self.key: {
                 "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,

@@ -1,49 +1,49 @@
 """The job root's catalog: the job descriptor and the checkpoint metadata objects.
 
-Layout below the job root (see ``docs/format.md``)::
-
-    job.json                              job descriptor (job id, max_parallelism), write-once
-    checkpoints/chk-000000000042.json     one metadata object per completed checkpoint
-    changelog/<writer id>/<n>.seg         changelog segments
+``job.json`` (job id, max_parallelism; write-once) and ``checkpoints/chk-<id>.json`` (one
+metadata object per completed checkpoint); their keys are built and parsed by
+:mod:`statelog.layout` (``docs/format.md`` section 1).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from statelog import envelope
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
+    ConfigError,
     CorruptionError,
-    FormatVersionError,
     JobDescriptorMissingError,
     JobMismatchError,
     JobNotFoundError,
     ObjectExistsError,
     ObjectNotFoundError,
+    SavepointNotFoundError,
 )
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism
+from statelog.layout import (
+    CHECKPOINT_PREFIX,
+    JOB_KEY,
+    MATERIALIZATIONS_PREFIX,
+    SAVEPOINT_PREFIX,
+    check_savepoint_name,
+    checkpoint_key,
+    parse_checkpoint_key,
+    parse_savepoint_metadata_key,
+    savepoint_metadata_key,
+)
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
-JOB_KEY = "job.json"
 JOB_FORMAT = "statelog.job"
 JOB_VERSION = 1
-CHECKPOINT_PREFIX = "checkpoints/"
-_CHK_RE = re.compile(r"^checkpoints/chk-(\d{12,})\.json$")
-
-
-def checkpoint_key(checkpoint_id: int) -> str:
-    return f"{CHECKPOINT_PREFIX}chk-{checkpoint_id:012d}.json"
-
 
 @dataclass(frozen=True)
 class JobInfo:
@@ -59,27 +59,12 @@ class JobInfo:
             "max_parallelism": self.max_parallelism,
             "created_ms": self.created_ms,
         }
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-        return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True).encode()
+        return envelope.dump(body, spaced=True)
 
     @staticmethod
     def from_bytes(data: bytes, key: str) -> JobInfo:
+        body = envelope.load(data, key, "job descriptor", fmt=JOB_FORMAT, versions=(JOB_VERSION,))
         try:
-            wrapped = json.loads(data)
-            body = wrapped["body"]
-            if not isinstance(body, dict):
-                raise TypeError("body is not a JSON object")
-            canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-            if zlib.crc32(canon) != wrapped["crc32"]:
-                raise CorruptionError(f"job descriptor {key}: checksum mismatch; the object is corrupt", key=key)
-            if body.get("format") != JOB_FORMAT:
-                raise CorruptionError(f"{key} is not a statelog job descriptor", key=key)
-            if body.get("version") != JOB_VERSION:
-                raise FormatVersionError(
-                    f"job descriptor {key} has version {body.get('version')}, this build reads "
-                    f"version {JOB_VERSION}; upgrade statelog",
-                    key=key,
-                )
             return JobInfo(str(body["job_id"]), int(body["max_parallelism"]), int(body["created_ms"]))
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptionError(f"job descriptor {key} is malformed: {e}", key=key) from None
@@ -176,8 +161,6 @@ class JobCatalog:
     def job_objects(self) -> str | None:
         """The first object that shows the root held a job (a checkpoint, materialization or
         savepoint), described for an error; ``None`` on a root without any."""
-        from statelog.materialization import MATERIALIZATIONS_PREFIX, SAVEPOINT_PREFIX
-
         for prefix, what in (
             (CHECKPOINT_PREFIX, "checkpoints"),
             (MATERIALIZATIONS_PREFIX, "materializations"),
@@ -220,9 +203,9 @@ class JobCatalog:
     def checkpoint_ids(self) -> list[int]:
         ids = []
         for obj in self.store.list(CHECKPOINT_PREFIX):
-            m = _CHK_RE.match(obj.key)
-            if m:
-                ids.append(int(m.group(1)))
+            cid = parse_checkpoint_key(obj.key)
+            if cid is not None:
+                ids.append(cid)
         return sorted(ids)
 
     def load(self, checkpoint_id: int) -> CheckpointMetadata:
@@ -276,8 +259,6 @@ class JobCatalog:
 
 def parse_checkpoint_id(value: Any) -> int:
     """Parse a user-given checkpoint id, with a clear error for anything else."""
-    from statelog.errors import ConfigError
-
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, str) and value.strip().isdigit():
@@ -287,22 +268,16 @@ def parse_checkpoint_id(value: Any) -> int:
 
 def savepoint_names(store: ObjectStore) -> list[str]:
     """Names of the savepoints of a job root (those whose metadata object exists)."""
-    from statelog.materialization import SAVEPOINT_PREFIX
-
     out = []
     for obj in store.list(SAVEPOINT_PREFIX):
-        rest = obj.key[len(SAVEPOINT_PREFIX):]
-        name, _, tail = rest.partition("/")
-        if tail == "_metadata.json":
+        name = parse_savepoint_metadata_key(obj.key)
+        if name is not None:
             out.append(name)
     return sorted(out)
 
 
 def load_savepoint(store: ObjectStore, name: str) -> CheckpointMetadata:
     """The metadata of savepoint ``name``; a clear error listing the savepoints if absent."""
-    from statelog.errors import SavepointNotFoundError
-    from statelog.materialization import check_savepoint_name, savepoint_metadata_key
-
     key = savepoint_metadata_key(check_savepoint_name(name))
     try:
         data = store.get(key)

@@ -4,20 +4,19 @@ A :class:`SubtaskStateHandle` says how to rebuild one subtask's keyed state: the
 materializations it builds on (parts of manifests, each restricted to a key-group range)
 plus the changelog ranges after them, each range restricted to a key-group range. :class:`CheckpointMetadata` combines the handles of all
 stateful subtasks with the source positions; it is published as one JSON object, written
-last, and carries a CRC-32 of its canonical body that every read verifies.
+last, in the checksummed JSON envelope of :mod:`statelog.envelope` that every read verifies.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from statelog import envelope
 from statelog.changelog.segment import SegmentRef
 from statelog.descriptors import StateInfo
-from statelog.errors import CorruptionError, FormatVersionError, SerializationError
+from statelog.errors import CorruptionError, SerializationError
 from statelog.keys import KeyGroupRange
 
 CHECKPOINT_FORMAT = "statelog.checkpoint"
@@ -27,28 +26,6 @@ CHECKPOINT_VERSION = 2
 READABLE_VERSIONS = (1, 2, 3)
 SOURCES_PAIRS_VERSION = 3
 PAIRS_TAG = "$pairs"
-
-
-def dump_checked(body: dict[str, Any]) -> bytes:
-    """``{"crc32": CRC-32 of the canonical JSON of body, "body": body}`` as canonical JSON."""
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    return json.dumps({"crc32": zlib.crc32(canon), "body": body}, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def load_checked(data: bytes, key: str, what: str) -> dict[str, Any]:
-    """The verified body of a :func:`dump_checked` object; ``what`` names it in errors."""
-    try:
-        wrapped = json.loads(data)
-        body = wrapped["body"]
-        crc = wrapped["crc32"]
-        if not isinstance(body, dict):
-            raise TypeError("body is not a JSON object")
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptionError(f"{what} {key} is not valid JSON of the expected shape: {e}", key=key) from None
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    if zlib.crc32(canon) != crc:
-        raise CorruptionError(f"{what} {key}: checksum mismatch; the object is corrupt", key=key)
-    return body
 
 
 def encode_sources(sources: Any) -> tuple[Any, bool]:
@@ -301,19 +278,13 @@ class CheckpointMetadata:
         }
 
     def to_bytes(self) -> bytes:
-        return dump_checked(self.body())
+        return envelope.dump(self.body())
 
     @staticmethod
     def from_bytes(data: bytes, object_key: str) -> CheckpointMetadata:
-        body = load_checked(data, object_key, "checkpoint metadata")
-        if body.get("format") != CHECKPOINT_FORMAT:
-            raise CorruptionError(f"{object_key} is not checkpoint metadata", key=object_key)
-        if body.get("version") not in READABLE_VERSIONS:
-            raise FormatVersionError(
-                f"checkpoint metadata {object_key} has format version {body.get('version')}, this "
-                f"build reads versions {READABLE_VERSIONS}; upgrade statelog",
-                key=object_key,
-            )
+        body = envelope.load(
+            data, object_key, "checkpoint metadata", fmt=CHECKPOINT_FORMAT, versions=READABLE_VERSIONS
+        )
         try:
             operators = {
                 uid: OperatorState(

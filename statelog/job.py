@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from statelog import options as opt
-from statelog.backend import KeyedStateBackend, PendingSnapshot, RestoredChanges, gc_paused
-from statelog.catalog import JOB_KEY, JobCatalog, load_savepoint, parse_checkpoint_id
+from statelog.backend import KeyedStateBackend, PendingSnapshot
+from statelog.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import (
@@ -42,7 +42,9 @@ from statelog.errors import (
     StoreError,
 )
 from statelog.keys import check_parallelism, key_group_range_for_subtask
+from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.restore import RestoredChanges, gc_paused
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, WriterLease, check_writer_lease_ttl

@@ -13,7 +13,7 @@ checkpoint publisher of a job, see :mod:`statelog.writer_lease`):
 * ``gen-<g:012d>.released``: the holder released ``g`` on clean shutdown.
 
 Every object is checksummed JSON ``{"crc32": ..., "body": {...}}`` like the other JSON
-objects of statelog.
+objects of statelog (:mod:`statelog.envelope`).
 
 **Expiry without trusting clocks.** Timestamps in the bodies and the store's mtimes are
 written by other machines' clocks and are shown by :func:`current_holder` only. A
@@ -44,27 +44,30 @@ See ``docs/store.md`` ("Leader lease") for the limits of this scheme.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from statelog import envelope
 from statelog.errors import (
     ConfigError,
     CorruptionError,
-    FormatVersionError,
     LeaseLostError,
     ObjectNotFoundError,
     StoreError,
     TransientStoreError,
+)
+from statelog.layout import (
+    lease_generation_key,
+    lease_released_key,
+    lease_renewal_key,
+    parse_lease_name,
 )
 from statelog.store.base import ObjectInfo, ObjectStore
 
@@ -73,21 +76,10 @@ logger = logging.getLogger(__name__)
 LEASE_FORMAT = "statelog-lease"
 LEASE_VERSION = 1
 
-_GEN_RE = re.compile(r"^gen-(\d{12,})\.json$")
-_RENEW_RE = re.compile(r"^gen-(\d{12,})\.renew-(\d{12,})\.json$")
-_RELEASED_RE = re.compile(r"^gen-(\d{12,})\.released$")
-
-
-def generation_key(prefix: str, generation: int) -> str:
-    return f"{prefix}gen-{generation:012d}.json"
-
-
-def renewal_key(prefix: str, generation: int, seq: int) -> str:
-    return f"{prefix}gen-{generation:012d}.renew-{seq:012d}.json"
-
-
-def released_key(prefix: str, generation: int) -> str:
-    return f"{prefix}gen-{generation:012d}.released"
+# the lease objects' keys (statelog.layout): gen-<g>.json, gen-<g>.renew-<n>.json, gen-<g>.released
+generation_key = lease_generation_key
+renewal_key = lease_renewal_key
+released_key = lease_released_key
 
 
 # -- this process's identity ------------------------------------------------------------------
@@ -153,34 +145,11 @@ def holder_process_is_gone(body: dict[str, Any]) -> bool:
 
 
 def _encode(body: dict[str, Any]) -> bytes:
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    wrapped = {"crc32": zlib.crc32(canon), "body": body}
-    return json.dumps(wrapped, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return envelope.dump(body)
 
 
 def _decode(data: bytes, key: str, kind: str, generation: int) -> dict[str, Any]:
-    try:
-        wrapped = json.loads(data)
-        body, crc = wrapped["body"], wrapped["crc32"]
-        if not isinstance(body, dict):
-            raise TypeError("body is not a JSON object")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptionError(
-            f"lease object {key} is not valid JSON of the expected shape: {exc}", key=key
-        ) from None
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")
-    if zlib.crc32(canon) != crc:
-        raise CorruptionError(
-            f"lease object {key}: checksum mismatch; the object is corrupt", key=key
-        )
-    if body.get("format") != LEASE_FORMAT:
-        raise CorruptionError(f"{key} is not a statelog lease object", key=key)
-    if body.get("version") != LEASE_VERSION:
-        raise FormatVersionError(
-            f"lease object {key} has format version {body.get('version')}, this build reads "
-            f"version {LEASE_VERSION}; upgrade statelog",
-            key=key,
-        )
+    body = envelope.load(data, key, "lease object", fmt=LEASE_FORMAT, versions=(LEASE_VERSION,))
     if body.get("kind") != kind or body.get("generation") != generation:
         raise CorruptionError(
             f"lease object {key} holds a {body.get('kind')!r} of generation "
@@ -235,14 +204,17 @@ class _View:
 def _scan(store: ObjectStore, prefix: str) -> _View:
     generations: dict[int, _Generation] = {}
     for info in store.list(prefix):
-        name = info.key[len(prefix) :]
-        if m := _GEN_RE.match(name):
-            generations.setdefault(int(m.group(1)), _Generation()).info = info
-        elif m := _RENEW_RE.match(name):
-            gen = generations.setdefault(int(m.group(1)), _Generation())
-            gen.renewals[int(m.group(2))] = info
-        elif m := _RELEASED_RE.match(name):
-            generations.setdefault(int(m.group(1)), _Generation()).released = info
+        parsed = parse_lease_name(info.key[len(prefix) :])
+        if parsed is None:
+            continue
+        what, g, seq = parsed
+        if what == "acquire":
+            generations.setdefault(g, _Generation()).info = info
+        elif what == "renew":
+            assert seq is not None
+            generations.setdefault(g, _Generation()).renewals[seq] = info
+        else:
+            generations.setdefault(g, _Generation()).released = info
     newest = max((g for g, gen in generations.items() if gen.info is not None), default=0)
     return _View(generations, newest)
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import re
-import uuid
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -28,23 +26,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from statelog import envelope
 from statelog.changelog.format import TIMER_STATES
-from statelog.checkpoint import MaterializedPart, dump_checked, load_checked
+from statelog.checkpoint import MaterializedPart
 from statelog.descriptors import StateInfo, StateKind
-from statelog.errors import ConfigError, CorruptionError, FormatVersionError, ObjectNotFoundError
+from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange
+from statelog.layout import (
+    MANIFEST_PREFIX,
+    parse_manifest_key,
+    parse_savepoint_manifest_key,
+)
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, arrow_type
 
 MANIFEST_FORMAT = "statelog.materialization"
 MANIFEST_VERSION = 1
-MATERIALIZATIONS_PREFIX = "materializations/"
-MANIFEST_PREFIX = "materializations/manifests/"
-DATA_PREFIX = "materializations/data/"
-SAVEPOINT_PREFIX = "savepoints/"
-_MANIFEST_RE = re.compile(r"^materializations/manifests/(m-(\d{12,})-(\d{6,})-([0-9a-f]{8}))\.json$")
-_SAVEPOINT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_SAVEPOINT_MANIFEST_RE = re.compile(r"^savepoints/([A-Za-z0-9][A-Za-z0-9._-]{0,99})/manifest\.json$")
 
 # the Parquet schema metadata keys
 META_FORMAT = b"statelog.table"
@@ -53,45 +50,6 @@ META_KIND = b"statelog.kind"
 META_VALUE_ENC = b"statelog.value_encoding"
 META_UKEY_ENC = b"statelog.user_key_encoding"
 TABLE_FORMAT = b"statelog.state-table.v1"
-
-
-def manifest_key(mid: str) -> str:
-    return f"{MANIFEST_PREFIX}{mid}.json"
-
-
-def new_materialization_id(checkpoint_id: int, generation: int) -> str:
-    return f"m-{checkpoint_id:012d}-{generation:06d}-{uuid.uuid4().hex[:8]}"
-
-
-def parse_manifest_key(key: str) -> tuple[str, int, int] | None:
-    """``(id, checkpoint id, lease generation)`` of a manifest object key, else ``None``."""
-    m = _MANIFEST_RE.match(key)
-    if m is None:
-        return None
-    return m.group(1), int(m.group(2)), int(m.group(3))
-
-
-def check_savepoint_name(name: Any) -> str:
-    if not isinstance(name, str) or not _SAVEPOINT_NAME_RE.match(name):
-        raise ConfigError(
-            f"invalid savepoint name {name!r}: use 1-100 characters of letters, digits, '.', '_' "
-            "and '-', starting with a letter or digit"
-        )
-    return name
-
-
-def savepoint_manifest_key(name: str) -> str:
-    return f"{SAVEPOINT_PREFIX}{name}/manifest.json"
-
-
-def savepoint_metadata_key(name: str) -> str:
-    return f"{SAVEPOINT_PREFIX}{name}/_metadata.json"
-
-
-def parse_savepoint_manifest_key(key: str) -> str | None:
-    """The savepoint name of ``savepoints/<name>/manifest.json``, else ``None``."""
-    m = _SAVEPOINT_MANIFEST_RE.match(key)
-    return None if m is None else m.group(1)
 
 
 # -- manifest ----------------------------------------------------------------------------------
@@ -225,19 +183,11 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
-        return dump_checked(self.body())
+        return envelope.dump(self.body())
 
     @staticmethod
     def from_bytes(data: bytes, key: str) -> Manifest:
-        body = load_checked(data, key, "materialization manifest")
-        if body.get("format") != MANIFEST_FORMAT:
-            raise CorruptionError(f"{key} is not a materialization manifest", key=key)
-        if body.get("version") != MANIFEST_VERSION:
-            raise FormatVersionError(
-                f"materialization manifest {key} has format version {body.get('version')}, this build reads "
-                f"version {MANIFEST_VERSION}; upgrade statelog",
-                key=key,
-            )
+        body = envelope.load(data, key, "materialization manifest", fmt=MANIFEST_FORMAT, versions=(MANIFEST_VERSION,))
         try:
             m = Manifest(
                 mid=str(body["id"]),

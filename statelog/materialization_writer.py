@@ -28,6 +28,7 @@ from statelog.changelog.reader import ChangeBatch, SegmentReader
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange
+from statelog.layout import table_file_key
 from statelog.materialization import (
     Manifest,
     MaterializedOperator,
@@ -374,8 +375,7 @@ class StateTableWriter:
     ) -> None:
         kgr, table = piece
         data = encode_parquet(table, self.options.row_group_rows)
-        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in info.name)[:60]
-        path = f"{dir_}{op_idx:03d}-{safe}-{zlib.crc32(info.name.encode()):08x}-kg{kgr.start:05d}-{kgr.end:05d}.parquet"
+        path = table_file_key(dir_, op_idx, info.name, kgr)
         out.append(TableFile(path, kgr, table.num_rows, len(data), zlib.crc32(data)))
         stats["files_written"] += 1
         stats["bytes_written"] += len(data)

@@ -37,12 +37,12 @@ from typing import Any
 
 from statelog import options as opt
 from statelog.errors import LeaseHeldError, LeaseLostError, StoreError
+from statelog.layout import WRITER_LEASE_PREFIX
 from statelog.lease import Lease, current_holder, holder_process_is_gone
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
-WRITER_LEASE_PREFIX = "writer/lease/"
 DEFAULT_WRITER_LEASE_TTL_S = 10.0
 
 

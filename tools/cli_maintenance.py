@@ -25,7 +25,7 @@ from materializer.savepoint import (
 )
 from statelog import options as opt
 from statelog.errors import ConfigError
-from statelog.materialization import check_savepoint_name
+from statelog.layout import check_savepoint_name
 from tools.output import NONE, _console, _json, _row, _table, human_bytes
 from tools.roots import Root, open_root, resolve_checkpoint_id
 

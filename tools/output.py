@@ -21,10 +21,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statelog.catalog import checkpoint_key
 from statelog.checkpoint import ChangelogRange, CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
-from statelog.materialization import SAVEPOINT_PREFIX, parse_manifest_key, savepoint_metadata_key
+from statelog.layout import (
+    checkpoint_key,
+    parse_manifest_key,
+    parse_savepoint_manifest_key,
+    savepoint_metadata_key,
+)
 from statelog.types import PICKLE, ValueType
 
 NONE = "-"
@@ -89,9 +93,8 @@ def materialization_summary(keys: set[str]) -> list[dict[str, Any]]:
         parsed = parse_manifest_key(key)
         if parsed is not None:
             out.append({"manifest": key, "id": parsed[0], "checkpoint_id": parsed[1]})
-        elif key.startswith(SAVEPOINT_PREFIX):
-            out.append({"manifest": key, "id": "savepoint " + key[len(SAVEPOINT_PREFIX):].split("/")[0],
-                        "checkpoint_id": None})
+        elif (name := parse_savepoint_manifest_key(key)) is not None:
+            out.append({"manifest": key, "id": f"savepoint {name}", "checkpoint_id": None})
         else:
             out.append({"manifest": key, "id": key, "checkpoint_id": None})
     return out

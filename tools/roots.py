@@ -8,19 +8,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from statelog.catalog import (
-    JobCatalog,
-    JobInfo,
-    checkpoint_key,
-    load_savepoint,
-    missing_checkpoint_message,
-)
+from statelog.catalog import JobCatalog, JobInfo, load_savepoint, missing_checkpoint_message
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     ConfigError,
     CorruptionError,
 )
+from statelog.layout import checkpoint_key
 from statelog.options import parse_checkpoint_ref
 from statelog.store import open_store, redact_url
 from statelog.store.options import REDACTED, StoreOptions, is_secret, redact

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.catalog import JOB_KEY, JobInfo, checkpoint_key, load_savepoint, savepoint_names
+from statelog.catalog import JobInfo, load_savepoint, savepoint_names
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange, CheckpointMetadata, MaterializedPart
 from statelog.errors import (
@@ -23,13 +23,8 @@ from statelog.errors import (
     StoreError,
 )
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
-from statelog.materialization import (
-    TableFile,
-    check_reference,
-    load_manifest,
-    read_table_file,
-    savepoint_metadata_key,
-)
+from statelog.layout import JOB_KEY, checkpoint_key, savepoint_metadata_key
+from statelog.materialization import TableFile, check_reference, load_manifest, read_table_file
 from tools.roots import Root, load_metadata, resolve_checkpoint_id
 
 log = logging.getLogger("tools.cli")

@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 import time
-import uuid
 import weakref
 from typing import Any
 
@@ -30,6 +29,7 @@ from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
 from statelog.changelog.stream import HAVE_RECORD_BUFFER, ChangelogStream
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
+from statelog.layout import new_writer_id, segment_key
 from statelog.store.base import ObjectStore
 from statelog.store.retry import RetryPolicy, call_with_retry
 
@@ -40,17 +40,11 @@ log = logging.getLogger(__name__)
 # created; ChangelogWriter(columnar=...) overrides it.
 COLUMNAR_BUFFERS = HAVE_RECORD_BUFFER and os.environ.get("STATELOG_PURE_PYTHON", "") in ("", "0")
 
-CHANGELOG_PREFIX = "changelog/"
 # A busy task converts its own records; the flusher converts a partial batch only after
 # the task has not completed one for this many persist delays (a slow stream).
 RAW_TAKE_DELAYS = 3
 # The flusher's longest sleep between two looks at the buffers (see ChangelogWriter._run).
 POLL_S = 0.05
-
-
-def new_writer_id() -> str:
-    """Writer ids sort by creation time: ``<ms since epoch, 13 digits>-<random hex>``."""
-    return f"{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:12]}"
 
 
 class ChangelogWriter:
@@ -364,7 +358,7 @@ class ChangelogWriter:
         with self._lock:
             seg_no = self._next_segment
             self._next_segment += 1
-        name = f"{CHANGELOG_PREFIX}{self.writer_id}/{seg_no:010d}.seg"
+        name = segment_key(self.writer_id, seg_no)
         data, footer = encode_segment(
             self.writer_id,
             seg_no,

@@ -21,18 +21,17 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from statelog.catalog import checkpoint_key, load_savepoint, savepoint_names
+from statelog.catalog import load_savepoint, savepoint_names
 from statelog.checkpoint import CheckpointMetadata, MaterializedPart
 from statelog.errors import CheckpointNotFoundError, ConfigError
 from statelog.job import StateJob
-from statelog.materialization import (
-    Manifest,
-    TableFile,
-    list_manifests,
-    load_manifest,
+from statelog.layout import (
+    checkpoint_key,
+    parse_savepoint_manifest_key,
     savepoint_manifest_key,
     savepoint_metadata_key,
 )
+from statelog.materialization import Manifest, TableFile, list_manifests, load_manifest
 from statelog.spark import options as opt
 from statelog.spark.restore import stream_state
 from statelog.store.options import StoreOptions
@@ -171,8 +170,8 @@ class Catalog:
                     users.setdefault(k, []).append(meta.checkpoint_id)
         for key, sp in self._manifest_keys():
             m = self.manifest(key)
-            if sp is None and m.kind == "savepoint" and key.startswith("savepoints/"):
-                sp = key.split("/")[1]
+            if sp is None and m.kind == "savepoint":
+                sp = parse_savepoint_manifest_key(key)
             files = sum(len(fs) for op in m.operators.values() for fs in op.files.values())
             yield (key, m.mid, m.kind, sp, m.checkpoint_id, _ts(m.created_ms), m.lease_generation,
                    sorted(m.operators), files, m.rows, m.bytes, sorted(users.get(key, [])))

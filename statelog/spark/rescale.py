@@ -40,16 +40,16 @@ from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StatelogError
 from statelog.job import StateJob
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
-from statelog.materialization import (
-    SAVEPOINT_PREFIX,
-    Manifest,
-    MaterializedOperator,
-    TableFile,
+from statelog.layout import (
     check_savepoint_name,
     new_materialization_id,
+    savepoint_data_prefix,
     savepoint_manifest_key,
     savepoint_metadata_key,
+    savepoint_prefix,
+    table_dir,
 )
+from statelog.materialization import Manifest, MaterializedOperator, TableFile
 from statelog.materialization_writer import StateTableWriter, new_stats
 from statelog.spark import options as opt
 from statelog.store.options import StoreOptions, resolve_store_options
@@ -185,7 +185,7 @@ def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task
         mid = new_materialization_id(task.checkpoint_id, 0)
         stats = new_stats()
         with StateTableWriter(store) as writer:
-            mop = writer.write_operator(meta, task.uid, 0, f"{SAVEPOINT_PREFIX}{name}/data/{mid}/", True, stats)
+            mop = writer.write_operator(meta, task.uid, 0, table_dir(mid, savepoint_data_prefix(name)), True, stats)
         stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
         return {"number": task.number, "operator": mop.to_json(), "stats": stats,
                 "seconds": round(time.monotonic() - t0, 3)}
@@ -247,7 +247,7 @@ def _check_name_free(job: StateJob, name: str) -> None:
             f"savepoint {name!r} already exists in {job.root}; choose another --savepoint name or delete it "
             f"with `statelog savepoint delete ROOT {name}`"
         )
-    leftover = next(iter(job.store.list(f"{SAVEPOINT_PREFIX}{name}/")), None)
+    leftover = next(iter(job.store.list(savepoint_prefix(name))), None)
     if leftover is not None:
         raise ConfigError(
             f"savepoint name {name!r} is in use in {job.root}: {leftover.key} exists without savepoint "
@@ -310,7 +310,7 @@ def restore(
         if errors:
             raise StatelogError(
                 f"the restore job failed ({len(errors)} of {len(plan.tasks)} task(s)); first error: {errors[0]}. "
-                f"Files written below {SAVEPOINT_PREFIX}{plan.name}/ are not referenced; remove them with "
+                f"Files written below {savepoint_prefix(plan.name)} are not referenced; remove them with "
                 f"`statelog savepoint delete ROOT {plan.name}`"
             )
         return _publish(job, plan.meta, plan.where, plan.name, plan.tasks, results, plan.dropped, t0)

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from statelog.backend import KeyedStateBackend, RestoredChanges
+from statelog.backend import KeyedStateBackend
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import CheckpointMetadata, OperatorState
@@ -32,6 +32,7 @@ from statelog.descriptors import (
 from statelog.errors import StatelogError
 from statelog.keys import KeyGroupRange, encode_key, key_group_range_for_subtask
 from statelog.materialization import Manifest, load_manifest
+from statelog.restore import RestoredChanges
 from statelog.store.base import ObjectStore
 
 # The clock of restoring backends: far in the past, so that no entry is hidden as expired.

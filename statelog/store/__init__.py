@@ -35,6 +35,7 @@ __all__ = [
     "call_with_retry",
     "open_store",
     "redact_url",
+    "reopen_store",
     "validate_key",
     "validate_prefix",
     "validate_range",
@@ -151,3 +152,17 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> ObjectStor
     from statelog.store.local import LocalObjectStore
 
     return LocalObjectStore(os.path.normpath(path))
+
+
+def reopen_store(store: ObjectStore) -> ObjectStore | None:
+    """A separate handle on the root of ``store`` (its own connections, closed by whoever
+    reopened it), as :func:`open_store` opened it; ``None`` for any other store (a wrapper such
+    as a fault injector), which the caller then shares. Callers need no implementation class."""
+    from statelog.store.local import LocalObjectStore
+    from statelog.store.s3 import S3ObjectStore
+
+    if isinstance(store, S3ObjectStore):
+        return S3ObjectStore(store.bucket, store.prefix, store.config)
+    if isinstance(store, LocalObjectStore):
+        return LocalObjectStore(store.root)
+    return None

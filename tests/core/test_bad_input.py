@@ -7,7 +7,6 @@ import pytest
 
 import statelog
 from statelog import ListStateDescriptor, MapStateDescriptor, TtlConfig, ValueStateDescriptor
-from statelog.catalog import checkpoint_key
 from statelog.errors import (
     AuthenticationError,
     CheckpointNotFoundError,
@@ -19,6 +18,7 @@ from statelog.errors import (
     SerializationError,
     StateTypeError,
 )
+from statelog.layout import checkpoint_key
 
 
 @pytest.mark.parametrize(

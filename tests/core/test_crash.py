@@ -38,10 +38,10 @@ from typing import Any
 import pytest
 
 import statelog
-from statelog.catalog import checkpoint_key
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import JobNotFoundError
+from statelog.layout import checkpoint_key
 from tests.core.crash_ops import OPERATOR_UID, ModelReplay
 from tests.core.harness import (
     Model,

@@ -13,7 +13,6 @@ import pytest
 
 import statelog
 from statelog import ValueStateDescriptor
-from statelog.catalog import JOB_KEY, checkpoint_key
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
@@ -23,6 +22,7 @@ from statelog.errors import (
     SavepointNotFoundError,
     SerializationError,
 )
+from statelog.layout import JOB_KEY, checkpoint_key
 from statelog.store import open_store
 from statelog.store.faulty import FaultInjectingStore
 

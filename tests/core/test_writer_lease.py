@@ -26,8 +26,9 @@ import pytest
 import statelog
 from statelog import ValueStateDescriptor
 from statelog.errors import LeaseHeldError, LeaseLostError
+from statelog.layout import WRITER_LEASE_PREFIX
 from statelog.lease import current_holder
-from statelog.writer_lease import WRITER_LEASE_PREFIX, WriterLease
+from statelog.writer_lease import WriterLease
 from tests.s3server import RootSpec
 
 PROJECT = Path(__file__).resolve().parents[2]

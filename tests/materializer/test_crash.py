@@ -48,14 +48,8 @@ from materializer.daemon import MaterializerDaemon
 from materializer.gc import collect_garbage
 from statelog.catalog import load_savepoint, savepoint_names
 from statelog.checkpoint import CheckpointMetadata
-from statelog.materialization import (
-    DATA_PREFIX,
-    MANIFEST_PREFIX,
-    latest_manifest_key,
-    list_manifests,
-    load_manifest,
-    parse_manifest_key,
-)
+from statelog.layout import DATA_PREFIX, MANIFEST_PREFIX, parse_manifest_key
+from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
 from statelog.store import open_store
 from tests.core.crash_ops import OPERATOR_UID, CrashDriver
 from tests.core.harness import Clock, Model

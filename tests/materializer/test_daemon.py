@@ -22,8 +22,9 @@ import pyarrow as pa
 import pytest
 
 import statelog
+from materializer.background import start_background
 from materializer.build import MaterializeOptions
-from materializer.daemon import MaterializerDaemon, due, start_background
+from materializer.daemon import MaterializerDaemon, due
 from materializer.lease import current_holder, generation_key
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor
 from statelog.catalog import JobCatalog

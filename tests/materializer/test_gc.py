@@ -19,9 +19,10 @@ import statelog
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statelog.catalog import JobCatalog, checkpoint_key
+from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import ConfigError, JobNotFoundError
+from statelog.layout import checkpoint_key
 from statelog.materialization import Manifest, latest_manifest_key, list_manifests, load_manifest
 from statelog.store.base import ObjectStore
 from statelog.store.faulty import FaultInjectingStore

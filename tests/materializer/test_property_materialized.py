@@ -35,12 +35,8 @@ from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
 from statelog.catalog import load_savepoint, savepoint_names
-from statelog.materialization import (
-    MANIFEST_PREFIX,
-    latest_manifest_key,
-    list_manifests,
-    load_manifest,
-)
+from statelog.layout import MANIFEST_PREFIX
+from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
 from statelog.store.faulty import FaultInjectingStore
 from tests.core.harness import (
     DESCRIPTORS,

@@ -22,16 +22,12 @@ import statelog
 from materializer.build import materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint, list_savepoints
-from statelog.catalog import JobCatalog, checkpoint_key, load_savepoint
+from statelog.catalog import JobCatalog, load_savepoint
 from statelog.checkpoint import CheckpointMetadata, MaterializedPart
 from statelog.errors import CorruptionError
 from statelog.keys import KeyGroupRange
-from statelog.materialization import (
-    Manifest,
-    load_manifest,
-    savepoint_manifest_key,
-    savepoint_metadata_key,
-)
+from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
+from statelog.materialization import Manifest, load_manifest
 from statelog.spark.restore import read_state_changes
 from tests.materializer.test_gc import FAR, MAXP, OPTIONS, Built, build, read_state
 from tests.s3server import RootSpec

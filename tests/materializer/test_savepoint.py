@@ -12,7 +12,8 @@ from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint, delete_savepoint, list_savepoints
 from statelog.catalog import JobCatalog, load_savepoint, savepoint_names
 from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError
-from statelog.materialization import load_manifest, savepoint_manifest_key, savepoint_metadata_key
+from statelog.layout import savepoint_manifest_key, savepoint_metadata_key
+from statelog.materialization import load_manifest
 from statelog.store.faulty import FaultInjectingStore
 from tests.materializer.test_gc import (
     ATTRS,

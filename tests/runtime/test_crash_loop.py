@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import statelog
-from materializer.daemon import start_background
+from materializer.background import start_background
 from runtime import FixedDelay, read_committed
 from runtime.windows import WINDOW_STATE
 from statelog import PICKLE, AggregatingStateDescriptor

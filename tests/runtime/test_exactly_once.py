@@ -23,6 +23,7 @@ from runtime import (
     inflight,
     read_committed,
 )
+from statelog import layout
 from tests.runtime import jobs
 from tests.runtime.chaos import kill_workers
 from tests.s3server import RootSpec
@@ -89,7 +90,7 @@ def test_unaligned_worker_kills_recover_to_identical_output(file_root: RootSpec,
     # in-flight objects are kept for the retained checkpoints only (retain_checkpoints=5)
     with statelog.open(file_root.url) as job:
         retained = set(job.catalog.checkpoint_ids())
-        left = {int(i.key.split("/")[2][4:]) for i in job.store.list(inflight.PREFIX)}
+        left = {int(i.key.split("/")[2][4:]) for i in job.store.list(layout.INFLIGHT_PREFIX)}
         for cid in retained:  # and they verify
             inflight.read_all(job.store, job.load_checkpoint(cid).sources)
     assert left <= retained, (left, retained)
@@ -153,7 +154,7 @@ def test_union_and_chained_stateless_operators(file_root: RootSpec, tmp_path: Pa
 
 
 def test_kills_with_the_materializer_in_the_background(file_root: RootSpec, tmp_path: Path) -> None:
-    from materializer.daemon import start_background
+    from materializer.background import start_background
 
     env = make_env(file_root)
     jobs.build_clicks(env, tmp_path / "windows", 6000, rate=2500)

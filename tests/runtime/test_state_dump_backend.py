@@ -11,8 +11,8 @@ import pytest
 import statelog
 from runtime import FixedDelay, JobGraphError, NoRestart, StreamExecutionEnvironment
 from runtime.sinks import read_committed
-from runtime.state_dump_backend import PREFIX
 from statelog.keys import decode_key
+from statelog.layout import STATE_DUMP_PREFIX as PREFIX
 from statelog.state_dump import decode_state_dump
 from tests.runtime import jobs
 from tests.s3server import RootSpec

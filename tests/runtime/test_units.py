@@ -32,7 +32,7 @@ from runtime.graph import FORWARD, HASH, JobGraph
 from runtime.router import EdgeOutput
 from runtime.sinks import PENDING_DIR, FileSinkOperator, read_committed
 from runtime.sources import SourceSplits
-from statelog import key_group_of, subtask_for_key_group
+from statelog import key_group_of, layout, subtask_for_key_group
 from statelog.errors import ConfigError
 from tests.runtime import jobs
 
@@ -392,7 +392,7 @@ def test_inflight_objects_are_checksummed_versioned_and_redistributed(tmp_path: 
                    "input": [(9, 0, (k, sub), None) for k in keys] + [(8, 1, ("fwd", sub), 7)],
                    "output": [(0, ("out", sub), None)]}
         data, digest = inflight.encode(payload)
-        key = inflight.object_key(3, f"4.{sub}")
+        key = layout.inflight_key(3, f"4.{sub}")
         assert key == f"runtime/inflight/chk-3/4.{sub}.bin"
         store.put(key, data)
         sources.setdefault(inflight.INFLIGHT_KEY, {})[f"4.{sub}"] = {
@@ -414,16 +414,16 @@ def test_inflight_objects_are_checksummed_versioned_and_redistributed(tmp_path: 
     total = sum(len(inflight.replay_for(store, sources, 4, n, 3, 128, edges)[0]) for n in range(3))
     assert total == 82
     # corruption, a replaced object and an unknown version are refused
-    raw = store.get(inflight.object_key(3, "4.0"))
-    store.delete(inflight.object_key(3, "4.0"))  # objects are write-once
-    store.put(inflight.object_key(3, "4.0"), raw[:-1] + bytes([raw[-1] ^ 1]))
+    raw = store.get(layout.inflight_key(3, "4.0"))
+    store.delete(layout.inflight_key(3, "4.0"))  # objects are write-once
+    store.put(layout.inflight_key(3, "4.0"), raw[:-1] + bytes([raw[-1] ^ 1]))
     with pytest.raises(RuntimeJobError, match="checksum"):
         inflight.replay_for(store, sources, 4, 0, 2, 128, edges)
     with pytest.raises(RuntimeJobError, match="version"):
         inflight.decode(raw[:4] + b"\x09" + raw[5:], "x")
     other, _ = inflight.encode({"input": [], "output": []})
-    store.delete(inflight.object_key(3, "4.0"))
-    store.put(inflight.object_key(3, "4.0"), other)
+    store.delete(layout.inflight_key(3, "4.0"))
+    store.put(layout.inflight_key(3, "4.0"), other)
     with pytest.raises(RuntimeJobError, match="checksum"):
         inflight.read_all(store, sources)
 
@@ -439,13 +439,13 @@ def test_inflight_cleanup_and_the_materializer_gc(tmp_path: Path) -> None:
         for cid in range(1, 5):
             b.set_current_key("k")
             job.checkpoint({"s": {"0": cid}})
-            job.store.put(inflight.object_key(cid, "1.0"), b"x")
-        job.store.put(inflight.object_key(9, "1.0"), b"x")  # a checkpoint still in flight
+            job.store.put(layout.inflight_key(cid, "1.0"), b"x")
+        job.store.put(layout.inflight_key(9, "1.0"), b"x")  # a checkpoint still in flight
         retained = job.catalog.checkpoint_ids()
         assert retained == [3, 4]
         collect_garbage(job.store, grace_s=0.0)
-        names = sorted(i.key for i in job.store.list(inflight.PREFIX))
+        names = sorted(i.key for i in job.store.list(layout.INFLIGHT_PREFIX))
         assert len(names) == 5  # the materializer's GC never touches runtime/
         assert inflight.collect_inflight(job.store, retained, 4) == [1, 2]
-        names = sorted(i.key for i in job.store.list(inflight.PREFIX))
-        assert names == [inflight.object_key(c, "1.0") for c in (3, 4, 9)]
+        names = sorted(i.key for i in job.store.list(layout.INFLIGHT_PREFIX))
+        assert names == [layout.inflight_key(c, "1.0") for c in (3, 4, 9)]

@@ -25,10 +25,11 @@ from statelog import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
-from statelog.catalog import JobCatalog, checkpoint_key
+from statelog.catalog import JobCatalog
 from statelog.changelog import format as fmt
 from statelog.checkpoint import OperatorState
 from statelog.keys import KeyGroupRange
+from statelog.layout import checkpoint_key
 from tests.s3server import RootSpec, S3Server
 from tools.cli import main, parse_store_options
 

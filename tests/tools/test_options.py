@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 import statelog
-from materializer.daemon import MaterializerDaemon, start_background
+from materializer.background import start_background
+from materializer.daemon import MaterializerDaemon
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import options as opt

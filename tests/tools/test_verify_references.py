@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from materializer.savepoint import create_savepoint
-from statelog.catalog import checkpoint_key
-from statelog.materialization import savepoint_manifest_key, savepoint_metadata_key
+from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
 from tests.materializer.test_gc import OPTIONS, Built, build
 from tests.materializer.test_references import copy_over, swap_table_file
 from tests.s3server import RootSpec
