@@ -25,6 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from statelog.errors import ConfigError, CorruptionError, SerializationError
 
 DEFAULT_MAX_PARALLELISM = 128
@@ -251,7 +254,6 @@ def decode_key_array(arr: Any, key_type: Any = None) -> list[Any]:
     type, e.g. ``pa.float64()`` or ``pa.bool_()``) every key is converted to that type's
     Python value with :func:`coerce_key` (int ``1`` becomes ``1.0`` or ``True``).
     """
-    import pyarrow as pa
 
     if isinstance(arr, pa.ChunkedArray):
         out: list[Any] = []
@@ -265,8 +267,6 @@ def decode_key_array(arr: Any, key_type: Any = None) -> list[Any]:
 
 
 def _decode_key_chunk(arr: Any) -> list[Any]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     n = len(arr)
     if n == 0:
@@ -312,8 +312,6 @@ def first_legacy_key(arr: Any) -> bytes | None:
 
     One Arrow pass over the tag bytes; only keys tagged bool, float or tuple are decoded.
     """
-    import pyarrow as pa
-    import pyarrow.compute as pc
 
     if len(arr) == 0:
         return None
@@ -358,7 +356,6 @@ def coerce_key(key: Any, key_type: Any) -> Any:
     integer, an int that no binary64 float equals) raises :class:`SerializationError`.
     Other types (string, binary, ...) are returned as they are; ``None`` stays ``None``.
     """
-    import pyarrow as pa
 
     if key is None:
         return None
@@ -395,7 +392,6 @@ def coerce_key(key: Any, key_type: Any) -> Any:
 
 def coerce_keys(keys: list[Any], key_type: Any) -> list[Any]:
     """:func:`coerce_key` of every key (types other than bool, integer and floating as is)."""
-    import pyarrow as pa
 
     if not (pa.types.is_boolean(key_type) or pa.types.is_integer(key_type) or pa.types.is_floating(key_type)):
         return keys

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from statelog.checkpoint import (
@@ -52,6 +53,7 @@ from statelog.layout import (
 from statelog.materialization import Manifest, MaterializedOperator, TableFile
 from statelog.materialization_writer import StateTableWriter, new_stats
 from statelog.spark import options as opt
+from statelog.store import open_store
 from statelog.store.options import StoreOptions, resolve_store_options
 
 if TYPE_CHECKING:
@@ -168,8 +170,6 @@ def plan_restore(
 
 def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task: RestoreTask) -> dict[str, Any]:
     """Write the state tables of one new subtask; returns the tables (or an error message)."""
-    from statelog.store import open_store
-
     t0 = time.monotonic()
     try:
         store = open_store(root, dict(store_options or {}) or None)
@@ -320,8 +320,6 @@ def restore(
 
 def _run(spark: SparkSession, root: str, store_options: Mapping[str, Any] | None, name: str,
          tasks: list[RestoreTask], progress: Progress | None) -> list[dict[str, Any]]:
-    from functools import partial
-
     from pyspark import InheritableThread
 
     sc = spark.sparkContext
