@@ -1,7 +1,7 @@
 """The runtime package's structure (issue 12): imports point down inside the package and
 each name says one thing.
 
-The import graph is read from the source (every import statement: module level, inside
+The import graph is tests/test_layering.py's (every import statement: module level, inside
 functions and under ``if TYPE_CHECKING:``), so a back edge hidden in a function still fails.
 """
 
@@ -13,77 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_layering import import_graph
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _module(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def runtime_imports() -> dict[str, set[str]]:
     """runtime module -> the runtime modules it imports (anywhere in its source)."""
-    files = {_module(p): p for p in sorted((REPO / "runtime").glob("*.py"))}
-    graph: dict[str, set[str]] = {}
-    for mod, path in files.items():
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                names = [f"{node.module}.{a.name}" for a in node.names]
-            for name in names:
-                while name and name not in files:  # "runtime.api.JobConfig" -> "runtime.api"
-                    name = name.rpartition(".")[0]
-                if name and name != mod:
-                    deps.add(name)
-        graph[mod] = deps
-    return graph
+    graph = import_graph(REPO, ["runtime"])
+    return {mod: {d for d in deps if d.startswith("runtime")} for mod, deps in graph.items()}
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
-# -- point 1: no cycle between api, client, driver, task and worker ------------------------------
-
-
-def test_runtime_modules_form_no_import_cycle() -> None:
-    assert _cycles(runtime_imports()) == []
+# -- point 1: api, client, driver, task and worker import downwards (cycles: tests/test_layering.py)
 
 
 def test_nothing_below_the_job_api_imports_it() -> None:
