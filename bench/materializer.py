@@ -13,7 +13,7 @@
   alternating order; the median of all pair ratios is reported, with its quartiles.
 * ``space_amplification_value`` / ``space_amplification_window``: a workload runs in
   virtual time with a checkpoint every second, the materializer's default triggers
-  (``materializer.daemon.due``: 60 s or 256 MB of tail) and GC after each
+  (``materializer.options.due``: 60 s or 256 MB of tail) and GC after each
   materialization; at every checkpoint in steady state (after the first materialization
   was adopted, and for the window workload after the first windows fired) the bytes of all distinct objects referenced by the retained checkpoints
   (segments, manifests, table files) are divided by the bytes of one full snapshot of the
@@ -42,8 +42,8 @@ import pyarrow as pa
 
 import statelog
 from materializer.build import materialize
-from materializer.daemon import due
 from materializer.gc import collect_garbage
+from materializer.options import due
 from statelog import ValueStateDescriptor
 from statelog.backend import KeyedStateBackend
 from statelog.checkpoint import CheckpointMetadata

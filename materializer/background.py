@@ -14,7 +14,8 @@ import logging
 import threading
 from typing import Any
 
-from materializer.daemon import MaterializerDaemon, default_owner
+from materializer.daemon import MaterializerDaemon
+from materializer.options import MaterializerOptions, default_owner
 from statelog.catalog import JobCatalog
 from statelog.errors import ConfigError, StatelogError
 from statelog.job import StateJob
@@ -112,6 +113,7 @@ class BackgroundMaterializer:
 
 def start_background(
     job_or_root: Any,
+    options: MaterializerOptions | None = None,
     *,
     store_options: dict[str, Any] | None = None,
     **opts: Any,
@@ -120,8 +122,9 @@ def start_background(
 
     ``job_or_root`` is a :class:`~statelog.job.StateJob`, an :class:`ObjectStore` or a job
     root URL (opened with ``store_options``); the loop uses its own store handle on that
-    root. ``opts`` are :class:`MaterializerDaemon` options (``interval_s``,
-    ``max_tail_bytes``, ``lease_ttl_s``, ...; ``owner`` defaults to ``background@host:pid``).
+    root. ``options`` (a :class:`~materializer.options.MaterializerOptions`) and ``opts`` are
+    the :class:`MaterializerDaemon`'s (``interval_s``, ``max_tail_bytes``, ``lease_ttl_s``,
+    ...; ``owner`` defaults to ``background@host:pid``).
     Several processes may each start one: the lease makes exactly one of them publish.
     """
     if isinstance(job_or_root, StateJob):
@@ -136,8 +139,9 @@ def start_background(
         )
     try:
         JobCatalog(store).open_job(None, create=False)
-        opts.setdefault("owner", default_owner("background"))
-        daemon = MaterializerDaemon(store, **opts)
+        if (options is None or options.owner is None) and "owner" not in opts:
+            opts["owner"] = default_owner("background")
+        daemon = MaterializerDaemon(store, options, **opts)
     except BaseException:
         if owns:
             store.close()

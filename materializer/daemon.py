@@ -32,8 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -41,8 +39,8 @@ from typing import Any
 
 from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import collect_garbage
-from materializer.lease import LeaderLease, current_holder
-from statelog import options as opt
+from materializer.lease import LeaderLease, LeaseKeeper, current_holder
+from materializer.options import REASON_FORCED, MaterializerOptions, default_owner, due
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
@@ -51,7 +49,6 @@ from statelog.errors import (
     CheckpointNotFoundError,
     LeaseLostError,
     StatelogError,
-    StoreError,
     StorePermissionError,
 )
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
@@ -65,84 +62,12 @@ FATAL_ERRORS = (StorePermissionError, AuthenticationError, BucketNotFoundError)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total), as in materializer.build
 
-DEFAULT_INTERVAL_S = 60.0
-DEFAULT_MAX_TAIL_BYTES = 256 << 20
-DEFAULT_LEASE_TTL_S = 30.0
-DEFAULT_GC_GRACE_S = 600.0
-MAX_POLL_S = 5.0  # the default cycle period never exceeds this
 _STEP_S = 0.05  # sleeping granularity: how promptly a stop or trigger is noticed
 _MAX_BACKOFF_S = 60.0
-
-# reasons a checkpoint is materialized (the values of the summary's "reason")
-REASON_FIRST = "first"  # no materialization exists yet
-REASON_TAIL = "tail-size"  # the changelog tail reached max_tail_bytes
-REASON_INTERVAL = "interval"  # interval_s passed since the last materialization
-REASON_FORCED = "forced"  # run_once(force=True) / BackgroundMaterializer.trigger()
-
-
-def due(
-    latest_checkpoint: CheckpointMetadata | None,
-    latest_manifest: Manifest | None,
-    now: float,
-    last_materialized_at: float | None,
-    interval_s: float,
-    max_tail_bytes: int,
-) -> str | None:
-    """The trigger policy: why ``latest_checkpoint`` should be materialized now, or ``None``.
-
-    A checkpoint is due only if it is newer than ``latest_manifest`` (the newest published
-    materialization) and has a changelog tail (``changelog_bytes`` > 0: a checkpoint without
-    one holds exactly the state of its base, which is materialized already). Then it is due
-    when there is no materialization yet (``"first"``), when its tail reached
-    ``max_tail_bytes`` (``"tail-size"``), or when ``interval_s`` passed since the last
-    materialization (``"interval"``). ``now`` and ``last_materialized_at`` are wall-clock
-    seconds; without ``last_materialized_at`` the manifest's ``created_ms`` is used.
-    """
-    if latest_checkpoint is None:
-        return None
-    if latest_manifest is not None and latest_checkpoint.checkpoint_id <= latest_manifest.checkpoint_id:
-        return None
-    tail = latest_checkpoint.changelog_bytes
-    if tail <= 0:
-        return None
-    if latest_manifest is None:
-        return REASON_FIRST
-    if tail >= max_tail_bytes:
-        return REASON_TAIL
-    since = last_materialized_at if last_materialized_at is not None else latest_manifest.created_ms / 1000
-    if now - since >= interval_s:
-        return REASON_INTERVAL
-    return None
 
 
 class _Stopped(Exception):
     """Raised from the progress hook to abandon a materialization when a stop is requested."""
-
-
-_RANGED = {
-    "interval_s": opt.MATERIALIZE_INTERVAL,
-    "max_tail_bytes": opt.MAX_TAIL_BYTES,
-    "lease_ttl_s": opt.LEASE_TTL,
-    "gc_grace_s": opt.GC_GRACE,
-    "poll_s": opt.POLL,
-    "gc_interval_s": opt.GC_INTERVAL,
-}
-
-
-def check_options(options: dict[str, Any]) -> None:
-    """Check the values of :class:`MaterializerDaemon` options without a store (what the
-    runtime does with ``materializer={...}`` before it starts a job); :class:`ConfigError`."""
-    for name, value in options.items():
-        if name in _RANGED:
-            _RANGED[name].check(value)
-        elif name == "retain_checkpoints" and value is not None:
-            opt.RETAIN.check(value)
-        elif name == "owner" and value is not None:
-            opt.non_empty_name("owner", value)
-
-
-def default_owner(kind: str = "daemon") -> str:
-    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
 
 
 def _report_json(report: Any) -> Any:
@@ -176,97 +101,51 @@ def manifest_summary(m: Manifest, now: float | None = None) -> dict[str, Any]:
     }
 
 
-class _LeaseKeeper:
-    """Renews the lease from a background thread while a long operation runs.
-
-    A renewal that reports the lease lost sets :attr:`lost`; the daemon's progress hook
-    then abandons the materialization, and the fencing check before publishing refuses in
-    any case. Store errors are logged and retried (the lease stays valid until its deadline).
-    """
-
-    def __init__(self, lease: LeaderLease) -> None:
-        self.lease = lease
-        self.lost = threading.Event()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="statelog-lease-keeper", daemon=True)
-
-    def __enter__(self) -> _LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        interval = max(0.01, self.lease.renew_interval_s)
-        while not self._done.wait(interval):
-            try:
-                if not self.lease.renew():
-                    log.warning("lease lost during the cycle: %s", self.lease.lost_reason)
-                    self.lost.set()
-                    return
-            except StoreError as exc:
-                log.warning("renewing the lease failed (will retry): %s", exc)
-                interval = max(0.01, self.lease.renew_interval_s / 3)
-            else:
-                interval = max(0.01, self.lease.renew_interval_s)
-
-
 class MaterializerDaemon:
     """Materializes the checkpoints of one job root while holding its leader lease.
 
-    ``store``: the job root (the caller owns and closes it). ``interval_s`` and
-    ``max_tail_bytes``: the triggers (see :func:`due`). ``lease_ttl_s``: the lease's ttl; a
-    standby takes over an abandoned lease after about one ttl, a released one at once.
-    ``gc_grace_s`` and ``retain_checkpoints`` are passed to
-    :func:`~materializer.gc.collect_garbage` (``run_gc=False`` disables GC). ``owner`` names
-    this daemon in the lease (default ``daemon@host:pid``). ``clock`` is the wall clock
+    ``store``: the job root (the caller owns and closes it). ``options``: a
+    :class:`~materializer.options.MaterializerOptions` (defaults, ranges and docs of every
+    option: the triggers ``interval_s`` and ``max_tail_bytes`` (see :func:`due`), the lease
+    ttl, GC, the cycle period, the owner), or the same options as keyword arguments. ``layout``:
+    the state tables' layout (:class:`MaterializeOptions`). ``clock`` is the wall clock
     (seconds) of the interval trigger and of GC; ``lease_clock`` measures the lease's
     intervals (default :func:`time.monotonic`, or ``clock`` when a clock is injected).
     ``progress(what, done, total)`` is called with the cycle's phases and the
-    materialization's progress. ``poll_s``: the cycle period of :meth:`run` (default
-    ``min(5s, interval_s)``; never longer than a third of the lease ttl).
+    materialization's progress.
     """
 
     def __init__(
         self,
         store: ObjectStore,
+        options: MaterializerOptions | None = None,
         *,
-        interval_s: float = DEFAULT_INTERVAL_S,
-        max_tail_bytes: int = DEFAULT_MAX_TAIL_BYTES,
-        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
-        gc_grace_s: float = DEFAULT_GC_GRACE_S,
-        retain_checkpoints: int | None = None,
-        owner: str | None = None,
         clock: Callable[[], float] = time.time,
         progress: Progress | None = None,
-        poll_s: float | None = None,
-        gc_interval_s: float | None = None,
-        run_gc: bool = True,
-        options: MaterializeOptions | None = None,
+        layout: MaterializeOptions | None = None,
         lease_clock: Callable[[], float] | None = None,
+        **overrides: Any,
     ) -> None:
-        # the valid ranges live in statelog/options.py (docs/materializer.md lists them)
-        self.interval_s = opt.MATERIALIZE_INTERVAL.check(interval_s)
-        self.max_tail_bytes = opt.MAX_TAIL_BYTES.check(max_tail_bytes)
-        self.gc_grace_s = opt.GC_GRACE.check(gc_grace_s)
-        self.retain_checkpoints = None if retain_checkpoints is None else opt.RETAIN.check(retain_checkpoints)
-        self.poll_s = opt.POLL.check(poll_s) if poll_s is not None else min(MAX_POLL_S, self.interval_s)
-        self.gc_interval_s = (
-            opt.GC_INTERVAL.check(gc_interval_s) if gc_interval_s is not None else max(self.interval_s, 60.0)
-        )
-        lease_ttl_s = opt.LEASE_TTL.check(lease_ttl_s)
-        self.run_gc = bool(run_gc)
+        settings = MaterializerOptions.from_mapping(overrides)  # unknown names and ranges: one place
+        if options is not None:
+            settings = dataclasses.replace(options, **overrides)
+        self.settings = settings
+        self.interval_s = settings.interval_s
+        self.max_tail_bytes = settings.max_tail_bytes
+        self.gc_grace_s = settings.gc_grace_s
+        self.retain_checkpoints = settings.retain_checkpoints
+        self.poll_s = settings.cycle_s
+        self.gc_interval_s = settings.gc_every_s
+        self.run_gc = settings.run_gc
         self.store = store
         self.catalog = JobCatalog(store)
-        self.owner = default_owner() if owner is None else opt.non_empty_name("owner", owner)
+        self.owner = default_owner() if settings.owner is None else settings.owner
         self.clock = clock
         self.progress = progress
-        self.options = options
+        self.layout = layout
         if lease_clock is None:
             lease_clock = time.monotonic if clock is time.time else clock
-        self.lease = LeaderLease(store, self.owner, lease_ttl_s, clock=lease_clock)
+        self.lease = LeaderLease(store, self.owner, settings.lease_ttl_s, clock=lease_clock)
         # the fencing margin: the lease must stay valid this long after the check (the publish)
         self.publish_margin_s = self.lease.ttl_s / 6
         self._manifests: dict[str, Manifest] = {}
@@ -423,7 +302,7 @@ class MaterializerDaemon:
             meta.checkpoint_id, reason, meta.changelog_bytes, generation,
         )
         self._emit(f"materializing checkpoint {meta.checkpoint_id}")
-        with _LeaseKeeper(self.lease) as keeper:
+        with LeaseKeeper(self.lease) as keeper:
 
             def progress(what: str, done: int, total: int) -> None:
                 if self._stopping():
@@ -435,7 +314,7 @@ class MaterializerDaemon:
             def fence() -> None:
                 self.lease.ensure_valid(self.publish_margin_s)
 
-            materializer = Materializer(self.store, self.options, progress)
+            materializer = Materializer(self.store, self.layout, progress)
             materializer._manifests = self._manifests  # share the parsed-manifest cache
             try:
                 manifest = materializer.materialize(meta, lease_generation=generation, before_publish=fence)
@@ -459,7 +338,7 @@ class MaterializerDaemon:
             return None
         self._emit("collecting garbage")
         try:
-            with _LeaseKeeper(self.lease):
+            with LeaseKeeper(self.lease):
                 report = collect_garbage(
                     self.store,
                     retain_checkpoints=self.retain_checkpoints,

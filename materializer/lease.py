@@ -11,11 +11,14 @@ a job's checkpoint publisher (:mod:`statelog.writer_lease`), is described in
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from statelog import lease as _lease
+from statelog.errors import StoreError
 from statelog.layout import (
     MATERIALIZER_LEASE_PREFIX,
     lease_generation_key,
@@ -24,6 +27,8 @@ from statelog.layout import (
 )
 from statelog.lease import LEASE_FORMAT, LEASE_VERSION
 from statelog.store.base import ObjectStore
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LEASE_FORMAT",
@@ -79,3 +84,40 @@ class LeaderLease(_lease.Lease):
             contender="daemon",
             wall_clock=wall_clock,
         )
+
+
+class LeaseKeeper:
+    """Renews the lease from a background thread while a long operation runs.
+
+    A renewal that reports the lease lost sets :attr:`lost`; the daemon's progress hook
+    then abandons the materialization, and the fencing check before publishing refuses in
+    any case. Store errors are logged and retried (the lease stays valid until its deadline).
+    """
+
+    def __init__(self, lease: LeaderLease) -> None:
+        self.lease = lease
+        self.lost = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="statelog-lease-keeper", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        interval = max(0.01, self.lease.renew_interval_s)
+        while not self._done.wait(interval):
+            try:
+                if not self.lease.renew():
+                    log.warning("lease lost during the cycle: %s", self.lease.lost_reason)
+                    self.lost.set()
+                    return
+            except StoreError as exc:
+                log.warning("renewing the lease failed (will retry): %s", exc)
+                interval = max(0.01, self.lease.renew_interval_s / 3)
+            else:
+                interval = max(0.01, self.lease.renew_interval_s)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from materializer.options import MaterializerOptions
 from runtime.client import JobClient
 from runtime.config import (
     CHANGELOG,
@@ -49,18 +50,9 @@ from runtime.windows import WindowAssigner, WindowOperator
 from statelog import options as opt
 from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
+from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions
 from statelog.types import PICKLE
-
-
-def _check_materializer_options(daemon: type, options: Mapping[str, Any]) -> None:
-    import inspect
-
-    params = inspect.signature(daemon.__init__).parameters
-    allowed = sorted(n for n, p in params.items() if p.kind is p.KEYWORD_ONLY and n not in ("owner", "clock", "progress"))
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise JobGraphError(f"unknown materializer option(s) {unknown}; use some of {allowed}")
 
 
 class StreamExecutionEnvironment:
@@ -79,11 +71,11 @@ class StreamExecutionEnvironment:
         *,
         retain_checkpoints: int = 5,
         store_options: Mapping[str, Any] | None = None,
-        writer_options: Mapping[str, Any] | None = None,
+        writer_options: Mapping[str, Any] | WriterOptions | None = None,
         batch_size: int = 256,
         channel_capacity: int = 8,
         start_method: str = "forkserver",
-        materializer: bool | Mapping[str, Any] | None = None,
+        materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
         state_backend: str = "changelog",
     ) -> None:
         check_max_parallelism(max_parallelism)
@@ -109,7 +101,7 @@ class StreamExecutionEnvironment:
         retain_checkpoints = opt.RETAIN.check(retain_checkpoints)
         batch_size = opt.BATCH_SIZE.check(batch_size)
         channel_capacity = opt.CHANNEL_CAPACITY.check(channel_capacity)
-        writer_options = opt.check_writer_options(writer_options)
+        writer_options = WriterOptions.from_mapping(writer_options)
         if start_method not in ("spawn", "forkserver"):
             raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
         if state_backend not in STATE_BACKENDS:
@@ -132,17 +124,13 @@ class StreamExecutionEnvironment:
             materializer = {}
         elif materializer is False:
             materializer = None
-        if materializer is not None and not isinstance(materializer, Mapping):
+        if materializer is not None and not isinstance(materializer, Mapping | MaterializerOptions):
             raise JobGraphError(
                 "materializer must be True, False, None or a dict of materializer options "
                 f"(interval_s, max_tail_bytes, ...), got {type(materializer).__name__}"
             )
         if materializer is not None:
-            from materializer.daemon import MaterializerDaemon
-            from materializer.daemon import check_options as check_daemon_options
-
-            _check_materializer_options(MaterializerDaemon, materializer)
-            check_daemon_options(dict(materializer))
+            materializer = MaterializerOptions.from_mapping(materializer)  # names and ranges: one place
         self.config = JobConfig(
             parallelism=parallelism,
             max_parallelism=max_parallelism,
@@ -151,13 +139,13 @@ class StreamExecutionEnvironment:
             mode=mode,
             state_root=state_root,
             store_options=StoreOptions(store_options),
-            writer_options=dict(writer_options or {}),
+            writer_options=writer_options,
             retain_checkpoints=retain_checkpoints,
             tolerable_failed_checkpoints=tolerable_failed_checkpoints,
             batch_size=batch_size,
             channel_capacity=channel_capacity,
             start_method=start_method,
-            materializer=None if materializer is None else dict(materializer),
+            materializer=materializer,
             state_backend=state_backend,
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)

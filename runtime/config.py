@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
+from materializer.options import MaterializerOptions
 from statelog.keys import DEFAULT_MAX_PARALLELISM
+from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions
 
 # state backends (docs/runtime.md, "State backends")
@@ -46,7 +47,7 @@ class JobConfig:
     mode: CheckpointingMode = CheckpointingMode.EXACTLY_ONCE_ALIGNED
     state_root: str = ""
     store_options: StoreOptions = field(default_factory=StoreOptions)  # repr shows *** for secrets
-    writer_options: dict[str, Any] = field(default_factory=dict)
+    writer_options: WriterOptions = field(default_factory=WriterOptions)
     retain_checkpoints: int = 5
     tolerable_failed_checkpoints: int = 0
     batch_size: int = 256
@@ -54,7 +55,7 @@ class JobConfig:
     start_method: str = "forkserver"
     worker_log_level: int | None = None
     # options of a background materializer run by the job master (None: none runs)
-    materializer: dict[str, Any] | None = None
+    materializer: MaterializerOptions | None = None
     # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
     # "full-snapshot", its former name, is kept as given)
     state_backend: str = CHANGELOG

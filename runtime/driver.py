@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -188,8 +188,10 @@ class JobMaster:
             # job on this root is refused here); its workers write changelog under it
             self.job.acquire_writer_lease()
             if cfg.materializer is not None:
-                opts = {"retain_checkpoints": cfg.retain_checkpoints, **cfg.materializer}
-                self._materializer = start_background(self.job, **opts)  # stopped before job.close()
+                settings = cfg.materializer
+                if settings.retain_checkpoints is None:  # GC keeps what the job retains
+                    settings = replace(settings, retain_checkpoints=cfg.retain_checkpoints)
+                self._materializer = start_background(self.job, settings)  # stopped before job.close()
             if self.restore is None:
                 self._check_fresh_start()
             meta = self.job.resolve_checkpoint(self.restore)

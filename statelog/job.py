@@ -44,27 +44,13 @@ from statelog.errors import (
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.options import WriterOptions
 from statelog.restore import RestoredChanges, gc_paused
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, WriterLease, check_writer_lease_ttl
 
 log = logging.getLogger(__name__)
-
-_WRITER_OPTIONS = {
-    "persist_delay",
-    "flush_records",
-    "max_buffered_records",
-    "max_inflight_bytes",
-    "upload_threads",
-    "coalesce",
-    "compression_level",
-    "compression",
-    "retry",
-    "encode_in_task",
-    "encode_batch_records",
-}
-
 
 class StateJob:
     """State storage of one job root, as seen from one process."""
@@ -77,7 +63,7 @@ class StateJob:
         store_options: Mapping[str, Any] | None = None,
         store: ObjectStore | None = None,
         retain_checkpoints: int = 5,
-        writer_options: Mapping[str, Any] | None = None,
+        writer_options: Mapping[str, Any] | WriterOptions | None = None,
         create: bool = True,
         recover_descriptor: bool = False,
         writer_lease: bool = True,
@@ -85,12 +71,7 @@ class StateJob:
         writer_owner: str | None = None,
     ) -> None:
         retain_checkpoints = opt.RETAIN.check(retain_checkpoints)  # ranges: statelog/options.py
-        unknown = set(writer_options or {}) - _WRITER_OPTIONS
-        if unknown:
-            raise ConfigError(
-                f"unknown changelog writer option(s) {sorted(unknown)}; valid: {sorted(_WRITER_OPTIONS)}"
-            )
-        writer_options = opt.check_writer_options(writer_options)
+        self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
         if writer_lease:
             check_writer_lease_ttl(writer_lease_ttl_s)
             if writer_owner is not None:
@@ -108,7 +89,6 @@ class StateJob:
         self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
-        self._writer_options = dict(writer_options or {})
         # one checkpoint publisher per root: taken by the first backend or publish (see
         # statelog/writer_lease.py); writer_lease=False only for processes that write
         # changelog under another process's lease (the runtime's workers)
@@ -135,7 +115,7 @@ class StateJob:
     @property
     def writer(self) -> ChangelogWriter:
         if self._writer is None:
-            self._writer = ChangelogWriter(self.store, **self._writer_options)
+            self._writer = ChangelogWriter(self.store, self.writer_options)
         return self._writer
 
     def flush_soon(self) -> None:

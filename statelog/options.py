@@ -1,4 +1,4 @@
-"""Valid ranges of every duration, size, count and name option, checked in one place.
+"""Valid ranges of every duration, size, count and name option, and the option objects, in one place.
 
 The library (``statelog.open`` / the changelog writer, the materializer daemon, the runtime's
 ``StreamExecutionEnvironment``) and the ``statelog`` CLI check their options here, so that an
@@ -15,17 +15,23 @@ CLI prints it as one line and exits 2.
 * :func:`non_empty_name`: a name (owner of a lease, ...) that is not empty or blank and
   holds no control character;
 * :func:`parse_checkpoint_ref`: the one parser of checkpoint references ``latest``, an id,
-  ``savepoint:NAME`` (and ``none`` where a fresh start is allowed).
+  ``savepoint:NAME`` (and ``none`` where a fresh start is allowed);
+* option objects: :class:`Options`, the base of the frozen dataclasses that hold a group of
+  options with each one's default, doc and check (:class:`WriterOptions` here,
+  ``materializer.options.MaterializerOptions``); ``from_mapping`` refuses unknown names.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
+from statelog.changelog.format import Codec
 from statelog.errors import ConfigError
+from statelog.store.retry import RetryPolicy
 
 MS = 0.001
 MINUTE = 60.0
@@ -263,6 +269,7 @@ MAX_BUFFERED_RECORDS = Count("max_buffered_records", 1, 1 << 32)
 MAX_INFLIGHT_BYTES = Size("max_inflight_bytes", 1, 1 << 40)
 UPLOAD_THREADS = Count("upload_threads", 1, 64)
 ENCODE_BATCH_RECORDS = Count("encode_batch_records", 1, 1 << 24)
+COMPRESSION_LEVEL = Count("compression_level", -7, 22)  # zstd's levels (negative: faster)
 WRITER_LEASE_TTL = Duration("writer_lease_ttl_s", 0.05, HOUR)
 
 # the runtime (runtime/api.py StreamExecutionEnvironment, docs/runtime.md)
@@ -277,18 +284,133 @@ _HINTS = {
     "with lease writes and leaves no time to materialize",
 }
 
-WRITER_OPTION_RANGES: dict[str, Duration | Size | Count] = {
-    spec.name: spec
-    for spec in (PERSIST_DELAY, FLUSH_RECORDS, MAX_BUFFERED_RECORDS, MAX_INFLIGHT_BYTES, UPLOAD_THREADS,
-                 ENCODE_BATCH_RECORDS)
-}
+
+# -- option objects ------------------------------------------------------------------------------
+#
+# A group of options (the changelog writer's, the materializer daemon's) is a frozen dataclass
+# whose fields carry their default, their one-line doc and their check (a range above or a
+# function); ``from_mapping`` is the one place an unknown name is refused. The library, the
+# runtime and the CLI all build the same objects, so a new field is accepted everywhere.
+
+Check = Callable[[str, Any], Any]  # (label, value) -> the checked value, or ConfigError
 
 
-def check_writer_options(options: Any) -> dict[str, Any]:
-    """The ranged changelog writer options of ``options`` checked (others are passed through:
-    the writer checks their names and kinds)."""
-    out = dict(options or {})
-    for name, spec in WRITER_OPTION_RANGES.items():
-        if name in out:
-            out[name] = spec.check(out[name], f"writer option {name}")
-    return out
+def option(default: Any, doc: str, check: Duration | Size | Count | Check | None = None, **meta: Any) -> Any:
+    """A field of an option object: ``default``, a one-line ``doc`` and a ``check`` (a range
+    object, or a function ``(label, value) -> value``); ``meta`` is kept for the CLI (e.g.
+    ``flag="--interval"``). A field whose default is ``None`` also accepts ``None``."""
+    return field(default=default, metadata={"doc": doc, "check": check, **meta})
+
+
+def check_bool(label: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{label} must be True or False, got {value!r}")
+    return value
+
+
+def check_optional_bool(label: str, value: Any) -> bool | None:
+    return None if value is None else check_bool(label, value)
+
+
+def check_codec(label: str, value: Any) -> Codec:
+    try:
+        return Codec(value.value if isinstance(value, Codec) else value)
+    except (ValueError, TypeError):
+        raise ConfigError(
+            f"{label} must be one of {', '.join(c.value for c in Codec)} (changelog block codec), got {value!r}"
+        ) from None
+
+
+def check_retry(label: str, value: Any) -> RetryPolicy:
+    if not isinstance(value, RetryPolicy):
+        raise ConfigError(f"{label} must be a statelog.store.retry.RetryPolicy, got {type(value).__name__}")
+    return value
+
+
+_O = TypeVar("_O", bound="Options")
+
+
+class Options:
+    """Base of the frozen option dataclasses (``WriterOptions``, ``MaterializerOptions``)."""
+
+    KIND: ClassVar[str] = "option"  # how errors name one of these options
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if not (value is None and f.default is None):
+                object.__setattr__(self, f.name, self.check_field(f.name, value))
+
+    @classmethod
+    def check_field(cls, name: str, value: Any, label: str | None = None) -> Any:
+        """``value`` of field ``name`` checked (a text like ``"30s"`` converted); ``label``
+        names it in the error (default: ``"<KIND> <name>"``; the CLI passes its flag)."""
+        check = cls.field_map()[name].metadata.get("check")
+        label = label or f"{cls.KIND} {name}"
+        if check is None:
+            return value
+        if isinstance(check, Duration | Size | Count):
+            return check.check(value, label)
+        return check(label, value)
+
+    @classmethod
+    def field_map(cls) -> dict[str, Any]:
+        return {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]  # type: ignore[arg-type]
+
+    @classmethod
+    def from_mapping(cls: type[_O], options: Mapping[str, Any] | _O | None) -> _O:
+        """The options of a dict (or the object itself, or the defaults for ``None``): the one
+        place an unknown option name is refused."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                f"{cls.KIND}s must be a dict or a {cls.__name__}, got {type(options).__name__}"
+            )
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise ConfigError(f"unknown {cls.KIND}(s) {unknown}; valid: {cls.names()}")
+        return cls(**options)
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults."""
+        out = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            default = f.default if f.default is not MISSING else None
+            if getattr(self, f.name) != default:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+
+@dataclass(frozen=True)
+class WriterOptions(Options):
+    """The process-wide changelog writer's options (:class:`statelog.changelog.writer.ChangelogWriter`;
+    ``writer_options`` of ``statelog.open`` and of the runtime; ``docs/architecture.md``)."""
+
+    KIND: ClassVar[str] = "changelog writer option"
+
+    persist_delay: float = option(0.25, "seconds a change may wait in memory before a flush uploads it",
+                                  PERSIST_DELAY)
+    flush_records: int = option(50_000, "a flush starts as soon as this many records are buffered",
+                                FLUSH_RECORDS)
+    max_buffered_records: int = option(500_000, "tasks block (back-pressure) above this many buffered records",
+                                       MAX_BUFFERED_RECORDS)
+    max_inflight_bytes: int = option(64 << 20, "flushes wait while this many bytes are being uploaded",
+                                     MAX_INFLIGHT_BYTES)
+    upload_threads: int = option(2, "segment uploads running at once", UPLOAD_THREADS)
+    coalesce: bool = option(False, "keep only the last change per key and state within one flush", check_bool)
+    compression_level: int = option(1, "zstd level of the blocks", COMPRESSION_LEVEL)
+    compression: Codec = option(Codec.ZSTD, "block codec: zstd, lz4 or none (readers accept every one)",
+                                check_codec)
+    retry: RetryPolicy = option(RetryPolicy(), "retries of a failed segment upload", check_retry)
+    encode_in_task: bool = option(True, "tasks convert their own full batches to Arrow (else the flusher does)",
+                                  check_bool)
+    encode_batch_records: int = option(4096, "records per batch a task converts at once", ENCODE_BATCH_RECORDS)
+    columnar: bool | None = option(None, "columnar record buffers for narrow streams (None: when the C "
+                                   "extension is built and STATELOG_PURE_PYTHON is unset)", check_optional_bool)

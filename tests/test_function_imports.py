@@ -28,8 +28,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.store", "statelog.store.local"): "open_store picks the implementation; at module level the package and its module would import each other",
     ("statelog.store", "statelog.store.s3"): "minio only for s3:// roots",
     ("statelog.spark.rescale", "pyspark"): "the spark extra",
-    ("runtime.api", "inspect"): "options become typed objects (issue 12 point 4)",
-    ("runtime.api", "materializer.daemon"): "the background materializer start moves (issue 12 point 1)",
 }
 
 

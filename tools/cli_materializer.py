@@ -24,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from materializer.daemon import MaterializerDaemon, manifest_summary
 from materializer.lease import current_holder
+from materializer.options import MaterializerOptions
 from statelog import options as opt
 from statelog.catalog import JobCatalog
 from statelog.materialization import latest_manifest_key, load_manifest
@@ -41,18 +42,36 @@ EXIT_OK = 0
 # library and the CLI); a bad value is a ConfigError, printed as one line with exit code 2.
 
 
-def _check_run_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``materializer run`` options as :class:`MaterializerDaemon` arguments, each checked
-    against its range (:mod:`statelog.options`), named by its flag in errors."""
-    return {
-        "interval_s": opt.MATERIALIZE_INTERVAL.check(args.interval, "--interval"),
-        "max_tail_bytes": opt.MAX_TAIL_BYTES.check(args.max_tail_bytes, "--max-tail-bytes"),
-        "lease_ttl_s": opt.LEASE_TTL.check(args.lease_ttl, "--lease-ttl"),
-        "gc_grace_s": opt.GC_GRACE.check(args.gc_grace, "--gc-grace"),
-        "retain_checkpoints": None if args.retain is None else opt.RETAIN.check(args.retain, "--retain"),
-        "poll_s": None if args.poll is None else opt.POLL.check(args.poll, "--poll"),
-        "owner": None if args.owner is None else opt.non_empty_name("--owner", args.owner),
-    }
+def _check_run_options(args: argparse.Namespace) -> MaterializerOptions:
+    """The ``materializer run`` options (one flag per :class:`MaterializerOptions` field),
+    each checked against its range and named by its flag in errors."""
+    values: dict[str, Any] = {}
+    for name, f in MaterializerOptions.field_map().items():
+        value = getattr(args, name)
+        if value is not None:  # a switch's value is a bool already
+            values[name] = MaterializerOptions.check_field(name, value, f.metadata["flag"])
+    return MaterializerOptions(**values)
+
+
+def _add_run_flags(run: argparse.ArgumentParser) -> None:
+    """One flag per :class:`MaterializerOptions` field: its doc, default and range."""
+    for name, f in MaterializerOptions.field_map().items():
+        flag, check = f.metadata["flag"], f.metadata["check"]
+        if check is opt.check_bool:  # a switch that turns a default-on option off (--no-gc)
+            run.add_argument(flag, dest=name, action="store_false", default=True, help=f.metadata["flag_help"])
+            continue
+        cli_default = f.metadata.get("cli_default")
+        metavar = {opt.Duration: "DURATION", opt.Size: "SIZE", opt.Count: "N"}.get(type(check), "NAME")
+        extra = []
+        default_text = cli_default if cli_default is not None else f.metadata.get("cli_default_text")
+        if default_text is not None:
+            extra.append(f"default {default_text}")
+        if isinstance(check, opt.Size):
+            extra.append("binary units")
+        if hasattr(check, "range"):
+            extra.append(check.range)
+        doc = f.metadata["doc"] + (f" ({'; '.join(extra)})" if extra else "")
+        run.add_argument(flag, dest=name, default=cli_default, metavar=metavar, help=doc)
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -72,26 +91,8 @@ def register(commands: Any, command: Any) -> None:
         cmd_run,
         "run the materializer daemon on ROOT until SIGTERM/SIGINT (or one cycle with --once)",
     )
-    ranges = {spec.name: spec.range for spec in (opt.MATERIALIZE_INTERVAL, opt.MAX_TAIL_BYTES, opt.LEASE_TTL,
-                                                 opt.GC_GRACE, opt.RETAIN, opt.POLL)}
-    run.add_argument("--interval", default="60s", metavar="DURATION",
-                     help=f"materialize a newer checkpoint at least this often (default 60s; {ranges['interval_s']})")
-    run.add_argument("--max-tail-bytes", default="256MB", metavar="SIZE",
-                     help="materialize at once when a checkpoint's changelog tail reaches this size "
-                     f"(default 256MB; binary units; {ranges['max_tail_bytes']})")
     run.add_argument("--once", action="store_true", help="run one cycle and exit")
-    run.add_argument("--lease-ttl", default="30s", metavar="DURATION",
-                     help="leader lease ttl: a standby takes over about this long after the holder died "
-                     f"(default 30s; {ranges['lease_ttl_s']})")
-    run.add_argument("--gc-grace", default="10m", metavar="DURATION",
-                     help=f"GC deletes unreferenced objects only when older than this (default 10m; {ranges['gc_grace_s']})")
-    run.add_argument("--retain", default=None, metavar="N",
-                     help=f"GC also deletes all but the newest N checkpoints (default: keep them all; {ranges['retain_checkpoints']})")
-    run.add_argument("--no-gc", action="store_true", help="do not collect garbage")
-    run.add_argument("--poll", default=None, metavar="DURATION",
-                     help=f"how often to look for due checkpoints (default: the interval, at most 5s; {ranges['poll_s']})")
-    run.add_argument("--owner", default=None, metavar="NAME",
-                     help="name of this daemon in the lease, not empty (default daemon@HOST:PID)")
+    _add_run_flags(run)
     command(sub, "status", cmd_status, "show the lease holder and the newest materialization of ROOT")
 
 
@@ -187,7 +188,7 @@ def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
     store = open_store(args.root, options)
     try:
         JobCatalog(store).open_job(None, create=False)  # never create a job root here
-        daemon = MaterializerDaemon(store, **daemon_options, run_gc=not args.no_gc)
+        daemon = MaterializerDaemon(store, daemon_options)
         view = _TerminalView() if sys.stderr.isatty() else None
         if view is not None:
             daemon.progress = view.update

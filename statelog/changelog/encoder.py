@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.changelog.format import COMPRESS_MIN_ROWS, META_STATE, block_schema
+from statelog.changelog.format import COMPRESS_MIN_ROWS, META_STATE, Codec, block_schema
 from statelog.changelog.records import (
     C_KEY,
     C_KG,
@@ -35,17 +35,17 @@ from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
 class BlockEncoder:
     """Encodes batches of change records into compressed, checksummed blocks."""
 
-    def __init__(self, level: int = 1, codec: str = "zstd") -> None:
+    def __init__(self, level: int = 1, codec: Codec | str = Codec.ZSTD) -> None:
         # Arrow's own IPC body compression runs in C++ without holding the GIL, so the
         # flusher's compression overlaps with the task thread on another core. One core:
         # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
         # which on a small machine takes the task thread's core too.
-        # ``codec`` is one of BLOCK_CODECS (ChangelogWriter checks the user's option)
+        codec = Codec(codec)  # statelog.options.WriterOptions checks the user's option
         self._ipc_options = (
             None
-            if codec == "none"
+            if codec is Codec.NONE
             else pa.ipc.IpcWriteOptions(
-                compression=pa.Codec("zstd", compression_level=level) if codec == "zstd" else pa.Codec("lz4"),
+                compression=pa.Codec("zstd", compression_level=level) if codec is Codec.ZSTD else pa.Codec("lz4"),
                 use_threads=False,
             )
         )

@@ -23,6 +23,7 @@ import json
 import struct
 import zlib
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
@@ -45,8 +46,18 @@ TRAILER_SIZE = _TRAILER.size
 TIMER_STATES = ("__timers_event", "__timers_processing")
 
 META_STATE = b"statelog.state"
-# Arrow IPC body compression of blocks ("lz4" is LZ4 frame); readers accept every one.
-BLOCK_CODECS = ("zstd", "lz4", "none")
+
+
+class Codec(StrEnum):
+    """Arrow IPC body compression of blocks (``LZ4`` is LZ4 frame); readers accept every one.
+    The value is what the writer option ``compression`` is spelled as."""
+
+    ZSTD = "zstd"
+    LZ4 = "lz4"
+    NONE = "none"
+
+
+BLOCK_CODECS = tuple(c.value for c in Codec)
 COMPRESS_MIN_ROWS = 512  # blocks with fewer rows are written without body compression
 META_VALUE_ENC = b"statelog.value_encoding"
 META_UKEY_ENC = b"statelog.user_key_encoding"

@@ -22,7 +22,6 @@ import time
 import weakref
 from typing import Any
 
-from statelog import options as opt
 from statelog.changelog import format as fmt
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
@@ -30,8 +29,9 @@ from statelog.changelog.stream import HAVE_RECORD_BUFFER, ChangelogStream
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StatelogError, WriterFailedError
 from statelog.layout import new_writer_id, segment_key
+from statelog.options import WriterOptions
 from statelog.store.base import ObjectStore
-from statelog.store.retry import RetryPolicy, call_with_retry
+from statelog.store.retry import call_with_retry
 
 log = logging.getLogger(__name__)
 
@@ -53,45 +53,26 @@ class ChangelogWriter:
     def __init__(
         self,
         store: ObjectStore,
+        options: WriterOptions | None = None,
         *,
         writer_id: str | None = None,
-        persist_delay: float = 0.25,
-        flush_records: int = 50_000,
-        max_buffered_records: int = 500_000,
-        max_inflight_bytes: int = 64 << 20,
-        upload_threads: int = 2,
-        coalesce: bool = False,
-        compression_level: int = 1,
-        compression: str = "zstd",
-        retry: RetryPolicy | None = None,
-        encode_in_task: bool = True,
-        encode_batch_records: int = 4096,
-        columnar: bool | None = None,
     ) -> None:
-        # ranges: statelog/options.py (docs/architecture.md, writer options)
-        persist_delay = opt.PERSIST_DELAY.check(persist_delay)
-        flush_records = opt.FLUSH_RECORDS.check(flush_records)
-        max_buffered_records = opt.MAX_BUFFERED_RECORDS.check(max_buffered_records)
-        max_inflight_bytes = opt.MAX_INFLIGHT_BYTES.check(max_inflight_bytes)
-        upload_threads = opt.UPLOAD_THREADS.check(upload_threads)
-        encode_batch_records = opt.ENCODE_BATCH_RECORDS.check(encode_batch_records)
+        # defaults, docs and ranges: statelog.options.WriterOptions (checked when it is built)
+        options = WriterOptions() if options is None else options
+        self.options = options
         self.store = store
         self.writer_id = writer_id or new_writer_id()
-        self.persist_delay = persist_delay
-        self.flush_records = flush_records
-        self.max_buffered_records = max_buffered_records
-        self.max_inflight_bytes = max_inflight_bytes
-        self.coalesce = coalesce
-        self.encode_in_task = encode_in_task
+        self.persist_delay = options.persist_delay
+        self.flush_records = options.flush_records
+        self.max_buffered_records = options.max_buffered_records
+        self.max_inflight_bytes = options.max_inflight_bytes
+        self.coalesce = options.coalesce
+        self.encode_in_task = options.encode_in_task
         # columnar buffers for narrow streams (None: COLUMNAR_BUFFERS; needs the extension)
-        self.columnar = (COLUMNAR_BUFFERS if columnar is None else columnar) and HAVE_RECORD_BUFFER
-        self.encode_batch_records = max(1, min(encode_batch_records, max_buffered_records))
-        self.retry = retry or RetryPolicy()
-        if compression not in fmt.BLOCK_CODECS:
-            raise ConfigError(
-                f"compression must be one of {', '.join(fmt.BLOCK_CODECS)} (changelog block codec), got {compression!r}"
-            )
-        self.encoder = BlockEncoder(compression_level, compression)
+        self.columnar = (COLUMNAR_BUFFERS if options.columnar is None else options.columnar) and HAVE_RECORD_BUFFER
+        self.encode_batch_records = max(1, min(options.encode_batch_records, options.max_buffered_records))
+        self.retry = options.retry
+        self.encoder = BlockEncoder(options.compression_level, options.compression)
         self._streams: dict[str, ChangelogStream] = {}
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -103,7 +84,7 @@ class ChangelogWriter:
         self._closed = False
         self.bytes_uploaded = 0
         self.segments_uploaded = 0
-        self._uploads = cf.ThreadPoolExecutor(upload_threads, thread_name_prefix="statelog-upload")
+        self._uploads = cf.ThreadPoolExecutor(options.upload_threads, thread_name_prefix="statelog-upload")
         self._flusher = threading.Thread(target=self._run, name="statelog-flusher", daemon=True)
         self._flusher.start()
         # A writer left open at interpreter exit stops quietly (its unreferenced tail is

@@ -24,8 +24,9 @@ import pytest
 import statelog
 from materializer.background import start_background
 from materializer.build import MaterializeOptions
-from materializer.daemon import MaterializerDaemon, due
+from materializer.daemon import MaterializerDaemon
 from materializer.lease import current_holder, generation_key
+from materializer.options import due
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
@@ -122,7 +123,7 @@ def file_job(file_root: RootSpec) -> Iterator[Job]:
 def daemon(store: ObjectStore, owner: str, clock: Callable[[], float] | None = None, **kw: Any) -> MaterializerDaemon:
     kw.setdefault("run_gc", False)
     kw.setdefault("lease_ttl_s", 30.0)
-    kw.setdefault("options", MaterializeOptions(units=2))  # few files: fast on S3
+    kw.setdefault("layout", MaterializeOptions(units=2))  # few files: fast on S3
     if clock is not None:
         kw["clock"] = clock
     return MaterializerDaemon(store, owner=owner, **kw)

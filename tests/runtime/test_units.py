@@ -24,6 +24,7 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
+from materializer.options import MaterializerOptions
 from runtime.barriers import BarrierAligner, BarrierTracker
 from runtime.channels import InputChannel
 from runtime.driver import serialize_graph
@@ -150,10 +151,10 @@ def test_environment_validation(tmp_path: Path) -> None:
         env(tmp_path, parallelism=0)
     with pytest.raises(JobGraphError, match="state_root"):
         StreamExecutionEnvironment()
-    assert env(tmp_path, materializer=True).config.materializer == {}
-    assert env(tmp_path, materializer={"interval_s": 2}).config.materializer == {"interval_s": 2}
+    assert env(tmp_path, materializer=True).config.materializer == MaterializerOptions()
+    assert env(tmp_path, materializer={"interval_s": 2}).config.materializer == MaterializerOptions(interval_s=2)
     assert env(tmp_path, materializer=False).config.materializer is None
-    with pytest.raises(JobGraphError, match=r"unknown materializer option\(s\) \['every'\]; use some of"):
+    with pytest.raises(ConfigError, match=r"unknown materializer option\(s\) \['every'\]; valid: \['interval_s'"):
         env(tmp_path, materializer={"every": 2})
     with pytest.raises(JobGraphError, match="materializer must be"):
         env(tmp_path, materializer="yes")

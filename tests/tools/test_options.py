@@ -20,8 +20,8 @@ from materializer.daemon import MaterializerDaemon
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import options as opt
-from statelog.changelog.writer import ChangelogWriter
 from statelog.errors import ConfigError
+from statelog.options import WriterOptions
 from statelog.store import open_store
 from statelog.writer_lease import WriterLease
 from tests.materializer.test_gc import OPTIONS, build
@@ -200,8 +200,8 @@ def test_writer_options_are_refused_by_the_writer_the_job_and_the_runtime(
 ) -> None:
     (name,) = kwargs
     url = (tmp_path / "root").as_uri()
-    with open_store(url) as store, pytest.raises(ConfigError, match=name):
-        ChangelogWriter(store, **kwargs)
+    with pytest.raises(ConfigError, match=name):
+        WriterOptions(**kwargs)
     with pytest.raises(ConfigError, match=name):
         statelog.open(url, writer_options=kwargs)
     with pytest.raises(ConfigError, match=name):

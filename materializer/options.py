@@ -1,0 +1,109 @@
+"""The materializer daemon's options and its trigger policy.
+
+:class:`MaterializerOptions` holds every option of :class:`~materializer.daemon.MaterializerDaemon`
+with its default, its range (:mod:`statelog.options`) and a one-line doc, and, for the
+``statelog materializer run`` command, its flag. The daemon, ``start_background``, the
+runtime's ``materializer={...}`` and the CLI all build this one object, so an option added
+here is accepted (and checked) by all of them. :func:`due` is the policy that decides when a
+checkpoint is materialized.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import ClassVar
+
+from statelog import options as opt
+from statelog.checkpoint import CheckpointMetadata
+from statelog.materialization import Manifest
+from statelog.options import Options, check_bool, non_empty_name, option
+
+MAX_POLL_S = 5.0  # the default cycle period never exceeds this
+MIN_GC_INTERVAL_S = 60.0  # the default GC period: the interval, at least this
+
+# reasons a checkpoint is materialized (the values of the daemon summary's "reason")
+REASON_FIRST = "first"  # no materialization exists yet
+REASON_TAIL = "tail-size"  # the changelog tail reached max_tail_bytes
+REASON_INTERVAL = "interval"  # interval_s passed since the last materialization
+REASON_FORCED = "forced"  # run_once(force=True) / BackgroundMaterializer.trigger()
+
+
+@dataclass(frozen=True)
+class MaterializerOptions(Options):
+    """Options of one materializer daemon (``docs/materializer.md`` lists them).
+
+    Fields whose default is ``None`` are derived when unset: ``poll_s`` is
+    ``min(5s, interval_s)``, ``gc_interval_s`` is ``max(interval_s, 60s)``, ``owner`` is
+    ``daemon@HOST:PID``; ``retain_checkpoints=None`` keeps every checkpoint."""
+
+    KIND: ClassVar[str] = "materializer option"
+
+    interval_s: float = option(60.0, "materialize a newer checkpoint at least this often", opt.MATERIALIZE_INTERVAL,
+                               flag="--interval", cli_default="60s")
+    max_tail_bytes: int = option(256 << 20, "materialize at once when a checkpoint's changelog tail reaches "
+                                 "this size", opt.MAX_TAIL_BYTES, flag="--max-tail-bytes", cli_default="256MB")
+    lease_ttl_s: float = option(30.0, "leader lease ttl: a standby takes over about this long after the holder "
+                                "died", opt.LEASE_TTL, flag="--lease-ttl", cli_default="30s")
+    gc_grace_s: float = option(600.0, "GC deletes unreferenced objects only when older than this", opt.GC_GRACE,
+                               flag="--gc-grace", cli_default="10m")
+    retain_checkpoints: int | None = option(None, "GC also deletes all but the newest N checkpoints",
+                                            opt.RETAIN, flag="--retain", cli_default_text="keep them all")
+    poll_s: float | None = option(None, "how often to look for due checkpoints", opt.POLL,
+                                  flag="--poll", cli_default_text="the interval, at most 5s")
+    gc_interval_s: float | None = option(None, "how often GC runs without a new materialization",
+                                         opt.GC_INTERVAL, flag="--gc-interval",
+                                         cli_default_text="the interval, at least 60s")
+    owner: str | None = option(None, "name of this daemon in the lease, not empty", non_empty_name,
+                               flag="--owner", cli_default_text="daemon@HOST:PID")
+    run_gc: bool = option(True, "collect garbage after each publication and every gc_interval_s", check_bool,
+                          flag="--no-gc", flag_help="do not collect garbage")
+
+    @property
+    def cycle_s(self) -> float:
+        """The cycle period of :meth:`MaterializerDaemon.run`."""
+        return self.poll_s if self.poll_s is not None else min(MAX_POLL_S, self.interval_s)
+
+    @property
+    def gc_every_s(self) -> float:
+        return self.gc_interval_s if self.gc_interval_s is not None else max(self.interval_s, MIN_GC_INTERVAL_S)
+
+
+def default_owner(kind: str = "daemon") -> str:
+    return f"{kind}@{socket.gethostname()}:{os.getpid()}"
+
+
+def due(
+    latest_checkpoint: CheckpointMetadata | None,
+    latest_manifest: Manifest | None,
+    now: float,
+    last_materialized_at: float | None,
+    interval_s: float,
+    max_tail_bytes: int,
+) -> str | None:
+    """The trigger policy: why ``latest_checkpoint`` should be materialized now, or ``None``.
+
+    A checkpoint is due only if it is newer than ``latest_manifest`` (the newest published
+    materialization) and has a changelog tail (``changelog_bytes`` > 0: a checkpoint without
+    one holds exactly the state of its base, which is materialized already). Then it is due
+    when there is no materialization yet (``"first"``), when its tail reached
+    ``max_tail_bytes`` (``"tail-size"``), or when ``interval_s`` passed since the last
+    materialization (``"interval"``). ``now`` and ``last_materialized_at`` are wall-clock
+    seconds; without ``last_materialized_at`` the manifest's ``created_ms`` is used.
+    """
+    if latest_checkpoint is None:
+        return None
+    if latest_manifest is not None and latest_checkpoint.checkpoint_id <= latest_manifest.checkpoint_id:
+        return None
+    tail = latest_checkpoint.changelog_bytes
+    if tail <= 0:
+        return None
+    if latest_manifest is None:
+        return REASON_FIRST
+    if tail >= max_tail_bytes:
+        return REASON_TAIL
+    since = last_materialized_at if last_materialized_at is not None else latest_manifest.created_ms / 1000
+    if now - since >= interval_s:
+        return REASON_INTERVAL
+    return None
