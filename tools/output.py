@@ -30,6 +30,7 @@ from statelog.layout import (
     savepoint_metadata_key,
 )
 from statelog.types import PICKLE, ValueType
+from tools.widths import FitConsole, FitTable
 
 NONE = "-"
 INTERNAL_PREFIX = "__"  # internal states (timers) are not listed among the user states
@@ -239,7 +240,8 @@ def stats_text(stats: Mapping[str, Any] | None) -> str | None:
 
 
 def _console() -> Console:
-    return Console(file=sys.stdout, highlight=False, markup=False)
+    """Standard output; its ``soft_wrap=True`` lines wrap at words on a terminal (:mod:`tools.widths`)."""
+    return FitConsole(file=sys.stdout, highlight=False, markup=False)
 
 
 def _json(data: Any) -> None:
@@ -251,7 +253,8 @@ def _short(value: Any) -> str:
 
 
 def _table(title: str | None, *columns: str, right: Sequence[str] = ()) -> Table:
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    """A table that fits any width without cutting a value (:class:`tools.widths.FitTable`)."""
+    table = FitTable(title=title, title_justify="left", show_edge=False, pad_edge=False)
     for c in columns:
         table.add_column(c, justify="right" if c in right else "left", overflow="fold")
     return table
@@ -309,8 +312,6 @@ def checkpoint_list(checkpoints: Sequence[CheckpointMetadata], root: str, *, as_
         "stats",
         right=("id", "changelog"),
     )
-    for column in table.columns:  # narrow terminals fold the cells, never the headers
-        column.min_width = len(str(column.header))
     for r in rows:
         ops = "\n".join(
             f"{op['uid']} (p={op['parallelism']}): {', '.join(op['states']) or NONE}"
