@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from materializer.options import MaterializerOptions
 from runtime import (
     CollectSink,
     ExponentialBackoff,
@@ -24,7 +25,6 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
-from materializer.options import MaterializerOptions
 from runtime.barriers import BarrierAligner, BarrierTracker
 from runtime.channels import InputChannel
 from runtime.driver import serialize_graph
