@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv java
+.PHONY: demo test lint bench clean venv java browser
 
 venv: $(STAMP)
 
@@ -25,9 +25,21 @@ java:
 demo: java $(STAMP)
 	$(PY) -m examples.clickstream
 
-test: java $(STAMP)
+# The dashboard's browser test needs Debian's chromium; installed here when missing (as root).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "statelog: installing chromium for the browser test (apt-get)"; \
+	    { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; } || \
+	      { echo "statelog: apt-get install chromium failed" >&2; exit 1; }; \
+	  else \
+	    echo "statelog: the browser test needs chromium; install it (Debian/Ubuntu: apt-get install chromium)" >&2; exit 1; \
+	  fi; \
+	}
+
+test: java browser $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	STATELOG_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples

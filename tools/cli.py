@@ -5,8 +5,9 @@ A thin shell over the library: commands compute plain data (dicts, lists, a
 (``--json`` on every command). This module builds the parser, runs ``checkpoints
 list|show`` and ``verify``, and takes the other command groups from their modules, each of
 which registers its parsers: :mod:`tools.cli_materializer` (``materializer run|status``),
-:mod:`tools.cli_maintenance` (``gc``, ``savepoint create|list|delete``) and
-:mod:`tools.cli_spark` (``sql``, ``inspect``, ``restore``; they need the ``spark`` extra).
+:mod:`tools.cli_maintenance` (``gc``, ``savepoint create|list|delete``),
+:mod:`tools.cli_spark` (``sql``, ``inspect``, ``restore``; they need the ``spark`` extra) and
+:mod:`tools.cli_ui` (``ui``, the dashboard).
 The inspection commands open a root read-only, so a mistyped root is reported, never
 created; the maintenance commands write only what they are for.
 
@@ -28,7 +29,7 @@ from statelog.errors import (
     CheckpointNotFoundError,
     StatelogError,
 )
-from tools import cli_maintenance, cli_materializer, cli_spark, output
+from tools import cli_maintenance, cli_materializer, cli_spark, cli_ui, output
 from tools.roots import (  # noqa: F401 - re-exported for callers and tests
     Root,
     StoreOptionArg,
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_materializer.register(commands, command)
     cli_maintenance.register(commands, command)
     cli_spark.register(commands, command)
+    cli_ui.register(commands, command)
 
     command(chk_cmds, "list", cmd_list, "list the retained checkpoints")
     show = command(chk_cmds, "show", cmd_show, "show one checkpoint in detail")

@@ -1,0 +1,90 @@
+"""``statelog ui ROOT``: the checkpoint dashboard, served over HTTP or written to one file.
+
+The data comes from :mod:`tools.dashboard` (read-only: the root is never written), the page
+from :mod:`tools.ui`. ``--out FILE`` writes the page once (self-contained, plotly.js inlined)
+and exits, ``--json`` prints the data; without either the page is served at
+``http://HOST:PORT/`` (data at ``/data.json``) until interrupted. Exit codes: 0 ok, 2 usage
+or library error (one line, e.g. a root without a job, a port that is taken, an unwritable
+``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from statelog.errors import ConfigError
+from tools import dashboard, ui
+from tools.roots import open_root
+
+log = logging.getLogger("tools.cli")
+
+DEFAULT_PORT = 8086
+
+
+def register(commands: Any, command: Any) -> None:
+    """Add the ``ui`` command (``command(group, name, handler, help)``)."""
+    p = command(
+        commands,
+        "ui",
+        cmd_ui,
+        "serve a dashboard of the checkpoints, materializations, state sizes, key-group skew and "
+        "savepoints (or write it to one HTML file with --out)",
+    )
+    p.add_argument("--port", metavar="N", default=str(DEFAULT_PORT),
+                   help=f"TCP port to serve on (default {DEFAULT_PORT}; 0: any free port, printed)")
+    p.add_argument("--host", metavar="ADDR", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; the page shows the root's layout to anyone "
+                        "who reaches it)")
+    p.add_argument("--out", metavar="FILE", help="write the page to FILE (one self-contained HTML file) and exit")
+
+
+def parse_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port: expected a TCP port 0..65535 (0: any free port), got {text!r}")
+    return port
+
+
+def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    port = parse_port(args.port)
+    with open_root(args.root, options) as root:
+        root.require_job()  # a mistyped root fails here, before anything is served or written
+        if args.out or args.json:
+            data = dashboard.gather(root)
+            if args.out:
+                write_page(Path(args.out), ui.render_html(data))
+            if args.json:
+                print(json.dumps(data, indent=1))
+            else:
+                print(f"wrote {args.out}")
+            return 0
+        try:
+            server = ui.make_server(lambda: dashboard.gather(root), args.host, port)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot serve on {args.host}:{port}: {e.strerror or e}; pick another --port (0: any free "
+                "port) or --host"
+            ) from None
+        host, bound = server.server_address[:2]
+        print(f"statelog ui: serving {root.url} at http://{host}:{bound}/ (Ctrl-C to stop)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            log.info("statelog ui: stopped")
+        finally:
+            server.server_close()
+    return 0
+
+
+def write_page(path: Path, page: str) -> None:
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--out: cannot write {path}: {e.strerror or e}; pick a writable file") from None
