@@ -24,9 +24,12 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange, decode_key_array
-from statelog.materialization import Manifest, decode_values, load_manifest, read_table_file
+from statelog.materialization import Manifest, TableFile, decode_values, load_manifest, read_table_file
 
-__all__ = ["RestoredChanges", "base_entries", "gc_paused"]
+__all__ = ["BaseFile", "RestoredChanges", "base_entries", "gc_paused"]
+
+# a materialized table file to read: its state, the file, the key groups to read of it
+BaseFile = tuple[StateInfo, TableFile, KeyGroupRange]
 
 
 @contextlib.contextmanager
@@ -95,10 +98,26 @@ class RestoredChanges:
         """Read what ``handles`` hold in ``key_groups``; with ``job_id``, the manifests they
         build on must belong to that job (every manifest is also checked against its key and
         against the size and CRC-32 its reference recorded)."""
+        out, files, ranges = RestoredChanges.plan(reader, handles, key_groups, manifests, job_id)
+        out.load(reader, files, ranges)
+        return out
+
+    @staticmethod
+    def plan(
+        reader: SegmentReader,
+        handles: list[SubtaskStateHandle],
+        key_groups: KeyGroupRange,
+        manifests: dict[str, Manifest] | None = None,
+        job_id: str | None = None,
+    ) -> tuple[RestoredChanges, list[BaseFile], list[ChangelogRange]]:
+        """What a restore of ``key_groups`` reads, from the handles and their manifests only:
+        an empty :class:`RestoredChanges` with the state descriptions, the materialized parts
+        and the inherited changelog ranges set, the table files (each with its state and the
+        key groups to read of it) and the changelog ranges, in replay order."""
         out = RestoredChanges()
         store = reader.store
         cache = manifests if manifests is not None else {}
-        files: list[tuple[StateInfo, Any, KeyGroupRange]] = []
+        files: list[BaseFile] = []
         ranges: list[ChangelogRange] = []
         for h in handles:
             for info in h.states:
@@ -121,6 +140,13 @@ class RestoredChanges:
                 sub_r = rng.restrict(key_groups)
                 if sub_r is not None:
                     ranges.append(sub_r)
+        out.inherited.extend(ranges)
+        return out, files, ranges
+
+    def load(self, reader: SegmentReader, files: list[BaseFile], ranges: list[ChangelogRange]) -> None:
+        """Read ``files`` and ``ranges`` (as :meth:`plan` returned them, or a part of them)."""
+        store = reader.store
+        before = reader.bytes_read
         # Table files are fetched and decoded by a thread pool (I/O and Parquet decoding release
         # the GIL) while this thread reads the changelog tail; keys and entries of the tables
         # are built only after the pool finished: decoding keys while the pool runs would make
@@ -129,20 +155,18 @@ class RestoredChanges:
         try:
             futures = [pool.submit(read_table_file, store, f, kgr, info) for info, f, kgr in files] if pool else []
             for sub_r in ranges:
-                out.inherited.append(sub_r)
                 for batch in reader.read_range(sub_r.stream, sub_r.start, sub_r.end, sub_r.key_groups, sub_r.segments):
-                    recs = out.records.setdefault(batch.state, [])
+                    recs = self.records.setdefault(batch.state, [])
                     for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
                         recs.append((kb, nsb, op, ukey, value, exp))
-                    out.records_read += batch.table.num_rows
+                    self.records_read += batch.table.num_rows
             tables = [f.result() for f in futures]
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         for (info, f, _kgr), table in zip(files, tables, strict=True):
-            out.bytes_read += f.bytes
+            self.bytes_read += f.bytes
             if table.num_rows:  # turned into keys and entries when the state is registered
-                out.base.setdefault(info.name, []).append(table)
-                out.base_rows += table.num_rows
-        out.bytes_read += reader.bytes_read
-        return out
+                self.base.setdefault(info.name, []).append(table)
+                self.base_rows += table.num_rows
+        self.bytes_read += reader.bytes_read - before
