@@ -49,6 +49,7 @@ from statelog.keys import (
     key_group_range_for_subtask,
 )
 from statelog.materialization import Manifest
+from statelog.ondemand import KeyGroupLoader, PreparedKeyGroup
 from statelog.restore import RestoredChanges, base_entries, gc_paused
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.kinds import (
@@ -83,6 +84,7 @@ class KeyedStateBackend:
         stream_prefix: str | None = None,
         clock: Callable[[], int] | None = None,
         restored: RestoredChanges | None = None,
+        loader: KeyGroupLoader | None = None,
     ) -> None:
         self.operator_uid = operator_uid
         self.subtask = subtask
@@ -120,6 +122,14 @@ class KeyedStateBackend:
         )
         self._restore_timers()
         self._closed = False
+        # on-demand restore (statelog/ondemand.py): key groups not loaded yet load on first touch
+        self._loader = loader
+        self._stash: dict[str, list[tuple[list[Any], list[Any]]]] = {}  # loaded, state not registered
+        self.restore_stats: dict[str, Any] = {"on_demand": loader is not None}
+        self.key_context.load_all = self.wait_loaded
+        if loader is not None:
+            self._opened = time.monotonic()
+            loader.start(self._check_restored_keys)
 
     # -- current key ---------------------------------------------------------------------------
 
@@ -161,6 +171,8 @@ class KeyedStateBackend:
                 f"{self.subtask} of {self.parallelism} does not own (it owns {self.key_groups}); route "
                 "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
             )
+        if self._loader is not None:
+            self._load_key_group(kg)
         info = (type(key), kb, kg)
         cache = self._kcache
         if len(cache) >= self._kcache_limit:
@@ -277,20 +289,18 @@ class KeyedStateBackend:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
         for table in self._restored.base.pop(state.name, ()):
             self._check_restored_keys(state.name, table.column("key"))
-            keys, nss, values = base_entries(state.info, table)
-            if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
-                state._table_for(nss[0]).update(zip(keys, values, strict=True))
-            else:
-                table_for = state._table_for
-                for key, nsb, v in zip(keys, nss, values, strict=True):
-                    table_for(nsb)[key] = v
+            self._put_entries(state, *base_entries(state.info, table))
 
-    def _replay(self, state: KeyedState) -> None:
-        self._load_base(state)
-        records = self._restored.records.pop(state.name, None)
-        if not records:
-            state.prune()
-            return
+    @staticmethod
+    def _put_entries(state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
+        if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
+            state._table_for(nss[0]).update(zip(keys, values, strict=True))
+        else:
+            table_for = state._table_for
+            for key, nsb, v in zip(keys, nss, values, strict=True):
+                table_for(nsb)[key] = v
+
+    def _apply_records(self, state: KeyedState, records: list[tuple[bytes, bytes, int, Any, Any, int | None]]) -> None:
         known = self._decoded_keys
         new = list({r[0] for r in records if r[0] not in known})
         if new:  # decode the keys in bulk (int and short-string columns decode without a loop)
@@ -298,7 +308,80 @@ class KeyedStateBackend:
             self._check_restored_keys(state.name, arr)
             known.update(zip(new, decode_key_array(arr), strict=True))
         state.apply_many(records, known)
+
+    def _replay(self, state: KeyedState) -> None:
+        self._load_base(state)
+        for bases, records in self._stash.pop(state.name, ()):  # key groups loaded on demand before
+            for entries in bases:
+                self._put_entries(state, *entries)
+            if records:
+                self._apply_records(state, records)
+        records = self._restored.records.pop(state.name, None)
+        if records:
+            self._apply_records(state, records)
         state.prune()
+
+    # -- on-demand restore (statelog/ondemand.py) ----------------------------------------------
+
+    def _load_key_group(self, kg: int | None) -> None:
+        """Install what the loader prepared, and key group ``kg`` (preparing it if needed)."""
+        loader = self._loader
+        assert loader is not None
+        for p in loader.take_ready():
+            self._install(p)
+        if kg is not None:
+            p = loader.take(kg)
+            if p is not None:
+                self._install(p)
+                self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
+        if loader.done:
+            self._loaded()
+
+    def _install(self, p: PreparedKeyGroup) -> None:
+        with gc_paused():
+            for name in p.base.keys() | p.records.keys():
+                bases, records = p.base.get(name, []), p.records.get(name, [])
+                state = self._states.get(name)
+                if state is None:  # installed when the state registers
+                    self._stash.setdefault(name, []).append((bases, records))
+                    continue
+                for entries in bases:
+                    self._put_entries(state, *entries)
+                if records:
+                    self._apply_records(state, records)
+
+    def _loaded(self) -> None:
+        loader = self._loader
+        assert loader is not None
+        loader.close()
+        self._loader = None
+        for state in self._states.values():
+            state.prune()
+        self.restore_stats.update(
+            fully_loaded_s=round(time.monotonic() - self._opened, 6), rows=loader.rows,
+            records=loader.records, bytes_read=loader.bytes_read,
+        )  # fmt: skip
+        log.info(
+            "operator %r subtask %d: every key group loaded on demand in %.3fs (%d rows, %d records, %d bytes)",
+            self.operator_uid, self.subtask, self.restore_stats["fully_loaded_s"], loader.rows, loader.records,
+            loader.bytes_read,
+        )  # fmt: skip
+
+    @property
+    def loading(self) -> bool:
+        """Key groups of an on-demand restore are still to be loaded."""
+        return self._loader is not None
+
+    def poll_loading(self) -> None:
+        """Install the key groups the background loader prepared (the runtime calls it when idle)."""
+        if self._loader is not None:
+            self._load_key_group(None)
+
+    def wait_loaded(self) -> None:
+        """Load every key group not loaded yet (on-demand restore); at once otherwise."""
+        while self._loader is not None:
+            left = self._loader.remaining()
+            self._load_key_group(left[0] if left else None)
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):
@@ -333,6 +416,7 @@ class KeyedStateBackend:
 
     def entries(self, name: str) -> Iterator[tuple[Any, Any, Any]]:
         """``(key, namespace, value)`` of every live entry of a registered state."""
+        self.wait_loaded()
         try:
             state = self._states[name]
         except KeyError:
@@ -348,6 +432,8 @@ class KeyedStateBackend:
                 f"operator {self.operator_uid!r} runs without changelog; dump its whole state "
                 "with statelog.state_dump.write_state_dump instead"
             )
+        if self._loader is not None:
+            self._load_key_group(None)  # progress, and a loading error fails the checkpoint here
         sealed = [(s, s.position) for s in self._streams.values()]
         futures = [self._writer.persist(s, pos) for s, pos in sealed]
         # everything the handle needs from the task's side is captured here, on the task thread
@@ -428,6 +514,8 @@ class KeyedStateBackend:
         """
         if manifest.checkpoint_id <= self._base_cid or manifest.checkpoint_id not in self._lineage:
             return False
+        if self._loader is not None:  # key groups not loaded yet still need the restored handles
+            return False
         mop = manifest.operators.get(self.operator_uid)
         if mop is None:
             return False
@@ -459,6 +547,9 @@ class KeyedStateBackend:
         if self._closed:
             return
         self._closed = True
+        if self._loader is not None:
+            self._loader.close()
+            self._loader = None
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)

@@ -44,6 +44,7 @@ from statelog.errors import (
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.ondemand import KeyGroupLoader, split_timers
 from statelog.options import WriterOptions
 from statelog.restore import RestoredChanges, gc_paused
 from statelog.store import open_store
@@ -69,6 +70,7 @@ class StateJob:
         writer_lease: bool = True,
         writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
         writer_owner: str | None = None,
+        on_demand_restore: bool = False,
     ) -> None:
         retain_checkpoints = opt.RETAIN.check(retain_checkpoints)  # ranges: statelog/options.py
         self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
@@ -89,6 +91,9 @@ class StateJob:
         self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
+        # restore key groups on first use (statelog/ondemand.py) instead of all before returning
+        self.on_demand_restore = bool(on_demand_restore)
+        self.on_demand_background = True  # False: key groups load only when touched (tests)
         # one checkpoint publisher per root: taken by the first backend or publish (see
         # statelog/writer_lease.py); writer_lease=False only for processes that write
         # changelog under another process's lease (the runtime's workers)
@@ -133,6 +138,7 @@ class StateJob:
         restore: CheckpointMetadata | int | str | None = None,
         changelog: bool = True,
         clock: Callable[[], int] | None = None,
+        on_demand: bool | None = None,
     ) -> KeyedStateBackend:
         """A keyed backend for one subtask, empty or restored from a checkpoint.
 
@@ -143,6 +149,11 @@ class StateJob:
         replay the sources' output); say ``"latest"`` or ``"none"``. The restored state is the
         operator's state at that checkpoint restricted to this subtask's key groups, whatever
         the parallelism the checkpoint was taken with.
+
+        ``on_demand`` (default: the job's ``on_demand_restore``) returns after reading only the
+        checkpoint's handles, manifests and timers; each key group's state loads the first
+        time a key of it is set, and a background thread loads the others
+        (:mod:`statelog.ondemand`; ``backend.wait_loaded()`` waits for all of them).
         """
         if not isinstance(operator_uid, str) or not operator_uid:
             raise ConfigError(f"operator uid must be a non-empty string, got {operator_uid!r}")
@@ -150,12 +161,15 @@ class StateJob:
         if changelog:
             self.acquire_writer_lease()
         kgr = key_group_range_for_subtask(self.max_parallelism, parallelism, subtask)
-        restored = None
+        restored, loader = None, None
         if restore is None:
             self._check_fresh_start(operator_uid)
         meta = self.resolve_checkpoint(restore)
         if meta is not None:
-            restored = self.read_restored(meta, operator_uid, kgr)
+            if self.on_demand_restore if on_demand is None else on_demand:
+                restored, loader = self.plan_restored(meta, operator_uid, kgr)
+            else:
+                restored = self.read_restored(meta, operator_uid, kgr)
         b = KeyedStateBackend(
             operator_uid=operator_uid,
             subtask=subtask,
@@ -165,6 +179,7 @@ class StateJob:
             stream_prefix=f"{operator_uid}.{subtask}.{_short_id()}",
             clock=clock,
             restored=restored,
+            loader=loader,
         )
         self._backends.append(b)
         return b
@@ -251,6 +266,32 @@ class StateJob:
             restored.bytes_read, time.monotonic() - t0,
         )
         return restored
+
+    def plan_restored(
+        self, meta: CheckpointMetadata, operator_uid: str, kgr: Any
+    ) -> tuple[RestoredChanges, KeyGroupLoader | None]:
+        """An on-demand restore: the handles' plan and the timers now, a loader for the rest."""
+        op = meta.operators.get(operator_uid)
+        handles = op.handles_for(kgr) if op is not None else []
+        t0 = time.monotonic()
+        reader = SegmentReader(self.store)
+        restored, files, ranges = RestoredChanges.plan(reader, handles, kgr, self._manifests, job_id=meta.job_id)
+        timer_files, timer_ranges, files, ranges = split_timers(files, ranges)
+        with gc_paused():
+            restored.load(reader, timer_files, timer_ranges)
+        if meta.kind == "checkpoint":
+            restored.checkpoint_id = meta.checkpoint_id
+        loader = (
+            KeyGroupLoader(self.store, files, ranges, kgr, background=self.on_demand_background)
+            if files or ranges
+            else None
+        )
+        log.info(
+            "opened operator %r key groups %s at %s %d on demand: %d table files and %d changelog ranges to "
+            "load by key group; timers read in %.3fs",
+            operator_uid, kgr, meta.kind, meta.checkpoint_id, len(files), len(ranges), time.monotonic() - t0,
+        )  # fmt: skip
+        return restored, loader
 
     def load_savepoint(self, name: str) -> CheckpointMetadata:
         """The metadata of savepoint ``name`` (restore from it like from a checkpoint)."""

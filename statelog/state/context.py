@@ -43,6 +43,10 @@ NO_KEY: Any = _NoCurrentKey()
 NO_KEY_INFO: tuple[type, bytes, int] = (type(None), b"", -1)
 
 
+def _nothing() -> None:
+    return None
+
+
 def _unset(_key: Any) -> None:
     raise StatelogError("this key context has no key setter: the backend that owns it installs one")
 
@@ -64,9 +68,11 @@ class KeyContext:
     * ``changelog_enabled``: whether mutations are recorded (a backend with a changelog
       writer) or only kept in memory.
     * ``operator_uid``: the operator the backend belongs to (for error messages).
+    * ``load_all``: loads every key group not loaded yet (an on-demand restore,
+      :mod:`statelog.ondemand`); whole-state reads (``entries()``) call it first.
     """
 
-    __slots__ = ("key", "key_info", "set_current_key", "clock", "changelog_enabled", "operator_uid")
+    __slots__ = ("key", "key_info", "set_current_key", "clock", "changelog_enabled", "operator_uid", "load_all")
 
     def __init__(self, operator_uid: str, clock: Callable[[], int], changelog_enabled: bool) -> None:
         self.key: Any = NO_KEY
@@ -75,6 +81,7 @@ class KeyContext:
         self.clock = clock
         self.changelog_enabled = changelog_enabled
         self.operator_uid = operator_uid
+        self.load_all: Callable[[], None] = _nothing
 
     @property
     def current_key(self) -> Any:

@@ -135,6 +135,7 @@ class KeyedState:
 
     def entries(self, now: int | None = None) -> Iterator[tuple[Any, Any, Any]]:
         """Yield ``(key, namespace, value)`` for every live entry (TTL-expired ones skipped)."""
+        self._ctx.load_all()
         if now is None:
             now = self._now()
         for nsb, table in self._tables.items():

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statelog
+from statelog import StateJob
 from tests.core.harness import Clock, Driver, Model
 
 # keys equal in Python are one key (issue 11 point 0): the model is a dict, so Python
@@ -56,11 +57,25 @@ OPS = st.one_of(  # nested one_of is flattened: every operation keeps its weight
 )
 
 
-def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool) -> int:
-    """Run ``ops``; on each crash restore a random retained checkpoint and compare. Returns #restores."""
+def open_job(root: str, options: dict, writer_options: dict | None = None, on_demand: str = "eager") -> StateJob:
+    """``on_demand``: ``eager`` (restore everything first), ``on-demand`` (key groups load when
+    touched, plus the background loader), ``touched`` (only when touched: no background
+    loader, so checkpoints and crashes happen with key groups not loaded yet)."""
+    job = statelog.open(root, store_options=options, writer_options=writer_options, retain_checkpoints=3,
+                        on_demand_restore=on_demand != "eager")  # fmt: skip
+    job.on_demand_background = on_demand != "touched"
+    return job
+
+
+def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mode: str = "eager") -> int:
+    """Run ``ops``; on each crash restore a random retained checkpoint and compare. Returns #restores.
+
+    Eager restores are compared at once; on-demand ones first process the next operations
+    (loading the key groups they touch) and are compared at the next crash or at the end,
+    so checkpoints are taken while key groups are still unloaded."""
     clock = Clock()
     writer_options = {"coalesce": coalesce, "persist_delay": 0.002}
-    job = statelog.open(root, store_options=options, writer_options=writer_options, retain_checkpoints=3)
+    job = open_job(root, options, writer_options, mode)
     model = Model()
     snapshots: dict[int, Model] = {}
     driver = Driver(job.backend("op", clock=clock), model, clock)
@@ -88,10 +103,12 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool) -> 
             if pending is not None:
                 pending[1].cancel()  # the checkpoint is aborted by the failure
                 pending = None
+            if mode != "eager":
+                driver.check_equal()  # the state restored on demand, plus what followed
             if wait_flush:
                 job.writer.flush()  # everything durable, but no checkpoint references the tail
             job.close(flush=False)  # crash: buffered records and in-memory state are gone
-            job = statelog.open(root, store_options=options, writer_options=writer_options, retain_checkpoints=3)
+            job = open_job(root, options, writer_options, mode)
             retained = job.catalog.checkpoint_ids()
             assert set(retained) <= set(snapshots)
             if retained:
@@ -102,7 +119,8 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool) -> 
             else:
                 meta, model = None, Model()
             driver = Driver(job.backend("op", restore=meta, clock=clock), model, clock)
-            driver.check_equal()
+            if mode == "eager":
+                driver.check_equal()
             restores += 1
             driver.set_key(0)
         else:
@@ -113,8 +131,9 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool) -> 
         job.publish_checkpoint(cid, [snap.result(30)], {"offset": len(snapshots)})
     meta = job.checkpoint(sources={})
     final = driver.model.copy()
+    driver.check_equal()
     job.close(flush=False)
-    job = statelog.open(root, store_options=options)
+    job = open_job(root, options, None, mode)
     restored = Driver(job.backend("op", restore=meta.checkpoint_id, clock=clock), final, clock)
     restored.check_equal()
     job.close()
@@ -124,15 +143,17 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool) -> 
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=5, max_size=120), coalesce=st.booleans())
-def test_restore_equals_model_file(tmp_path_factory, ops, coalesce):
+@pytest.mark.parametrize("mode", ["eager", "touched", "on-demand"])
+def test_restore_equals_model_file(tmp_path_factory, ops, coalesce, mode):
     root = tmp_path_factory.mktemp("prop").as_uri()
-    run_scenario(root, {}, ops, coalesce)
+    run_scenario(root, {}, ops, coalesce, mode)
 
 
 @pytest.mark.slow
 @pytest.mark.s3
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=5, max_size=80), coalesce=st.booleans())
-def test_restore_equals_model_s3(s3_server, ops, coalesce):
+@pytest.mark.parametrize("mode", ["eager", "on-demand"])
+def test_restore_equals_model_s3(s3_server, ops, coalesce, mode):
     spec = s3_server.unique_root()
-    run_scenario(spec.url, spec.options, ops, coalesce)
+    run_scenario(spec.url, spec.options, ops, coalesce, mode)

@@ -1,0 +1,278 @@
+"""On-demand restore: a restored backend's state, loaded key group by key group.
+
+Opening a backend at a checkpoint on demand reads only the checkpoint's handles, the
+manifests they build on (:meth:`statelog.restore.RestoredChanges.plan`) and the timers
+(their tables and changelog streams, which are small, and must be complete before event time
+may pass a timer). Everything else is loaded per key group by a :class:`KeyGroupLoader`:
+
+* the first time the task touches a key group (the key of a record, of a firing timer, of a
+  query), the backend takes that key group from the loader: it is prepared at once in the
+  task thread, or, if the background thread is preparing it already, waited for;
+* a background thread prepares the other key groups in key-group order, at most
+  ``read_ahead`` key groups ahead of what the task thread has installed (the memory a
+  restore needs beyond the loaded state is bounded by that and by the table files being
+  decoded);
+* only the task thread writes the states' tables: it installs what the background thread
+  prepared whenever it passes a key it has not seen yet, at every snapshot, and when asked to
+  finish (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`).
+
+Preparing a key group reads the state-table files that hold it (each file fetched, verified
+against the size and CRC-32 its manifest recorded and decoded once, then kept until its last
+key group was prepared) and its share of the changelog tail: the tail of all states is read
+once, by the first preparation, and split by key group. An object that is missing or corrupt
+fails the preparation of the first key group that needs it, with the object's name; the error
+is raised in the task thread at its next installation, never swallowed.
+
+What a checkpoint taken while loading references does not depend on what was loaded: the
+restored materialized parts and changelog ranges stay in the backend's handles until it
+adopts a materialization, which it does only once fully loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statelog.changelog.format import TIMER_STATES
+from statelog.changelog.reader import SegmentReader
+from statelog.checkpoint import ChangelogRange
+from statelog.keys import KeyGroupRange
+from statelog.materialization import read_table_file
+from statelog.restore import BaseFile, base_entries
+from statelog.store.base import ObjectStore
+
+__all__ = ["KeyGroupLoader", "PreparedKeyGroup", "split_timers"]
+
+DEFAULT_READ_AHEAD = 8  # key groups prepared ahead of the task thread's installations
+
+_UNLOADED, _PREPARING, _READY, _TAKEN = range(4)
+
+
+def split_timers(
+    files: list[BaseFile], ranges: list[ChangelogRange]
+) -> tuple[list[BaseFile], list[ChangelogRange], list[BaseFile], list[ChangelogRange]]:
+    """``(timer files, timer ranges, other files, other ranges)``: each state has its own
+    changelog stream, named ``<prefix>/<state name>`` (docs/format.md 4.7)."""
+
+    def is_timer_range(r: ChangelogRange) -> bool:
+        return r.stream.rsplit("/", 1)[-1] in TIMER_STATES
+
+    return (
+        [f for f in files if f[0].name in TIMER_STATES],
+        [r for r in ranges if is_timer_range(r)],
+        [f for f in files if f[0].name not in TIMER_STATES],
+        [r for r in ranges if not is_timer_range(r)],
+    )
+
+
+@dataclass
+class PreparedKeyGroup:
+    """One key group's restored state, decoded, ready to be installed into the tables."""
+
+    key_group: int
+    # per state: (keys, namespaces, entries) of each materialized table part (base_entries)
+    base: dict[str, list[tuple[list[Any], list[bytes], list[Any]]]] = field(default_factory=dict)
+    # per state: change records (key bytes, namespace bytes, op, user key, value, expires), in order
+    records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = field(default_factory=dict)
+    rows: int = 0
+
+
+class _File:
+    """A table file being read for its key groups: decoded once, dropped after its last one."""
+
+    __slots__ = ("lock", "table", "left")
+
+    def __init__(self, left: int) -> None:
+        self.lock = threading.Lock()
+        self.table: pa.Table | None = None
+        self.left = left
+
+
+class KeyGroupLoader:
+    """Loads the materialized tables and changelog tail of a key-group range, per key group."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        files: list[BaseFile],
+        ranges: list[ChangelogRange],
+        key_groups: KeyGroupRange,
+        *,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        background: bool = True,
+    ) -> None:
+        self.store = store
+        self.key_groups = key_groups
+        self._ranges = ranges
+        self._read_ahead = max(1, read_ahead)
+        self._background = background  # False: key groups load only when touched (tests)
+        self._files_of: dict[int, list[tuple[BaseFile, _File]]] = {}
+        for info, f, kgr in files:
+            mine = f.key_groups.intersect(kgr)
+            if mine is None:
+                continue
+            entry = _File(len(mine))
+            for kg in mine:
+                self._files_of.setdefault(kg, []).append(((info, f, mine), entry))
+        self._cond = threading.Condition()
+        self._state = dict.fromkeys(key_groups, _UNLOADED)
+        self._ready: dict[int, PreparedKeyGroup] = {}
+        self._taken = 0
+        self._tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] | None = None
+        self._tail_lock = threading.Lock()
+        self._stop = False
+        self.error: BaseException | None = None
+        self.check_keys: Callable[[str, Any], None] = lambda _state, _keys: None
+        # figures for logs and stats
+        self.bytes_read = 0
+        self.rows = 0
+        self.records = 0
+        self.started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="statelog-ondemand-restore", daemon=True)
+
+    def start(self, check_keys: Callable[[str, Any], None]) -> None:
+        """Start the background thread; ``check_keys(state, key_array)`` raises on keys the
+        backend cannot restore (it runs on every table and tail prepared)."""
+        self.check_keys = check_keys
+        if self._background:
+            self._thread.start()
+
+    # -- task thread ---------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Every key group was handed to the task thread."""
+        return self._taken == len(self._state)
+
+    def take(self, kg: int) -> PreparedKeyGroup | None:
+        """Key group ``kg``'s prepared state (prepared here if nobody does it), or ``None`` if
+        it was handed out before."""
+        with self._cond:
+            while True:
+                self._raise_error()
+                st = self._state[kg]
+                if st == _TAKEN:
+                    return None
+                if st == _READY:
+                    self._state[kg] = _TAKEN
+                    self._taken += 1
+                    self._cond.notify_all()
+                    return self._ready.pop(kg)
+                if st == _UNLOADED:
+                    self._state[kg] = _PREPARING
+                    break
+                self._cond.wait(0.05)  # the background thread is preparing it
+        try:
+            prepared = self._prepare(kg)
+        except BaseException as e:
+            self._fail(e)
+            raise
+        with self._cond:
+            self._state[kg] = _TAKEN
+            self._taken += 1
+            self._cond.notify_all()
+        return prepared
+
+    def take_ready(self) -> list[PreparedKeyGroup]:
+        """Every key group the background thread prepared since the last call."""
+        with self._cond:
+            self._raise_error()
+            if not self._ready:
+                return []
+            out = list(self._ready.values())
+            self._ready.clear()
+            for p in out:
+                self._state[p.key_group] = _TAKEN
+            self._taken += len(out)
+            self._cond.notify_all()  # room for the read-ahead
+            return out
+
+    def remaining(self) -> list[int]:
+        """Key groups not handed out yet, in order."""
+        with self._cond:
+            return [kg for kg, st in self._state.items() if st != _TAKEN]
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._ready.clear()
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _fail(self, e: BaseException) -> None:
+        with self._cond:
+            if self.error is None:
+                self.error = e
+            self._cond.notify_all()
+
+    # -- background thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        for kg in self.key_groups:
+            with self._cond:
+                while not self._stop and self.error is None and len(self._ready) >= self._read_ahead:
+                    self._cond.wait()
+                if self._stop or self.error is not None:
+                    return
+                if self._state[kg] != _UNLOADED:
+                    continue
+                self._state[kg] = _PREPARING
+            try:
+                prepared = self._prepare(kg)
+            except BaseException as e:  # noqa: BLE001 - handed to the task thread, raised there
+                self._fail(e)
+                return
+            with self._cond:
+                self._ready[kg] = prepared
+                self._state[kg] = _READY
+                self._cond.notify_all()
+
+    # -- preparing one key group (either thread) -----------------------------------------------
+
+    def _prepare(self, kg: int) -> PreparedKeyGroup:
+        out = PreparedKeyGroup(kg)
+        for (info, f, mine), entry in self._files_of.get(kg, ()):
+            with entry.lock:
+                if entry.table is None:
+                    entry.table = read_table_file(self.store, f, mine, info)
+                    self.bytes_read += f.bytes
+                table = entry.table
+                entry.left -= 1
+                if entry.left == 0:
+                    entry.table = None  # its last key group: the file's memory goes
+            part = table.filter(pc.equal(table.column("key_group"), kg))
+            if part.num_rows:
+                self.check_keys(info.name, part.column("key"))
+                out.base.setdefault(info.name, []).append(base_entries(info, part))
+                out.rows += part.num_rows
+        out.records = self._tail_of(kg)
+        self.rows += out.rows
+        return out
+
+    def _tail_of(self, kg: int) -> dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]:
+        with self._tail_lock:
+            if self._tail is None:
+                self._tail = self._read_tail()
+            return self._tail.pop(kg, {})
+
+    def _read_tail(self) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
+        reader = SegmentReader(self.store)
+        tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] = {}
+        for r in self._ranges:
+            for batch in reader.read_range(r.stream, r.start, r.end, r.key_groups, r.segments):
+                for _seq, kg, op, kb, nsb, ukey, value, exp in batch.rows():
+                    tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))
+                self.records += batch.table.num_rows
+        self.bytes_read += reader.bytes_read
+        return tail

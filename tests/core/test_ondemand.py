@@ -1,0 +1,216 @@
+"""On-demand restore (statelog/ondemand.py): key groups load when touched and in the background.
+
+A state of value, map and list entries plus timers is checkpointed, materialized and given a
+changelog tail; backends restored on demand are compared with eager restores of the same
+checkpoint: after touching some key groups, with a checkpoint taken while others are not
+loaded, at another parallelism, with a state registered late, and with a corrupt table file
+that is only reached when its key group loads.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import statelog
+from materializer.build import materialize
+from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+from statelog.errors import CorruptionError
+from statelog.materialization import load_manifest
+
+MAXP = 32
+N = 3000
+V = ValueStateDescriptor("v", pa.int64(), default=0)
+M = MapStateDescriptor("m", pa.int64())
+L = ListStateDescriptor("l", pa.string())
+
+
+def _build(root: str) -> dict[str, Any]:
+    """Checkpoint 1 (materialized), then a tail; checkpoint 2 builds on both."""
+    with statelog.open(root, max_parallelism=MAXP) as job:
+        b = job.backend("op")
+        v, m, lst = b.get_state(V), b.get_state(M), b.get_state(L)
+        for i in range(N):
+            b.set_current_key(i)
+            v.update(i)
+            m.put("a", i)
+            if i % 3 == 0:
+                lst.add(f"x{i}")
+            if i % 10 == 0:
+                b.timers.register_event_time_timer(1000 + i)
+        c1 = job.checkpoint()
+        manifest = materialize(job.store, c1)
+        rng = random.Random(7)
+        for i in rng.sample(range(N), 300):  # the tail: updates, deletes, new keys
+            b.set_current_key(i)
+            v.update(-i)
+            m.remove("a")
+        for i in range(N, N + 50):
+            b.set_current_key(i)
+            v.update(i)
+        c2 = job.checkpoint()
+        assert c2.manifest_keys() == {manifest.key}
+        return {"c2": c2.checkpoint_id, "manifest": manifest}
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    root = (tmp_path / "root").as_uri()
+    return root, _build(root)
+
+
+def _view(b: Any) -> dict[str, dict]:
+    out = {}
+    for d in (V, M, L):
+        s = b.get_state(d)
+        out[d.name] = {(k, ns): (dict(v) if isinstance(v, dict) else v) for k, ns, v in s.entries()}
+    out["timers"] = {(t.timestamp, t.key) for t in b.timers.timers()}
+    return out
+
+
+def _eager(root: str, cid: int, subtask: int = 0, parallelism: int = 1) -> dict[str, dict]:
+    with statelog.open(root, create=False) as job:
+        return _view(job.backend("op", restore=cid, changelog=False, subtask=subtask, parallelism=parallelism))
+
+
+def _open(root: str, background: bool) -> statelog.StateJob:
+    job = statelog.open(root, create=False, on_demand_restore=True)
+    job.on_demand_background = background
+    return job
+
+
+def test_touched_key_groups_load_alone_and_a_checkpoint_while_loading_loses_nothing(built) -> None:
+    root, info = built
+    want = _eager(root, info["c2"])
+    job = _open(root, background=False)
+    b = job.backend("op", restore=info["c2"])
+    v, m = b.get_state(V), b.get_state(M)
+    assert b.loading and b.timers.timers()  # timers are restored when the backend opens
+    key = 17
+    kg = statelog.key_group_of(key, MAXP)
+    b.set_current_key(key)
+    assert v.value() == want["v"][(key, None)] and m.get("a") == want["m"].get((key, None), {}).get("a")
+    v.update(1_000_000)  # a change in a loaded key group
+    loaded = {k for table in v._tables.values() for k in table}  # the keys in memory now
+    assert loaded and {statelog.key_group_of(k, MAXP) for k in loaded} == {kg}
+    assert b.loading and b.restore_stats["first_key_group_s"] >= 0
+    c3 = job.checkpoint()  # taken while the other key groups are not loaded
+    assert b.loading
+    job.close()
+    want[V.name][(key, None)] = 1_000_000
+    assert _eager(root, c3.checkpoint_id) == want
+
+
+def test_background_loading_equals_eager_and_frees_the_loader(built) -> None:
+    root, info = built
+    want = _eager(root, info["c2"])
+    with _open(root, background=True) as job:
+        b = job.backend("op", restore=info["c2"])
+        b.get_state(V)
+        b.wait_loaded()
+        assert not b.loading and b.restore_stats["fully_loaded_s"] > 0
+        assert b.restore_stats["rows"] > N and b.restore_stats["records"] > 300
+        assert _view(b) == want
+
+
+def test_a_state_registered_after_key_groups_loaded_gets_their_entries(built) -> None:
+    root, info = built
+    want = _eager(root, info["c2"])
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])
+        v = b.get_state(V)
+        for key in (1, 2, 3, 500, 2999):
+            b.set_current_key(key)
+            assert v.value() == want["v"][(key, None)]
+        m = b.get_state(M)  # registered now: the loaded key groups' entries were kept for it
+        b.set_current_key(2)
+        assert m.get("a") == want["m"].get((2, None), {}).get("a")
+        assert _view(b) == want
+
+
+@pytest.mark.parametrize("parallelism", [2, 3])
+def test_rescaled_on_demand_restore_equals_eager(built, parallelism: int) -> None:
+    root, info = built
+    for subtask in range(parallelism):
+        want = _eager(root, info["c2"], subtask, parallelism)
+        with _open(root, background=subtask % 2 == 0) as job:
+            b = job.backend("op", restore=info["c2"], subtask=subtask, parallelism=parallelism, changelog=False)
+            assert _view(b) == want
+
+
+def test_no_materialization_adopted_while_loading(built) -> None:
+    root, info = built
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])
+        b.get_state(V)
+        b.set_current_key(5)
+        c3 = job.checkpoint()
+        newer = materialize(job.store, c3)
+        assert not b.adopt_materialization(newer)  # its restored handles are still needed
+        b.wait_loaded()
+        assert b.adopt_materialization(newer)
+
+
+def _corrupt_file_of_unloaded_key_group(root: str, manifest: Any) -> tuple[str, int]:
+    files = manifest.operators["op"].files["v"]
+    f = files[-1]  # the last key groups: not touched below
+    path = Path(root.removeprefix("file://")) / f.path
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return f.path, f.key_groups.start
+
+
+def test_a_corrupt_table_fails_when_its_key_group_loads_naming_it(built) -> None:
+    root, info = built
+    bad, kg = _corrupt_file_of_unloaded_key_group(root, info["manifest"])
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])  # opening reads no table file
+        v = b.get_state(V)
+        first = next(k for k in range(N) if statelog.key_group_of(k, MAXP) < kg)
+        b.set_current_key(first)
+        assert v.value() is not None
+        key = next(k for k in range(N) if statelog.key_group_of(k, MAXP) == kg)
+        with pytest.raises(CorruptionError) as exc:
+            b.set_current_key(key)
+        assert bad in str(exc.value)
+        with pytest.raises(CorruptionError):  # and it stays failed, never silently empty
+            b.wait_loaded()
+
+
+def test_a_corrupt_table_found_by_the_background_loader_fails_the_task_and_checkpoints(built) -> None:
+    root, info = built
+    bad, _kg = _corrupt_file_of_unloaded_key_group(root, info["manifest"])
+    with _open(root, background=True) as job:
+        b = job.backend("op", restore=info["c2"])
+        b.get_state(V)
+        deadline = time.monotonic() + 60
+        with pytest.raises(CorruptionError) as exc:  # installing what it prepared, until it fails
+            while time.monotonic() < deadline:
+                b.poll_loading()
+                time.sleep(0.005)
+        assert bad in str(exc.value)
+        with pytest.raises(CorruptionError) as exc:
+            job.checkpoint()
+        assert bad in str(exc.value)
+
+
+def test_manifest_files_are_what_the_loader_reads(built) -> None:
+    """Opening on demand reads the manifest, not its table files; loading reads each file once."""
+    root, info = built
+    manifest = load_manifest(statelog.open(root, create=False).store, info["manifest"].key)
+    files = {f.path: f.bytes for fs in manifest.operators["op"].files.values() for f in fs}
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])
+        loader = b._loader
+        assert loader is not None and loader.bytes_read == 0
+        b.get_state(V)
+        b.wait_loaded()
+        tables = sum(n for p, n in files.items() if "__timers" not in p)
+        assert b.restore_stats["bytes_read"] >= tables  # every table file once, plus the tail
+        assert b.restore_stats["bytes_read"] < 2 * tables + 1_000_000
