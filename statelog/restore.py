@@ -24,7 +24,13 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange, decode_key_array
-from statelog.materialization import Manifest, TableFile, decode_values, load_manifest, read_table_file
+from statelog.materialization import (
+    Manifest,
+    TableFile,
+    decode_values,
+    load_manifest,
+    read_table_file,
+)
 
 __all__ = ["BaseFile", "RestoredChanges", "base_entries", "gc_paused"]
 
