@@ -14,6 +14,7 @@ import sys
 BENCHMARKS = {
     "backend": "bench.backend",
     "materializer": "bench.materializer",
+    "recovery": "bench.recovery",
     "runtime": "bench.runtime",
     "spark": "bench.spark",
 }

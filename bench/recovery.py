@@ -1,0 +1,199 @@
+"""Recovery: eager vs on-demand restore, time to the first record, to fully loaded, and memory.
+
+``python -m bench recovery --json [--sizes 1000000,10000000] [--rounds 2] [--no-s3]``
+
+For each store (a ``file://`` root and a SeaweedFS ``s3://`` root started here) and each state
+size, a ``ValueState<int64>`` of N int keys is written, checkpointed, materialized, and 1 % of
+the keys are changed after it (the tail), then checkpointed again (checkpoint A, parallelism
+1). A checkpoint B at parallelism 2 is taken by two backends restored on demand from A
+without touching a key (their handles reference A's files and tail, nothing is rewritten).
+
+Each measurement runs in a fresh process (so its peak RSS is its own):
+
+* ``restore``: one backend at parallelism 1 restores A;
+* ``rescale``: subtask 1 of 3 restores B (2 -> 3: its key groups come from both old subtasks).
+
+and reports ``first_record_s`` (from ``statelog.open`` to the value of a random key read),
+``fully_loaded_s`` (to every key group loaded: ``wait_loaded()``), ``peak_rss_mib`` (the
+process's maximum RSS) and ``loaded_mib`` (RSS after the load minus RSS before the open: the
+loaded state). Eager and on-demand alternate within each round; medians over the rounds are
+reported with their spread, and the ratios on-demand / eager side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZES = (1_000_000, 10_000_000)
+QUICK_SIZES = (20_000, 100_000)
+TAIL_SHARE = 0.01
+UID = "counter"
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def _descriptor() -> Any:
+    import pyarrow as pa
+
+    from statelog import ValueStateDescriptor
+
+    return ValueStateDescriptor("count", pa.int64(), default=0)
+
+
+def build(root: str, options: dict[str, Any], n: int, progress: bool) -> dict[str, int]:
+    """Write the state; return the ids of checkpoints A (parallelism 1) and B (parallelism 2)."""
+    import statelog
+    from materializer.build import materialize
+
+    desc = _descriptor()
+    t0 = time.monotonic()
+    with statelog.open(root, store_options=options, writer_options={"max_buffered_records": 1 << 20}) as job:
+        b = job.backend(UID)
+        state = b.get_state(desc)
+        for k in range(n):
+            b.set_current_key(k)
+            state.update(k)
+        first = job.checkpoint()
+        materialize(job.store, first)
+        rng = random.Random(1)
+        for k in rng.sample(range(n), int(n * TAIL_SHARE)):
+            b.set_current_key(k)
+            state.update(-k)
+        a = job.checkpoint().checkpoint_id
+    if progress:
+        print(f"  built {n:,} keys on {root.split(':')[0]} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    with statelog.open(root, store_options=options, create=False, on_demand_restore=True) as job:
+        job.on_demand_background = False  # nothing is loaded: the handles are A's, restricted
+        for i in range(2):
+            job.backend(UID, subtask=i, parallelism=2, restore=a).get_state(desc)
+        b_id = job.checkpoint().checkpoint_id
+    return {"A": a, "B": b_id}
+
+
+def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, parallelism: int,
+            on_demand: bool, key: int) -> dict[str, float]:  # fmt: skip
+    """One restore in this process (run it in a fresh one)."""
+    import statelog
+
+    desc = _descriptor()
+    gc.collect()
+    before = _rss_mib()
+    t0 = time.perf_counter()
+    job = statelog.open(root, store_options=options, create=False, on_demand_restore=on_demand)
+    b = job.backend(UID, subtask=subtask, parallelism=parallelism, restore=checkpoint, changelog=False)
+    state = b.get_state(desc)
+    b.set_current_key(key)
+    value = state.value()
+    first = time.perf_counter() - t0
+    b.wait_loaded()
+    full = time.perf_counter() - t0
+    gc.collect()
+    after = _rss_mib()
+    assert value in (key, -key), (key, value)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    job.close()
+    return {"first_record_s": first, "fully_loaded_s": full, "peak_rss_mib": peak,
+            "loaded_mib": after - before, "peak_over_loaded": (peak - before) / max(after - before, 1e-9)}  # fmt: skip
+
+
+def _child(args: list[str]) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-m", "bench.recovery", "measure", *args], capture_output=True,
+                         text=True, timeout=3600)  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _median(xs: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
+
+
+def run(quick: bool = False, root: str | None = None, progress: bool = True, sizes: tuple[int, ...] | None = None,
+        rounds: int = 2, s3: bool = True) -> dict[str, Any]:  # fmt: skip
+    import statelog
+
+    sizes = sizes or (QUICK_SIZES if quick else SIZES)
+    result: dict[str, Any] = {"sizes": list(sizes), "rounds": rounds, "tail_share": TAIL_SHARE}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    server = None
+    stores: list[tuple[str, str, dict[str, Any]]] = []
+    try:
+        stores.append(("file", root or (tmp / "file").as_uri(), {}))
+        if s3:
+            from tests.s3server import start_seaweedfs
+
+            server = start_seaweedfs(tmp / "s3")
+            spec = server.unique_root()
+            stores.append(("s3", spec.url, dict(spec.options)))
+        for store, base, options in stores:
+            for n in sizes:
+                url = f"{base.rstrip('/')}/n{n}"
+                ids = build(url, options, n, progress)
+                key = random.Random(n).randrange(n)
+                cases = {
+                    "restore": (ids["A"], 0, 1),
+                    "rescale_2_to_3": (ids["B"], 1, 3),
+                }
+                for case, (cid, subtask, par) in cases.items():
+                    # a key of the subtask's key groups
+                    k = next(x for x in range(key, key + 10_000)
+                             if statelog.subtask_for_key_group(128, par, statelog.key_group_of(x, 128)) == subtask)  # fmt: skip
+                    runs: dict[str, list[dict[str, float]]] = {"eager": [], "on_demand": []}
+                    for r in range(rounds):
+                        order = ("eager", "on_demand") if r % 2 == 0 else ("on_demand", "eager")
+                        for mode in order:
+                            args = [url, json.dumps(options), str(cid), str(subtask), str(par),
+                                    "1" if mode == "on_demand" else "0", str(k)]  # fmt: skip
+                            runs[mode].append(_child(args))
+                            if progress:
+                                m = runs[mode][-1]
+                                print(f"  {store} n={n:,} {case} {mode}: first {m['first_record_s']:.3f}s, full "
+                                      f"{m['fully_loaded_s']:.2f}s, peak {m['peak_rss_mib']:.0f} MiB, loaded "
+                                      f"{m['loaded_mib']:.0f} MiB", file=sys.stderr)  # fmt: skip
+                    prefix = f"{store}_n{n}_{case}"
+                    for mode, ms in runs.items():
+                        for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib", "loaded_mib", "peak_over_loaded"):
+                            result[f"{prefix}_{mode}_{metric}"] = _median([m[metric] for m in ms])
+                    for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib"):
+                        ratios = [o[metric] / e[metric] for o, e in zip(runs["on_demand"], runs["eager"], strict=True)]
+                        result[f"{prefix}_ratio_{metric}"] = _median(ratios)
+    finally:
+        if server is not None:
+            server.stop()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "measure":
+        root, options, cid, subtask, par, on_demand, key = argv[1:]
+        print(json.dumps(measure(root, json.loads(options), int(cid), int(subtask), int(par), on_demand == "1", int(key))))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m bench.recovery")
+    p.add_argument("--sizes", default=None, help="comma-separated key counts (default 1000000,10000000)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--no-s3", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
+    result = run(quick=a.quick, progress=not a.json, sizes=sizes, rounds=a.rounds, s3=not a.no_s3)
+    print(json.dumps(result, sort_keys=True) if a.json else json.dumps(result, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
