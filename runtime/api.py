@@ -77,6 +77,7 @@ class StreamExecutionEnvironment:
         start_method: str = "forkserver",
         materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
         state_backend: str = "changelog",
+        on_demand_restore: bool = False,
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)
@@ -147,6 +148,7 @@ class StreamExecutionEnvironment:
             start_method=start_method,
             materializer=materializer,
             state_backend=state_backend,
+            on_demand_restore=bool(on_demand_restore),
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
         self.graph = StreamGraph()

@@ -59,3 +59,6 @@ class JobConfig:
     # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
     # "full-snapshot", its former name, is kept as given)
     state_backend: str = CHANGELOG
+    # restore keyed state by key group on first use (statelog/ondemand.py) instead of all of
+    # it before the first record
+    on_demand_restore: bool = False

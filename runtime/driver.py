@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -87,6 +87,9 @@ class JobResult:
     failures: list[str]
     duration_s: float
     savepoint: str | None = None  # set when the job stopped with a savepoint
+    # per attempt that restored state: the slowest worker's time from deployment to its first
+    # record and to every key group loaded (equal for eager restores: both follow the restore)
+    restore_stats: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -133,6 +136,7 @@ class JobMaster:
         self.run_id = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.attempt = 0
+        self.restore_stats: dict[int, dict[str, Any]] = {}
         self.running_attempt = 0
         self.running_changed = threading.Condition(self.lock)
         self.workers: list[_WorkerProc] = []
@@ -251,6 +255,7 @@ class JobMaster:
                 failures=self.failures,
                 duration_s=time.monotonic() - t0,
                 savepoint=self._stopped_with.name if self._stopped_with is not None else None,
+                restore_stats=self.restore_stats,
             )
         finally:
             with self.lock:
@@ -512,6 +517,11 @@ class JobMaster:
                             f"worker {other.index} (pid {other.pid}) exited with code {other.proc.exitcode}"
                         )
             raise TaskFailedError(f"worker {w.index} (pid {w.pid}) failed:\n{msg[2]}")
+        elif kind == "restored":
+            stats = self.restore_stats.setdefault(self.attempt, {"workers": 0, "on_demand": self.config.on_demand_restore})
+            stats["workers"] += 1
+            for k, v in msg[2].items():
+                stats[k] = max(stats.get(k, 0.0), v)
         elif kind == "stopped":
             w.stopped = True
         else:

@@ -124,6 +124,7 @@ class Worker:
         if msg[0] == "stop":
             return
         assert msg[0] == "deploy", msg
+        self.deployed_at = time.monotonic()
         self.deploy(msg[1])
         threading.Thread(target=self._read_control, name="control", daemon=True).start()
         self.send(("running", self.index))
@@ -146,6 +147,7 @@ class Worker:
             retain_checkpoints=cfg.retain_checkpoints,
             create=False,
             writer_lease=False,  # the master holds the root's writer lease and publishes
+            on_demand_restore=cfg.on_demand_restore,
         )
         self.restore_meta: CheckpointMetadata | None = self.job.resolve_checkpoint(spec["restore"])
         self.tasks = build_tasks(self, graph, spec["peers"], spec["assignments"])
@@ -158,6 +160,9 @@ class Worker:
         next_timers = next_adopt = time.monotonic()
         wake, mailbox = self.wake, self.mailbox
         switch_interval, fast_switch = sys.getswitchinterval(), False
+        # time to the first record and to every key group loaded, reported once after a restore
+        first_record_s: float | None = None
+        restoring = self.restore_meta is not None
         while not self.stopping:
             wake.clear()
             while mailbox:
@@ -170,6 +175,17 @@ class Worker:
             for t in self.tasks:
                 if t.step():
                     progressed = True
+            if restoring:
+                if progressed and first_record_s is None:
+                    first_record_s = time.monotonic() - self.deployed_at
+                if self.job.loading:
+                    self.job.poll_loading()  # install what the background loader prepared
+                elif first_record_s is not None:
+                    restoring = False
+                    self.send(("restored", self.index, {
+                        "first_record_s": round(first_record_s, 4),
+                        "fully_loaded_s": round(time.monotonic() - self.deployed_at, 4),
+                    }))  # fmt: skip
             if self._inflight:
                 # an asynchronous part waits for the changelog writer's flusher (or the snapshot
                 # pool): hand it the GIL between two steps, and within a step after a short

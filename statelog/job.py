@@ -123,6 +123,17 @@ class StateJob:
             self._writer = ChangelogWriter(self.store, self.writer_options)
         return self._writer
 
+    @property
+    def loading(self) -> bool:
+        """A backend of this process is restoring key groups on demand."""
+        return any(b.loading for b in self._backends)
+
+    def poll_loading(self) -> None:
+        """Install what the background loaders prepared (call it from the task thread)."""
+        for b in self._backends:
+            if b.loading:
+                b.poll_loading()
+
     def flush_soon(self) -> None:
         """Start uploading the buffered changes of this process now (a checkpoint is coming);
         nothing happens before the first backend with a changelog opened the writer."""

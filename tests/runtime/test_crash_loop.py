@@ -72,8 +72,10 @@ def check_checkpoints(root: RootSpec, out: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.fault
-def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_path: Path) -> None:
-    env = make_env(file_root, restart_strategy=FixedDelay(attempts=4 * KILLS, delay_s=0.0), retain_checkpoints=1000)
+@pytest.mark.parametrize("on_demand", [False, True], ids=["eager", "on-demand"])
+def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_path: Path, on_demand: bool) -> None:
+    env = make_env(file_root, restart_strategy=FixedDelay(attempts=4 * KILLS, delay_s=0.0), retain_checkpoints=1000,
+                   on_demand_restore=on_demand)  # fmt: skip
     # about 16 s of paced input per source subtask, more than the kills need
     jobs.build_clicks(env, tmp_path / "windows", 16_000, rate=2000)
     jobs.build_join(env, tmp_path / "join", 8000, order_rate=1000, payment_rate=1000)
@@ -96,6 +98,13 @@ def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_pat
     assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(8000)
     checked = check_checkpoints(file_root, tmp_path / "windows")
     print(f"{checked} checkpoints restored and checked against their source positions")
+    # restarted attempts report when their workers processed a first record and loaded all
+    restored = {a: s for a, s in result.restore_stats.items() if a > 1}
+    assert len(restored) >= KILLS // 2, result.restore_stats
+    for stats in restored.values():
+        assert stats["on_demand"] is on_demand and stats["workers"] >= 1
+        assert 0 < stats["first_record_s"] and 0 < stats["fully_loaded_s"]
+    print("restore stats per attempt:", {a: (s["first_record_s"], s["fully_loaded_s"]) for a, s in restored.items()})
 
 
 @pytest.mark.slow
