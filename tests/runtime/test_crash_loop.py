@@ -103,7 +103,7 @@ def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_pat
     assert len(restored) >= KILLS // 2, result.restore_stats
     for stats in restored.values():
         assert stats["on_demand"] is on_demand and stats["workers"] >= 1
-        assert 0 < stats["first_record_s"] and 0 < stats["fully_loaded_s"]
+        assert stats["first_record_s"] > 0 and stats["fully_loaded_s"] > 0
     print("restore stats per attempt:", {a: (s["first_record_s"], s["fully_loaded_s"]) for a, s in restored.items()})
 
 
