@@ -409,12 +409,8 @@ def _fmix32(h: int) -> int:
     return h
 
 
-def key_hash(key_bytes: bytes) -> int:
-    """The stable 32-bit hash of serialized key bytes: murmur3 fmix32 of CRC-32."""
-    return _fmix32(zlib.crc32(key_bytes))
-
-
 def key_group_of_bytes(key_bytes: bytes, max_parallelism: int) -> int:
+    """The key group of serialized key bytes: murmur3 fmix32 of CRC-32, modulo ``max_parallelism``."""
     return _fmix32(zlib.crc32(key_bytes)) % max_parallelism
 
 
@@ -441,10 +437,6 @@ class KeyGroupRange:
     @staticmethod
     def empty() -> KeyGroupRange:
         return KeyGroupRange(0, -1)
-
-    @staticmethod
-    def of_all(max_parallelism: int) -> KeyGroupRange:
-        return KeyGroupRange(0, max_parallelism - 1)
 
     @property
     def is_empty(self) -> bool:
