@@ -46,6 +46,16 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak RSS (``VmHWM``; ``ru_maxrss`` would include the parent's peak,
+    since it survives ``exec``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _descriptor() -> Any:
     import pyarrow as pa
 
@@ -110,7 +120,7 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     gc.collect()
     after = _rss_mib()
     assert value in (key, -key), (key, value)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _peak_rss_mib()
     job.close()
     return {"first_record_s": first, "fully_loaded_s": full, "peak_rss_mib": peak,
             "loaded_mib": after - before, "peak_over_loaded": (peak - before) / max(after - before, 1e-9)}  # fmt: skip

@@ -50,7 +50,13 @@ from statelog.keys import (
 )
 from statelog.materialization import Manifest
 from statelog.ondemand import KeyGroupLoader, PreparedKeyGroup
-from statelog.restore import RestoredChanges, base_entries, gc_paused
+from statelog.restore import (
+    RestoredChanges,
+    base_entries,
+    gc_paused,
+    pause_gc_while_loading,
+    resume_gc,
+)
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.kinds import (
     STATE_CLASSES,
@@ -129,6 +135,7 @@ class KeyedStateBackend:
         self.key_context.load_all = self.wait_loaded
         if loader is not None:
             self._opened = time.monotonic()
+            pause_gc_while_loading()  # resumed when every key group is loaded, or at close
             loader.start(self._check_restored_keys)
 
     # -- current key ---------------------------------------------------------------------------
@@ -355,6 +362,7 @@ class KeyedStateBackend:
         assert loader is not None
         loader.close()
         self._loader = None
+        resume_gc()
         for state in self._states.values():
             state.prune()
         self.restore_stats.update(
@@ -550,6 +558,7 @@ class KeyedStateBackend:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
+            resume_gc()
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)

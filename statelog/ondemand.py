@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -86,12 +87,42 @@ class PreparedKeyGroup:
 class _File:
     """A table file being read for its key groups: decoded once, dropped after its last one."""
 
-    __slots__ = ("lock", "table", "left")
+    __slots__ = ("lock", "table", "left", "spans")
 
     def __init__(self, left: int) -> None:
         self.lock = threading.Lock()
         self.table: pa.Table | None = None
         self.left = left
+        self.spans: dict[int, tuple[int, int]] | None = None  # key group -> (offset, rows)
+
+    def load(self, table: pa.Table) -> None:
+        """Keep ``table`` and where each key group's rows are: state tables are sorted by key
+        group (docs/format.md 8), so a key group's rows are one slice of it."""
+        self.table = table
+        kgs = table.column("key_group").to_numpy()
+        if len(kgs) and bool((np.diff(kgs) >= 0).all()):
+            groups, starts, counts = np.unique(kgs, return_index=True, return_counts=True)
+            self.spans = {int(g): (int(o), int(n)) for g, o, n in zip(groups, starts, counts, strict=True)}
+
+    def rows_of_many(self, kgs: list[int]) -> list[tuple[pa.Table, list[tuple[int, int]]]]:
+        """The rows of ``kgs`` (ascending) as tables, each with ``(key group, rows)`` in its
+        order: one slice when no other key group's rows lie between theirs."""
+        table = self.table
+        assert table is not None
+        if self.spans is None:  # not sorted: filter (never seen; the writer sorts)
+            out = []
+            for kg in kgs:
+                part = table.filter(pc.equal(table.column("key_group"), kg))
+                out.append((part, [(kg, part.num_rows)]))
+            return out
+        spans = self.spans
+        mine = [(kg, *spans[kg]) for kg in kgs if kg in spans]
+        if not mine:
+            return []
+        first, last = mine[0][1], mine[-1][1] + mine[-1][2]
+        if last - first == sum(n for _kg, _o, n in mine):  # contiguous
+            return [(table.slice(first, last - first), [(kg, n) for kg, _o, n in mine])]
+        return [(table.slice(o, n), [(kg, n)]) for kg, o, n in mine]
 
 
 class KeyGroupLoader:
@@ -219,46 +250,75 @@ class KeyGroupLoader:
     # -- background thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        for kg in self.key_groups:
+        """Prepare the key groups in order, a run of key groups held by the same table files
+        at a time (one decoding per file and run instead of one per key group)."""
+        for run in self._runs():
             with self._cond:
                 while not self._stop and self.error is None and len(self._ready) >= self._read_ahead:
                     self._cond.wait()
                 if self._stop or self.error is not None:
                     return
-                if self._state[kg] != _UNLOADED:
-                    continue
-                self._state[kg] = _PREPARING
+                claimed = [kg for kg in run if self._state[kg] == _UNLOADED]
+                for kg in claimed:
+                    self._state[kg] = _PREPARING
+            if not claimed:
+                continue
             try:
-                prepared = self._prepare(kg)
+                prepared = self._prepare_many(claimed)
             except BaseException as e:  # noqa: BLE001 - handed to the task thread, raised there
                 self._fail(e)
                 return
             with self._cond:
-                self._ready[kg] = prepared
-                self._state[kg] = _READY
+                for p in prepared:
+                    self._ready[p.key_group] = p
+                    self._state[p.key_group] = _READY
                 self._cond.notify_all()
 
-    # -- preparing one key group (either thread) -----------------------------------------------
+    def _runs(self) -> list[list[int]]:
+        """The key groups in order, cut where the set of table files holding them changes."""
+        runs: list[list[int]] = []
+        last: tuple[str, ...] | None = None
+        for kg in self.key_groups:
+            files = tuple(f.path for (_i, f, _m), _e in self._files_of.get(kg, ()))
+            if not runs or files != last or not files:
+                runs.append([])
+            runs[-1].append(kg)
+            last = files
+        return runs
+
+    # -- preparing key groups (either thread) --------------------------------------------------
 
     def _prepare(self, kg: int) -> PreparedKeyGroup:
-        out = PreparedKeyGroup(kg)
-        for (info, f, mine), entry in self._files_of.get(kg, ()):
+        return self._prepare_many([kg])[0]
+
+    def _prepare_many(self, kgs: list[int]) -> list[PreparedKeyGroup]:
+        """Prepare key groups held by the same table files (one key group, or a run's)."""
+        out = {kg: PreparedKeyGroup(kg) for kg in kgs}
+        for (info, f, mine), entry in self._files_of.get(kgs[0], ()):
             with entry.lock:
                 if entry.table is None:
-                    entry.table = read_table_file(self.store, f, mine, info)
+                    entry.load(read_table_file(self.store, f, mine, info))
                     self.bytes_read += f.bytes
-                table = entry.table
-                entry.left -= 1
+                parts = entry.rows_of_many(kgs)
+                entry.left -= len(kgs)
                 if entry.left == 0:
-                    entry.table = None  # its last key group: the file's memory goes
-            part = table.filter(pc.equal(table.column("key_group"), kg))
-            if part.num_rows:
-                self.check_keys(info.name, part.column("key"))
-                out.base.setdefault(info.name, []).append(base_entries(info, part))
-                out.rows += part.num_rows
-        out.records = self._tail_of(kg)
-        self.rows += out.rows
-        return out
+                    entry.table = entry.spans = None  # its last key group: the file's memory goes
+            for table, counts in parts:
+                if not table.num_rows:
+                    continue
+                self.check_keys(info.name, table.column("key"))
+                keys, nss, values = base_entries(info, table)
+                start = 0
+                for kg, n in counts:
+                    if n:
+                        end = start + n
+                        out[kg].base.setdefault(info.name, []).append((keys[start:end], nss[start:end], values[start:end]))
+                        out[kg].rows += n
+                        start = end
+        for kg, p in out.items():
+            p.records = self._tail_of(kg)
+            self.rows += p.rows
+        return [out[kg] for kg in kgs]
 
     def _tail_of(self, kg: int) -> dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]:
         with self._tail_lock:

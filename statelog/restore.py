@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import gc
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,6 +54,31 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was:
+            gc.enable()
+
+
+_paused_by_loaders = 0
+_paused_lock = threading.Lock()
+_gc_was_enabled = False
+
+
+def pause_gc_while_loading() -> None:
+    """An on-demand restore started: pause the cyclic collector until :func:`resume_gc`
+    (see :func:`gc_paused`; the loaders allocate the restored state over a longer time,
+    from two threads). Counted: the collector resumes when the last loader is done."""
+    global _paused_by_loaders, _gc_was_enabled
+    with _paused_lock:
+        if _paused_by_loaders == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _paused_by_loaders += 1
+
+
+def resume_gc() -> None:
+    global _paused_by_loaders
+    with _paused_lock:
+        _paused_by_loaders -= 1
+        if _paused_by_loaders == 0 and _gc_was_enabled:
             gc.enable()
 
 
