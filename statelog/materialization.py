@@ -464,6 +464,11 @@ def read_table_file(
     store: ObjectStore, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None
 ) -> pa.Table:
     """Read one verified table file, only the row groups overlapping ``kgr``, rows filtered to it."""
+    return decode_table_file(fetch_table_file(store, f), f, kgr, info)
+
+
+def fetch_table_file(store: ObjectStore, f: TableFile) -> bytes:
+    """The bytes of a table file, checked against the size and CRC-32 its manifest recorded."""
     try:
         data = store.get(f.path)
     except ObjectNotFoundError:
@@ -477,6 +482,12 @@ def read_table_file(
             f"state table {f.path}: size or CRC-32 does not match the manifest; the file is corrupt",
             key=f.path,
         )
+    return data
+
+
+def decode_table_file(data: bytes, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None) -> pa.Table:
+    """The rows of ``kgr`` of a table file's verified bytes (only the row groups overlapping it
+    are decoded; Parquet page checksums are checked)."""
     try:
         pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
         inter = f.key_groups.intersect(kgr)

@@ -16,10 +16,12 @@ may pass a timer). Everything else is loaded per key group by a :class:`KeyGroup
   prepared whenever it passes a key it has not seen yet, at every snapshot, and when asked to
   finish (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`).
 
-Preparing a key group reads the state-table files that hold it (each file fetched, verified
-against the size and CRC-32 its manifest recorded and decoded once, then kept until its last
-key group was prepared) and its share of the changelog tail: the tail of all states is read
-once, by the first preparation, and split by key group. An object that is missing or corrupt
+Preparing a key group reads the state-table files that hold it (each file fetched and
+verified against the size and CRC-32 its manifest recorded once, its bytes kept until its
+last key group was prepared; each preparation decodes only the row groups of its key groups)
+and its share of the changelog tail: the background thread reads the whole tail first and
+splits it by key group; a key group needed before that reads its own records alone (the
+reader filters blocks by key group before decoding rows). An object that is missing or corrupt
 fails the preparation of the first key group that needs it, with the object's name; the error
 is raised in the task thread at its next installation, never swallowed.
 
@@ -44,7 +46,7 @@ from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange
 from statelog.keys import KeyGroupRange
-from statelog.materialization import read_table_file
+from statelog.materialization import decode_table_file, fetch_table_file
 from statelog.restore import BaseFile, base_entries
 from statelog.store.base import ObjectStore
 
@@ -85,44 +87,32 @@ class PreparedKeyGroup:
 
 
 class _File:
-    """A table file being read for its key groups: decoded once, dropped after its last one."""
+    """A table file being read for its key groups: fetched and verified once, its bytes kept
+    until its last key group was prepared; each preparation decodes only the row groups of
+    its key groups."""
 
-    __slots__ = ("lock", "table", "left", "spans")
+    __slots__ = ("lock", "data", "left")
 
     def __init__(self, left: int) -> None:
         self.lock = threading.Lock()
-        self.table: pa.Table | None = None
+        self.data: bytes | None = None
         self.left = left
-        self.spans: dict[int, tuple[int, int]] | None = None  # key group -> (offset, rows)
 
-    def load(self, table: pa.Table) -> None:
-        """Keep ``table`` and where each key group's rows are: state tables are sorted by key
-        group (docs/format.md 8), so a key group's rows are one slice of it."""
-        self.table = table
-        kgs = table.column("key_group").to_numpy()
-        if len(kgs) and bool((np.diff(kgs) >= 0).all()):
-            groups, starts, counts = np.unique(kgs, return_index=True, return_counts=True)
-            self.spans = {int(g): (int(o), int(n)) for g, o, n in zip(groups, starts, counts, strict=True)}
 
-    def rows_of_many(self, kgs: list[int]) -> list[tuple[pa.Table, list[tuple[int, int]]]]:
-        """The rows of ``kgs`` (ascending) as tables, each with ``(key group, rows)`` in its
-        order: one slice when no other key group's rows lie between theirs."""
-        table = self.table
-        assert table is not None
-        if self.spans is None:  # not sorted: filter (never seen; the writer sorts)
-            out = []
-            for kg in kgs:
-                part = table.filter(pc.equal(table.column("key_group"), kg))
-                out.append((part, [(kg, part.num_rows)]))
-            return out
-        spans = self.spans
-        mine = [(kg, *spans[kg]) for kg in kgs if kg in spans]
-        if not mine:
-            return []
-        first, last = mine[0][1], mine[-1][1] + mine[-1][2]
-        if last - first == sum(n for _kg, _o, n in mine):  # contiguous
-            return [(table.slice(first, last - first), [(kg, n) for kg, _o, n in mine])]
-        return [(table.slice(o, n), [(kg, n)]) for kg, o, n in mine]
+def _split(table: pa.Table, kgs: list[int]) -> list[tuple[pa.Table, list[tuple[int, int]]]]:
+    """``table`` (the rows of ``kgs``) as ``(rows, [(key group, rows)])`` parts in table order:
+    one part when the rows are sorted by key group, as state tables are (docs/format.md 8)."""
+    col = table.column("key_group").to_numpy()
+    if len(col) == 0:
+        return []
+    if bool((np.diff(col) >= 0).all()):
+        groups, counts = np.unique(col, return_counts=True)
+        return [(table, [(int(g), int(n)) for g, n in zip(groups, counts, strict=True)])]
+    out = []  # not sorted (never written so): one filter per key group
+    for kg in kgs:
+        part = table.filter(pc.equal(table.column("key_group"), kg))
+        out.append((part, [(kg, part.num_rows)]))
+    return out
 
 
 class KeyGroupLoader:
@@ -157,11 +147,13 @@ class KeyGroupLoader:
         self._taken = 0
         self._tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] | None = None
         self._tail_lock = threading.Lock()
+        self._tail_alone: set[int] = set()  # key groups whose records were read alone
         self._stop = False
         self.error: BaseException | None = None
         self.check_keys: Callable[[str, Any], None] = lambda _state, _keys: None
         # figures for logs and stats
         self.bytes_read = 0
+        self.files_fetched = 0
         self.rows = 0
         self.records = 0
         self.started = time.monotonic()
@@ -252,6 +244,11 @@ class KeyGroupLoader:
     def _run(self) -> None:
         """Prepare the key groups in order, a run of key groups held by the same table files
         at a time (one decoding per file and run instead of one per key group)."""
+        try:
+            self._read_whole_tail()
+        except BaseException as e:  # noqa: BLE001 - handed to the task thread, raised there
+            self._fail(e)
+            return
         for run in self._runs():
             with self._cond:
                 while not self._stop and self.error is None and len(self._ready) >= self._read_ahead:
@@ -294,16 +291,20 @@ class KeyGroupLoader:
     def _prepare_many(self, kgs: list[int]) -> list[PreparedKeyGroup]:
         """Prepare key groups held by the same table files (one key group, or a run's)."""
         out = {kg: PreparedKeyGroup(kg) for kg in kgs}
-        for (info, f, mine), entry in self._files_of.get(kgs[0], ()):
+        for (info, f, _mine), entry in self._files_of.get(kgs[0], ()):
             with entry.lock:
-                if entry.table is None:
-                    entry.load(read_table_file(self.store, f, mine, info))
+                if entry.data is None:
+                    entry.data = fetch_table_file(self.store, f)
                     self.bytes_read += f.bytes
-                parts = entry.rows_of_many(kgs)
+                    self.files_fetched += 1
+                data = entry.data
                 entry.left -= len(kgs)
                 if entry.left == 0:
-                    entry.table = entry.spans = None  # its last key group: the file's memory goes
-            for table, counts in parts:
+                    entry.data = None  # its last key group: the file's memory goes
+            rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info)
+            if len(kgs) > 1 and kgs[-1] - kgs[0] + 1 != len(kgs):  # a run with holes: only its own
+                rows = rows.filter(pc.is_in(rows.column("key_group"), pa.array(kgs, rows.column("key_group").type)))
+            for table, counts in _split(rows, kgs):
                 if not table.num_rows:
                     continue
                 self.check_keys(info.name, table.column("key"))
@@ -318,21 +319,34 @@ class KeyGroupLoader:
         for kg, p in out.items():
             p.records = self._tail_of(kg)
             self.rows += p.rows
+            self.records += sum(len(r) for r in p.records.values())
         return [out[kg] for kg in kgs]
 
     def _tail_of(self, kg: int) -> dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]:
+        """Key group ``kg``'s change records: from the whole tail once it was read (the
+        background thread reads it first), else read for this key group alone."""
         with self._tail_lock:
-            if self._tail is None:
-                self._tail = self._read_tail()
-            return self._tail.pop(kg, {})
+            if self._tail is not None:
+                return self._tail.pop(kg, {})
+            self._tail_alone.add(kg)
+        return self._read_tail(KeyGroupRange(kg, kg)).get(kg, {})
 
-    def _read_tail(self) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
+    def _read_whole_tail(self) -> None:
+        tail = self._read_tail(self.key_groups)
+        with self._tail_lock:
+            for kg in self._tail_alone:  # read alone meanwhile (and handed out)
+                tail.pop(kg, None)
+            self._tail = tail
+
+    def _read_tail(self, kgr: KeyGroupRange) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
         reader = SegmentReader(self.store)
         tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] = {}
         for r in self._ranges:
-            for batch in reader.read_range(r.stream, r.start, r.end, r.key_groups, r.segments):
+            sub = r.restrict(kgr)
+            if sub is None:
+                continue
+            for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
                 for _seq, kg, op, kb, nsb, ukey, value, exp in batch.rows():
                     tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))
-                self.records += batch.table.num_rows
         self.bytes_read += reader.bytes_read
         return tail

@@ -200,17 +200,20 @@ def test_a_corrupt_table_found_by_the_background_loader_fails_the_task_and_check
         assert bad in str(exc.value)
 
 
-def test_manifest_files_are_what_the_loader_reads(built) -> None:
-    """Opening on demand reads the manifest, not its table files; loading reads each file once."""
+def test_opening_reads_no_table_file_and_loading_fetches_each_once(built) -> None:
     root, info = built
     manifest = load_manifest(statelog.open(root, create=False).store, info["manifest"].key)
-    files = {f.path: f.bytes for fs in manifest.operators["op"].files.values() for f in fs}
-    with _open(root, background=False) as job:
-        b = job.backend("op", restore=info["c2"])
-        loader = b._loader
-        assert loader is not None and loader.bytes_read == 0
-        b.get_state(V)
-        b.wait_loaded()
-        tables = sum(n for p, n in files.items() if "__timers" not in p)
-        assert b.restore_stats["bytes_read"] >= tables  # every table file once, plus the tail
-        assert b.restore_stats["bytes_read"] < 2 * tables + 1_000_000
+    files = {f.path for name, fs in manifest.operators["op"].files.items() if not name.startswith("__") for f in fs}
+    for background in (False, True):
+        with _open(root, background=background) as job:
+            b = job.backend("op", restore=info["c2"])
+            loader = b._loader
+            assert loader is not None
+            if not background:
+                assert loader.bytes_read == 0 and loader.files_fetched == 0  # opening read none
+            b.get_state(V)
+            b.wait_loaded()
+            assert loader.files_fetched == len(files) > 1  # every table file once
+            assert b.restore_stats["rows"] == sum(
+                f.rows for name, fs in manifest.operators["op"].files.items() if not name.startswith("__") for f in fs
+            )
