@@ -40,6 +40,7 @@ from typing import Any
 from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import collect_garbage
 from materializer.lease import LeaderLease, LeaseKeeper, current_holder
+from materializer.metrics import DaemonMetrics
 from materializer.options import REASON_FORCED, MaterializerOptions, default_owner, due
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
@@ -52,6 +53,7 @@ from statelog.errors import (
     StorePermissionError,
 )
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.metrics import MetricsServer
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -166,6 +168,8 @@ class MaterializerDaemon:
         self.last_error: BaseException | None = None
         self.cycles = 0
         self.published = 0
+        self.metrics = DaemonMetrics(self)  # served by run() when metrics_port is set
+        self.metrics_server: MetricsServer | None = None
 
     def __repr__(self) -> str:
         return f"MaterializerDaemon({self.store.url!r}, owner={self.owner!r}, generation={self.lease.generation})"
@@ -418,6 +422,10 @@ class MaterializerDaemon:
         )
         last: dict[str, Any] | None = None
         failures = 0
+        if self.settings.metrics_port is not None and self.metrics_server is None:
+            self.metrics_server = MetricsServer(
+                self.metrics.registry, self.health, self.settings.metrics_host, self.settings.metrics_port
+            )
         started = time.monotonic()
         give_up = started + self.lease.ttl_s + self.lease.renew_interval_s
         first_holder: tuple[Any, ...] | None = None
@@ -432,6 +440,7 @@ class MaterializerDaemon:
                 try:
                     last = cycle = self.run_once(force=force)
                     failures = 0
+                    self.metrics.observe_cycle(last)
                     if self.on_cycle is not None:
                         self.on_cycle(last)
                 except _Stopped:
@@ -442,6 +451,7 @@ class MaterializerDaemon:
                         raise
                     error = exc
                     failures += 1
+                    self.metrics.observe_failure(exc)
                     if isinstance(exc, StatelogError):
                         log.error("materializer cycle failed: %s", exc)
                     else:
@@ -473,9 +483,24 @@ class MaterializerDaemon:
                     self._sleep(min(self.poll_s, self.lease.renew_interval_s))
         finally:
             self.release()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
             with self._cond:
                 self._cond.notify_all()
         return last
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """``/healthz``: healthy while cycles succeed (leader or standby); the last error if not."""
+        s = self.last_summary or {}
+        details = {"owner": self.owner, "leader": bool(s.get("leader")), "cycles": self.cycles,
+                   "materializations": self.published}  # fmt: skip
+        if self._stopping():
+            return False, {**details, "reason": "stopping"}
+        if self.last_error is not None:
+            return False, {**details, "reason": f"the last cycle failed: {type(self.last_error).__name__}: "
+                                                f"{self.last_error}"}  # fmt: skip
+        return True, details
 
     def release(self) -> None:
         """Give the lease up (on clean shutdown) so that a standby takes over at once."""

@@ -18,6 +18,7 @@ from typing import ClassVar
 from statelog import options as opt
 from statelog.checkpoint import CheckpointMetadata
 from statelog.materialization import Manifest
+from statelog.metrics import check_port
 from statelog.options import Options, check_bool, non_empty_name, option
 
 MAX_POLL_S = 5.0  # the default cycle period never exceeds this
@@ -59,6 +60,11 @@ class MaterializerOptions(Options):
                                flag="--owner", cli_default_text="daemon@HOST:PID")
     run_gc: bool = option(True, "collect garbage after each publication and every gc_interval_s", check_bool,
                           flag="--no-gc", flag_help="do not collect garbage")
+    metrics_port: int | None = option(None, "serve Prometheus metrics at /metrics and a health probe at /healthz "
+                                      "on this TCP port (0: any free port)", check_port, flag="--metrics-port",
+                                      cli_default_text="off", metavar="PORT")
+    metrics_host: str = option("127.0.0.1", "address the metrics port listens on", non_empty_name,
+                               flag="--metrics-host", cli_default="127.0.0.1", metavar="ADDR")
 
     @property
     def cycle_s(self) -> float:

@@ -61,7 +61,9 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
             run.add_argument(flag, dest=name, action="store_false", default=True, help=f.metadata["flag_help"])
             continue
         cli_default = f.metadata.get("cli_default")
-        metavar = {opt.Duration: "DURATION", opt.Size: "SIZE", opt.Count: "N"}.get(type(check), "NAME")
+        metavar = f.metadata.get("metavar") or {opt.Duration: "DURATION", opt.Size: "SIZE", opt.Count: "N"}.get(
+            type(check), "NAME"
+        )
         extra = []
         default_text = cli_default if cli_default is not None else f.metadata.get("cli_default_text")
         if default_text is not None:
