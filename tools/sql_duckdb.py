@@ -1,0 +1,294 @@
+"""The embedded engine of ``statelog sql`` and ``statelog inspect``: DuckDB, in-process.
+
+Each view the query names becomes an Arrow table made by the readers of the ``statelog``
+data sources (docs/spark.md), run here in one process instead of Spark's Python workers:
+
+* a state view ``<operator>__<state>``: the state restored like one Spark partition
+  covering every key group (:func:`statelog.spark.restore.restored_backend`: the table
+  files the checkpoint's handles reference, then their changelog tail), turned into record
+  batches by :func:`statelog.spark.datasource.state_batches` in the data source's schema;
+* a change feed view ``<view>__changes`` (with ``--changes-from``):
+  :func:`statelog.spark.changes.plan_feed` and ``feed_batches`` over every key group;
+* a metadata view ``statelog_<table>``: the rows of :class:`statelog.spark.metadata.Catalog`
+  in the schema of ``format("statelog-metadata")``.
+
+The batches have Spark's own Arrow form of the data source's schema (``long`` as ``int64``,
+``timestamp`` as ``timestamp[us, UTC]``, ``decimal(20,0)`` for ``uint64``, ...), so DuckDB
+sees the column names and types Spark sees (docs/cli.md lists DuckDB's names for them).
+Only the views the query names are built (a state is restored once per run).
+
+DuckDB runs in memory and read-only for the query: one statement, which must be a query
+(its own parser decides, after :func:`tools.sql_views.check_read_only`); file system access,
+extension installs and Python variable scans are off and the configuration is locked before
+the query runs, so a query reads the registered views and nothing else, and writes nowhere.
+Every DuckDB error becomes one :class:`StatelogError` line.
+
+The readers live in :mod:`statelog.spark`, which imports PySpark's type classes (no JVM is
+started): the ``spark`` extra must be installed for this engine too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from statelog.errors import StatelogError
+from statelog.job import StateJob
+from statelog.keys import KeyGroupRange
+from tools.sql_views import ViewPlan, open_job, plan_views, unknown_view
+
+_CONFIG = {
+    "enable_external_access": False,  # no file, URL or database but the registered views
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,  # no scan of Python variables named in the query
+}
+
+
+class ArrowViews:
+    """The Arrow table of each view of a :class:`ViewPlan`, built on first use."""
+
+    def __init__(self, plan: ViewPlan, options: Mapping[str, Any], key_type: str | None) -> None:
+        from statelog.spark.schema import parse_key_type
+
+        self.plan = plan
+        self.options = dict(options)
+        self.key_type = key_type
+        self.key_arrow = parse_key_type(key_type)
+        self.job: StateJob = open_job(plan.root, options)
+        self.manifests: dict[str, Any] = {}  # full manifests, shared by every state of the run
+        self.catalog: Any = None
+
+    def close(self) -> None:
+        self.job.close()
+
+    def __enter__(self) -> ArrowViews:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def table(self, name: str) -> pa.Table:
+        plan = self.plan
+        if name in plan.states:
+            return self.state_table(*plan.states[name])
+        if name in plan.changes:
+            return self.change_table(*plan.changes[name])
+        if name in plan.metadata:
+            return self.metadata_table(plan.metadata[name])
+        raise unknown_view(name, plan)
+
+    def state_table(self, uid: str, state: str) -> pa.Table:
+        """The rows of ``format("statelog")`` for one state at the plan's checkpoint."""
+        from statelog.spark import options as opt
+        from statelog.spark.datasource import state_batches, state_schema
+        from statelog.spark.restore import restored_backend
+        from statelog.spark.schema import Columns
+
+        meta = self.plan.meta
+        op = opt.operator_of(meta, uid, self.plan.where)
+        info = opt.state_of(op, state, self.plan.where)
+        columns = Columns(state_schema(info, self.key_arrow))
+        backend = restored_backend(self.job.store, meta, op, state, 0, 1, self.manifests)
+        batches = state_batches(backend, info, self.key_arrow, meta.max_parallelism, columns)
+        return _table(batches, columns.arrow)
+
+    def change_table(self, uid: str, state: str) -> pa.Table:
+        """The change feed of one state from ``--changes-from`` to the plan's checkpoint."""
+        from statelog.spark.changes import feed_batches, plan_feed
+        from statelog.spark.options import to_spark_options
+        from statelog.spark.schema import Columns
+
+        assert self.plan.changes_from is not None
+        feed_options = {"root": self.plan.root, **to_spark_options(self.options), "operator": uid, "state": state,
+                        "changesFrom": self.plan.changes_from, "changesTo": self.plan.target}
+        if self.key_type:
+            feed_options["keyType"] = self.key_type
+        feed = plan_feed(feed_options)
+        columns = Columns(feed.schema())
+        every = KeyGroupRange(0, feed.max_parallelism - 1)
+        return _table(feed_batches(self.job, feed, every, columns), columns.arrow)
+
+    def metadata_table(self, table: str) -> pa.Table:
+        """The rows of ``format("statelog-metadata")`` (every retained checkpoint and savepoint)."""
+        from statelog.spark.metadata import SCHEMAS, Catalog
+        from statelog.spark.schema import arrow_schema
+
+        if self.catalog is None:
+            self.catalog = Catalog(self.job)
+        schema = arrow_schema(parse_ddl(SCHEMAS[table]))
+        rows = list(self.catalog.rows(table))
+        arrays = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(schema)]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _table(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_batches(list(batches), schema=schema)
+
+
+# -- Spark DDL (the metadata schemas) ------------------------------------------------------------
+
+_TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|([<>,:()]))")
+
+
+def parse_ddl(ddl: str) -> Any:
+    """A Spark DDL schema (``"a long, b array<struct<c:string>>"``) as a StructType, without a JVM
+    (PySpark's own parser needs one). Knows the types of statelog/spark/metadata.py's schemas."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BooleanType,
+        DoubleType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    simple = {"long": LongType, "bigint": LongType, "int": IntegerType, "integer": IntegerType,
+              "string": StringType, "timestamp": TimestampType, "boolean": BooleanType, "double": DoubleType}
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(ddl.rstrip()):
+        m = _TOKEN.match(ddl, pos)
+        if m is None:
+            raise ValueError(f"cannot parse DDL at {ddl[pos:pos + 20]!r}")
+        tokens.append(m.group(1) or m.group(2))
+        pos = m.end()
+    at = 0
+
+    def take(expected: str | None = None) -> str:
+        nonlocal at
+        tok = tokens[at]
+        if expected is not None and tok != expected:
+            raise ValueError(f"DDL {ddl!r}: expected {expected!r}, found {tok!r}")
+        at += 1
+        return tok
+
+    def data_type() -> Any:
+        name = take().lower()
+        if name == "array":
+            take("<")
+            elem = data_type()
+            take(">")
+            return ArrayType(elem, True)
+        if name == "struct":
+            take("<")
+            fields = []
+            while True:
+                fname = take()
+                take(":")
+                fields.append(StructField(fname, data_type(), True))
+                if take() == ">":
+                    return StructType(fields)
+        if name not in simple:
+            raise ValueError(f"DDL {ddl!r}: unknown type {name!r}")
+        return simple[name]()
+
+    fields = []
+    while at < len(tokens):
+        fname = take()
+        fields.append(StructField(fname, data_type(), True))
+        if at < len(tokens):
+            take(",")
+    return StructType(fields)
+
+
+# -- running a query -----------------------------------------------------------------------------
+
+
+def connect(views: ArrowViews, names: Sequence[str]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the views ``names`` registered and everything else locked."""
+    con = duckdb.connect(":memory:", config=dict(_CONFIG))
+    try:
+        con.execute("SET TimeZone = 'UTC'")  # timestamps come back as UTC, as Spark's are stored
+        for name in names:
+            con.register(name, views.table(name))
+        con.execute("SET lock_configuration = true")
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def check_statement(con: duckdb.DuckDBPyConnection, query: str) -> None:
+    """One statement, a query (``SELECT``, ``WITH``, ``VALUES``, ``DESCRIBE``, ``SHOW``, or
+    ``EXPLAIN`` of one) by DuckDB's own parser; a syntax error is one line."""
+    try:
+        statements = con.extract_statements(query)
+    except duckdb.Error as e:
+        raise StatelogError(error_line(e)) from None
+    if len(statements) != 1:
+        raise StatelogError(f"statelog sql runs one statement, the query holds {len(statements)}")
+    kind = statements[0].type
+    if kind == duckdb.StatementType.EXPLAIN:
+        inner = re.sub(r"^\s*EXPLAIN\s+(ANALYZE\s+)?", "", statements[0].query, flags=re.I)
+        check_statement(con, inner)
+    elif kind != duckdb.StatementType.SELECT:
+        raise StatelogError(
+            f"statelog sql runs read-only queries; this is a {kind.name} statement: use SELECT "
+            "(or WITH, VALUES, SHOW, DESCRIBE, EXPLAIN)"
+        )
+
+
+def run_query(plan: ViewPlan, options: Mapping[str, Any], key_type: str | None, query: str,
+              names: Sequence[str], max_rows: int) -> tuple[list[str], list[tuple]]:
+    """Columns and the first ``max_rows + 1`` rows of ``query`` over the views ``names``."""
+    with ArrowViews(plan, options, key_type) as views:
+        probe = duckdb.connect(":memory:", config=dict(_CONFIG))
+        try:
+            check_statement(probe, query)  # before any state is read
+        finally:
+            probe.close()
+        con = connect(views, names)
+    try:
+        try:
+            cursor = con.execute(query)
+            columns = [d[0] for d in cursor.description or ()]
+            rows = cursor.fetchmany(max_rows + 1)
+        except duckdb.CatalogException as e:
+            m = re.search(r"Table with name (.+?) does not exist", str(e))
+            if m:
+                raise unknown_view(m.group(1), plan) from None
+            raise StatelogError(error_line(e)) from None
+        except duckdb.Error as e:
+            raise StatelogError(error_line(e)) from None
+    finally:
+        con.close()
+    return columns, rows
+
+
+class RowCounter:
+    """Counts the rows of state views for :func:`tools.sql_views.inspect_report` (the same
+    Arrow tables the views of ``statelog sql`` hold)."""
+
+    def __init__(self, root: str, options: Mapping[str, Any]) -> None:
+        self.root, self.options = root, dict(options)
+        self.views: dict[str, ArrowViews] = {}
+
+    def __call__(self, uid: str, state: str, target: str) -> int:
+        if target not in self.views:
+            self.views[target] = ArrowViews(plan_views(self.root, self.options, target), self.options, None)
+        return self.views[target].state_table(uid, state).num_rows
+
+    def close(self) -> None:
+        for views in self.views.values():
+            views.close()
+
+    def __enter__(self) -> RowCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def error_line(e: BaseException) -> str:
+    """DuckDB's message as one line: its text up to the excerpt of the query (``LINE 1: ...``)."""
+    text = str(e).strip()
+    head = re.split(r"\n\s*\n|\nLINE \d+:", text, maxsplit=1)[0]
+    return " ".join(line.strip() for line in head.splitlines() if line.strip()) or type(e).__name__
