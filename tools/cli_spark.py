@@ -24,20 +24,28 @@ import contextlib
 import datetime as dt
 import decimal
 import json
+import logging
+import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from statelog import errors as statelog_errors
-from statelog.errors import StatelogError
+from statelog.errors import ConfigError, StatelogError
 from statelog.job import StateJob
 from tools.output import _console, _json, _row, _table
 
 EXIT_OK = 0
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    return int(getattr(args, "verbose", 0) or 0) + int(getattr(args, "verbose_sub", 0) or 0)
 METADATA_VIEW_PREFIX = "statelog_"
 
 
@@ -85,20 +93,126 @@ def _count(text: str) -> int:
     return int(text)
 
 
+# what --master may name (Spark 4): local modes, a standalone master, YARN, Kubernetes
+_MASTER = re.compile(
+    r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://\S+|yarn|k8s://\S+)$"
+)
+# pyspark's own Python loggers (e.g. the JSON lines of SQLQueryContextLogger on a SQL error)
+_PYSPARK_LOGGERS = ("pyspark", "py4j", "SQLQueryContextLogger")
+
+
+def check_master(master: str | None) -> str | None:
+    """``master`` if Spark can start with it; a one-line ConfigError otherwise."""
+    if master is not None and not _MASTER.match(master.strip()):
+        raise ConfigError(
+            f"--master: Spark does not know the master {master!r}; use local[*], local[N], "
+            "spark://HOST:PORT, yarn or k8s://URL"
+        )
+    return master.strip() if master is not None else None
+
+
+def _jvm_failure(log_text: str) -> str | None:
+    """Why a Spark JVM did not start, from its log: the reason Spark gave up (``Reason: ...``
+    of an ERROR line), the first cause (``Caused by: ...``), or its exception line."""
+    lines = log_text.splitlines()
+
+    def first(pattern: str) -> str | None:
+        for line in lines:
+            m = re.search(pattern, line)
+            if m:
+                return m.group(1).strip()
+        return None
+
+    main = first(r'Exception in thread "main" [\w.$]+: (.+)$')
+    reason = first(r" ERROR .*Reason: (.+)$")
+    cause = first(r"^Caused by: [\w.$]+: (.+)$")
+    exception = first(r"^\s*(?:[\w.$]+\.)?\w*(?:Exception|Error): (.+)$")
+    parts = [p for p in (main or reason, cause) if p]
+    if parts:
+        return parts[0] + (f" ({parts[1]})" if len(parts) > 1 else "")
+    return exception
+
+
 @contextlib.contextmanager
-def _spark(master: str | None) -> Iterator[Any]:
-    """A local SparkSession for one command (an active session of the caller is reused, not stopped)."""
+def _silenced(verbose: int) -> Iterator[None]:
+    """pyspark's Python loggers silenced for the command, unless ``-v``."""
+    levels = {n: logging.getLogger(n).level for n in _PYSPARK_LOGGERS}
+    if not verbose:
+        for n in _PYSPARK_LOGGERS:
+            logging.getLogger(n).setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def _start_quietly(master: str | None, log_file: Path, verbose: int) -> Any:
+    """Start the SparkSession with the JVM's stderr on ``log_file`` unless ``-v``: the JVM
+    (and the Python workers it starts later) inherit it while this process's stderr is the
+    terminal again as soon as the JVM runs."""
+    import statelog.spark
+
+    if verbose:
+        return statelog.spark.session(master, app_name="statelog-cli")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(log_file, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.dup2(fd, 2)
+        return statelog.spark.session(master, app_name="statelog-cli")
+    finally:
+        os.close(fd)
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _spark(master: str | None, verbose: int = 0) -> Iterator[Any]:
+    """A local SparkSession for one command (an active session of the caller is reused, not stopped).
+
+    Spark's console output (JVM warnings, log4j lines, Python worker errors) goes to a log
+    file unless ``-v`` (deleted after a command that succeeded); a JVM that does not start is
+    one error line with its reason."""
     import statelog.spark  # without PySpark: a MissingDependencyError naming the extra
 
+    master = check_master(master)
     active = statelog.spark.SparkSession.getActiveSession()
     if active is not None:
         yield statelog.spark.register(active)
         return
-    spark = statelog.spark.session(master, app_name="statelog-cli")
-    try:
-        yield spark
-    finally:
-        spark.stop()
+    log_file = Path(tempfile.mkstemp(prefix="statelog-spark-", suffix=".log")[1])
+    with _silenced(verbose):
+        try:
+            spark = _start_quietly(master, log_file, verbose)
+        except Exception as e:  # noqa: BLE001 - the JVM's reason is in its log, not in e
+            reason = _jvm_failure(log_file.read_text(errors="replace")) or str(e).strip().splitlines()[0]
+            raise StatelogError(
+                f"Spark did not start (master {master or 'local[*]'!r}): {reason}; its log: {log_file}"
+            ) from None
+        try:
+            yield spark
+        finally:
+            spark.stop()
+    log_file.unlink(missing_ok=True)
+
+
+_READ_ONLY_STARTS = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "SHOW", "DESCRIBE", "DESC", "EXPLAIN")
+
+
+def check_read_only(query: str) -> None:
+    """``statelog sql`` runs queries only: a statement that would write or change the session
+    (INSERT, CREATE, DROP, SET, ...) is refused before Spark starts."""
+    text = re.sub(r"--[^\n]*|/\*.*?\*/", " ", query, flags=re.S).lstrip(" \t\r\n(")
+    first = re.match(r"[A-Za-z]+", text)
+    word = first.group(0).upper() if first else ""
+    if word not in _READ_ONLY_STARTS:
+        shown = word or (text[:20] or "an empty statement")
+        raise ConfigError(
+            f"statelog sql runs read-only queries; the statement starts with {shown!r}: use SELECT "
+            "(or WITH, SHOW, DESCRIBE, EXPLAIN)"
+        )
 
 
 @contextlib.contextmanager
@@ -205,6 +319,8 @@ def cmd_sql(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from statelog.spark.schema import parse_key_type
 
     parse_key_type(args.key_type)
+    check_read_only(args.query)
+    check_master(args.master)
     job = _open(args.root, options)  # check the root and checkpoint before starting Spark
     try:
         meta = opt.resolve(job, args.checkpoint)
@@ -212,7 +328,7 @@ def cmd_sql(args: argparse.Namespace, options: dict[str, Any]) -> int:
         job.close()
     names = [*view_names(meta), *(METADATA_VIEW_PREFIX + t for t in TABLES)]
     used = _referenced(args.query, names)
-    with _spark(args.master) as spark, _errors():
+    with _spark(args.master, _verbosity(args)) as spark, _errors():
         register_views(spark, args.root, options, args.checkpoint, args.key_type, used)
         df = spark.sql(args.query)
         rows = df.limit(args.max_rows + 1).collect()
@@ -282,7 +398,7 @@ def cmd_inspect(args: argparse.Namespace, options: dict[str, Any]) -> int:
     if args.no_count:
         report = inspect_checkpoint(None, args.root, options, args.checkpoint)
     else:
-        with _spark(args.master) as spark, _errors():
+        with _spark(args.master, _verbosity(args)) as spark, _errors():
             report = inspect_checkpoint(spark, args.root, options, args.checkpoint)
     if args.json:
         _json(report)
@@ -314,7 +430,7 @@ def cmd_restore(args: argparse.Namespace, options: dict[str, Any]) -> int:
                        drop=args.drop_operator, rename=renames)
     finally:
         job.close()
-    with _spark(args.master) as spark, _errors(), _progress(not args.json) as progress:
+    with _spark(args.master, _verbosity(args)) as spark, _errors(), _progress(not args.json) as progress:
         result = restore(spark, args.root, args.checkpoint, parallelism=args.parallelism,
                          savepoint=plan.name, drop=args.drop_operator, rename=renames,
                          store_options=options, progress=progress)
