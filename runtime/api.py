@@ -50,6 +50,7 @@ from runtime.windows import WindowAssigner, WindowOperator
 from statelog import options as opt
 from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
+from statelog.metrics import check_port
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions
 from statelog.types import PICKLE
@@ -78,6 +79,8 @@ class StreamExecutionEnvironment:
         materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
         state_backend: str = "changelog",
         on_demand_restore: bool = False,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)
@@ -149,6 +152,8 @@ class StreamExecutionEnvironment:
             materializer=materializer,
             state_backend=state_backend,
             on_demand_restore=bool(on_demand_restore),
+            metrics_port=check_port("metrics_port", metrics_port),
+            metrics_host=opt.non_empty_name("metrics_host", metrics_host),
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
         self.graph = StreamGraph()

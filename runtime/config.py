@@ -62,3 +62,7 @@ class JobConfig:
     # restore keyed state by key group on first use (statelog/ondemand.py) instead of all of
     # it before the first record
     on_demand_restore: bool = False
+    # Prometheus metrics at /metrics and a health probe at /healthz of the job master
+    # (statelog/metrics.py); None: off, 0: any free port
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"

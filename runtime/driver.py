@@ -49,12 +49,14 @@ from runtime.errors import (
 )
 from runtime.graph import JobGraph, StreamGraph
 from runtime.inflight import INFLIGHT_KEY, collect_inflight
+from runtime.metrics import JobMetrics
 from runtime.restart import RestartStrategy
 from runtime.worker import worker_main
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import RestoreRequiredError
 from statelog.job import StateJob
 from statelog.layout import check_savepoint_name
+from statelog.metrics import MetricsServer
 from statelog.store import open_store
 
 log = logging.getLogger(__name__)
@@ -137,6 +139,9 @@ class JobMaster:
         self.lock = threading.Lock()
         self.attempt = 0
         self.restore_stats: dict[int, dict[str, Any]] = {}
+        self.metrics = JobMetrics(self)  # served at metrics_port while the job runs
+        self.metrics_server: MetricsServer | None = None
+        self.vertex_names = {str(v.id): v.name for v in self.job_graph.vertices}
         self.running_attempt = 0
         self.running_changed = threading.Condition(self.lock)
         self.workers: list[_WorkerProc] = []
@@ -188,6 +193,9 @@ class JobMaster:
             writer_owner=f"runtime job {self.name!r}",
         )
         try:
+            if cfg.metrics_port is not None:
+                self.metrics_server = MetricsServer(self.metrics.registry, self.health, cfg.metrics_host,
+                                                    cfg.metrics_port)  # fmt: skip
             # the master publishes the checkpoints: it holds the root's writer lease (a second
             # job on this root is refused here); its workers write changelog under it
             self.job.acquire_writer_lease()
@@ -266,7 +274,19 @@ class JobMaster:
             if self._materializer is not None:
                 self._materializer.stop()
                 self._materializer = None
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
             self.job.close(flush=False)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """``/healthz``: healthy while an attempt runs; restarting or not started is not."""
+        details = {"job": self.name, "attempt": self.attempt, "completed_checkpoints": len(self.completed),
+                   "restarts": max(0, self.attempt - 1)}  # fmt: skip
+        if self.running_attempt and self.running_attempt == self.attempt:
+            return True, details
+        reason = f"restarting after: {self.failures[-1]}" if self.failures else "not running yet"
+        return False, {**details, "reason": reason}
 
     def _latest_completed(self) -> int | None:
         """The newest checkpoint of this run: the catalog is the truth (a checkpoint exists
@@ -491,6 +511,7 @@ class JobMaster:
         kind = msg[0]
         if kind == "ack":
             _, cid, task, handles, sources, stats = msg
+            self.metrics.observe_task(task, stats)
             self.coordinator.ack(cid, task, handles, sources, stats)
         elif kind == "committables":
             _, cid, _task, by_uid = msg
@@ -533,6 +554,7 @@ class JobMaster:
             self.completed.append(cid)
             reqs = [r for r in self._savepoints if not r.started and r.min_id is not None and cid >= r.min_id]
         self.stats[cid] = dict(meta.stats)
+        self.metrics.observe_checkpoint(cid, meta.stats, meta.changelog_bytes)
         for req in reqs:
             self._start_savepoint(req, cid)
         keep = []

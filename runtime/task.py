@@ -116,6 +116,8 @@ class Task:
         self._rr = 0
         self.head: Output = ChainedOutput(ops[0]) if ops else router
         self.records_in = 0
+        self.backpressured_s = 0.0  # time step() found no room in the output channels
+        self._bp_since: float | None = None
         self._rate = source.source.records_per_s if source is not None else None
         self._t0 = time.monotonic()
         self._paced = 0
@@ -137,7 +139,12 @@ class Task:
     def step(self) -> bool:
         """Do a bounded amount of work; False when there was nothing to do."""
         if not self.router.has_capacity():
+            if self._bp_since is None:
+                self._bp_since = time.monotonic()
             return False
+        if self._bp_since is not None:
+            self.backpressured_s += time.monotonic() - self._bp_since
+            self._bp_since = None
         if self.source is not None:
             return self._source_step()
         if self.replay is not None:
@@ -270,6 +277,9 @@ class Task:
             "sync_ms": (time.monotonic() - t0) * 1000,
             "alignment_ms": alignment_ms,
             "records": self.source.emitted if self.source is not None else 0,
+            # cumulative counters of this task (the master's metrics)
+            "records_in": self.source.emitted if self.source is not None else self.records_in,
+            "backpressured_s": round(self.backpressured_s, 6),
         }
         self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
 
