@@ -135,7 +135,9 @@ class KeyedState:
 
     def entries(self, now: int | None = None) -> Iterator[tuple[Any, Any, Any]]:
         """Yield ``(key, namespace, value)`` for every live entry (TTL-expired ones skipped)."""
-        self._ctx.load_all()
+        load_all = getattr(self._ctx, "load_all", None)  # any object with the key context's slots
+        if load_all is not None:
+            load_all()
         if now is None:
             now = self._now()
         for nsb, table in self._tables.items():

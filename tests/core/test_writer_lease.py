@@ -232,7 +232,7 @@ def test_a_fenced_writer_fails_its_next_checkpoint_and_publishes_nothing(file_ro
 
 
 def test_an_expired_writer_lease_fails_the_checkpoint(file_root: RootSpec) -> None:
-    with statelog.open(file_root.url, writer_lease_ttl_s=0.2) as job:
+    with statelog.open(file_root.url, writer_lease_ttl_s=5.0) as job:
         b = job.backend("counter")
         b.set_current_key("k")
         b.get_state(COUNT).update(1)
