@@ -39,7 +39,7 @@ browser:
 
 test: java browser $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
-	STATELOG_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup
+	STATELOG_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
