@@ -21,6 +21,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     # optional dependencies: the spark extra, pandas
     ("tools.cli_spark", "statelog.spark"): "the spark extra: the other commands work without PySpark",
     ("tools.cli_spark", "pyspark"): "the spark extra",
+    ("tools.cli_spark", "tools.sql_duckdb"): "the DuckDB engine reads through statelog.spark (the spark extra)",
+    ("tools.sql_views", "statelog.spark"): "the spark extra: tools.cli imports the view names without PySpark",
+    ("tools.sql_duckdb", "statelog.spark"): "the spark extra: the DuckDB engine uses the data sources' readers",
+    ("tools.sql_duckdb", "pyspark"): "the spark extra (the metadata schemas are Spark DDL)",
     ("statelog.spark.schema", "pyspark.sql.pandas"): "needs pandas, which the spark extra does not install",
     # minio is imported for s3:// roots only
     ("statelog.store.options", "statelog.store.s3"): "minio only for s3:// roots",

@@ -1,35 +1,38 @@
-"""``statelog sql``, ``statelog inspect`` and ``statelog restore``: the Spark commands (docs/spark.md).
+"""``statelog sql``, ``statelog inspect`` and ``statelog restore`` (docs/cli.md, docs/spark.md).
 
-They start a local SparkSession (``--master``, default ``$STATELOG_SPARK_MASTER`` or
-``local[*]``) with the ``statelog`` data sources registered (:mod:`statelog.spark`).
-
-* ``sql ROOT QUERY`` registers one temporary view per operator state of the checkpoint
-  (:func:`view_names`) plus ``statelog_<table>`` views of the metadata, runs the query and
-  prints a table (or JSON rows).
+* ``sql ROOT QUERY`` runs a query over the views of a checkpoint (:mod:`tools.sql_views`: one
+  per operator state, ``<operator>__<state>``, a change feed ``<view>__changes`` per state
+  with ``--changes-from``, and ``statelog_<table>`` views of the metadata) and prints a table
+  (or JSON rows).
 * ``inspect ROOT`` lists operators and states of a checkpoint with their row counts.
 * ``restore ROOT --checkpoint ID`` runs the restore/rescale job (:mod:`statelog.spark.rescale`)
   and writes a savepoint laid out for ``--parallelism``; a progress bar on a terminal.
 
+``sql`` and ``inspect`` run on one of two engines (``--engine``): ``duckdb`` (the default:
+in-process, :mod:`tools.sql_duckdb`) or ``spark`` (a SparkSession, ``--master``, default
+``$STATELOG_SPARK_MASTER`` or ``local[*]``, with the ``statelog`` data sources registered;
+``--master`` alone selects it). Both read through the data sources' readers, so a view has
+the same rows and columns on both. ``restore`` always runs on Spark.
+
 ``sql`` and ``inspect`` only read; ``restore`` writes one savepoint. Exit codes: 0 ok,
-2 usage or library error (also errors raised inside Spark by the data source, and PySpark
-missing: it is the ``spark`` extra, ``pip install 'statelog[spark]'``). This module imports
-:mod:`statelog.spark` only inside the commands, so the other commands work without PySpark.
+2 usage or library error, one line on stderr (also errors raised inside Spark by the data
+source, SQL errors of either engine, a statement that is not a query, and PySpark missing:
+it is the ``spark`` extra, ``pip install 'statelog[spark]'``). This module imports
+:mod:`statelog.spark` and the engines only inside the commands, so the other commands work
+without PySpark (and start without importing DuckDB).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import datetime as dt
-import decimal
-import json
 import logging
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +41,26 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from statelog import errors as statelog_errors
 from statelog.errors import ConfigError, StatelogError
-from statelog.job import StateJob
 from tools.output import _console, _json, _row, _table
+from tools.sql_views import (  # noqa: F401 - view_names: re-exported for callers and tests
+    ViewPlan,
+    check_read_only,
+    inspect_report,
+    open_job,
+    plan_views,
+    print_inspect,
+    print_result,
+    referenced,
+    unknown_view,
+    view_names,
+)
 
 EXIT_OK = 0
+ENGINES = ("duckdb", "spark")
 
 
 def _verbosity(args: argparse.Namespace) -> int:
     return int(getattr(args, "verbose", 0) or 0) + int(getattr(args, "verbose_sub", 0) or 0)
-METADATA_VIEW_PREFIX = "statelog_"
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -55,9 +69,11 @@ METADATA_VIEW_PREFIX = "statelog_"
 def register(commands: Any, command: Any) -> None:
     """Add ``sql``, ``inspect`` and ``restore`` (``command(group, name, handler, help)``)."""
     master_help = "Spark master (default: $STATELOG_SPARK_MASTER or local[*])"
+    engine_help = ("duckdb (default: in-process) or spark (a SparkSession; --master alone selects it)")
     sql = command(commands, "sql", cmd_sql,
-                  "run a Spark SQL query over the state of a checkpoint: one view per operator state "
-                  "(<operator>__<state>) and statelog_<table> views of the metadata")
+                  "run a read-only SQL query over the state of a checkpoint: one view per operator state "
+                  "(<operator>__<state>), its change feed (<operator>__<state>__changes, with --changes-from) "
+                  "and statelog_<table> views of the metadata")
     sql.add_argument("query", metavar="QUERY", help='e.g. "SELECT key, value FROM counter__count LIMIT 10"')
     sql.add_argument("--checkpoint", default="latest", metavar="ID",
                      help="checkpoint id, latest (default) or savepoint:NAME")
@@ -65,12 +81,17 @@ def register(commands: Any, command: Any) -> None:
                      help="Arrow type of the keys (string, int64, ...): a typed key column in every view")
     sql.add_argument("--max-rows", metavar="N", type=_count, default=1000,
                      help="print at most N rows (default 1000)")
+    sql.add_argument("--changes-from", metavar="ID", default=None,
+                     help="add a change feed view <view>__changes per state: the changes after checkpoint ID "
+                          "up to --checkpoint")
+    sql.add_argument("--engine", choices=ENGINES, default=None, help=engine_help)
     sql.add_argument("--master", default=None, help=master_help)
     inspect = command(commands, "inspect", cmd_inspect,
-                      "summarize a checkpoint's operators and states with their row counts (Spark)")
+                      "summarize a checkpoint's operators and states with their row counts")
     inspect.add_argument("--checkpoint", default="latest", metavar="ID",
                          help="checkpoint id, latest (default) or savepoint:NAME")
-    inspect.add_argument("--no-count", action="store_true", help="skip the row counts (no Spark job)")
+    inspect.add_argument("--no-count", action="store_true", help="skip the row counts (reads only metadata)")
+    inspect.add_argument("--engine", choices=ENGINES, default=None, help=engine_help)
     inspect.add_argument("--master", default=None, help=master_help)
     restore = command(commands, "restore", cmd_restore,
                       "restore a checkpoint with Spark into a savepoint laid out for a new parallelism")
@@ -91,6 +112,15 @@ def _count(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid count {text!r}: use a whole number >= 1")
     return int(text)
+
+
+def engine_of(args: argparse.Namespace) -> str:
+    """``--engine``, else ``spark`` when ``--master`` is given, else ``duckdb``."""
+    if args.engine is None:
+        return "spark" if args.master is not None else "duckdb"
+    if args.engine == "duckdb" and args.master is not None:
+        raise ConfigError("--master applies to --engine spark only; drop it, or use --engine spark")
+    return str(args.engine)
 
 
 # what --master may name (Spark 4): local modes, a standalone master, YARN, Kubernetes
@@ -198,26 +228,10 @@ def _spark(master: str | None, verbose: int = 0) -> Iterator[Any]:
     log_file.unlink(missing_ok=True)
 
 
-_READ_ONLY_STARTS = ("SELECT", "WITH", "FROM", "VALUES", "TABLE", "SHOW", "DESCRIBE", "DESC", "EXPLAIN")
-
-
-def check_read_only(query: str) -> None:
-    """``statelog sql`` runs queries only: a statement that would write or change the session
-    (INSERT, CREATE, DROP, SET, ...) is refused before Spark starts."""
-    text = re.sub(r"--[^\n]*|/\*.*?\*/", " ", query, flags=re.S).lstrip(" \t\r\n(")
-    first = re.match(r"[A-Za-z]+", text)
-    word = first.group(0).upper() if first else ""
-    if word not in _READ_ONLY_STARTS:
-        shown = word or (text[:20] or "an empty statement")
-        raise ConfigError(
-            f"statelog sql runs read-only queries; the statement starts with {shown!r}: use SELECT "
-            "(or WITH, SHOW, DESCRIBE, EXPLAIN)"
-        )
-
-
 @contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Errors raised inside Spark (the data source runs in Python workers) as StatelogError."""
+def _errors(plan: ViewPlan | None = None) -> Iterator[None]:
+    """Errors raised inside Spark (the data source runs in Python workers) as StatelogError;
+    a view the query names that ``plan`` lacks is the same error line as on DuckDB."""
     try:
         yield
     except StatelogError:
@@ -227,6 +241,9 @@ def _errors() -> Iterator[None]:
 
         message = spark_error_message(e)
         if message is None and isinstance(e, PySparkException):  # e.g. a SQL error in the query
+            missing = re.search(r"\[TABLE_OR_VIEW_NOT_FOUND\] The table or view `?([^`\s]+)`? cannot be found", str(e))
+            if plan is not None and missing:
+                raise unknown_view(missing.group(1), plan) from None
             message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if message is None:
             raise
@@ -246,185 +263,117 @@ def spark_error_message(e: BaseException) -> str | None:
     return None
 
 
-def _open(root: str, options: Mapping[str, Any]) -> StateJob:
-    return StateJob(root, store_options=dict(options) or None, create=False)
-
-
-def view_names(meta: Any) -> dict[str, tuple[str, str]]:
-    """View name -> (operator uid, state) for every state of the checkpoint.
-
-    ``<operator>__<state>`` with every character outside ``[A-Za-z0-9_]`` replaced by ``_``;
-    the timer pseudo-states ``__timers_event`` / ``__timers_processing`` become
-    ``<operator>__timers_event`` / ``<operator>__timers_processing``. A name taken twice
-    gets a suffix ``_2``, ``_3``, ... (in operator, then state order).
-    """
-    out: dict[str, tuple[str, str]] = {}
-    for uid in sorted(meta.operators):
-        for state in sorted(meta.operators[uid].states):
-            base = f"{_ident(uid)}__{_ident(state.lstrip('_'))}"
-            name, n = base, 1
-            while name.lower() in (k.lower() for k in out):
-                n += 1
-                name = f"{base}_{n}"
-            out[name] = (uid, state)
-    return out
-
-
-def _ident(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", s) or "_"
-
-
-def _referenced(query: str, names: Sequence[str]) -> list[str]:
-    words = {w.lower() for w in re.findall(r"[A-Za-z0-9_]+", query)}
-    return [n for n in names if n.lower() in words]
-
-
-def register_views(spark: Any, root: str, options: Mapping[str, Any], checkpoint: str,
-                   key_type: str | None, only: Sequence[str] | None = None) -> dict[str, tuple[str, str]]:
-    """Create the temporary views of a checkpoint (``only``: just these names)."""
+def register_views(spark: Any, plan: ViewPlan, options: dict[str, Any], key_type: str | None,
+                   only: Sequence[str] | None = None) -> None:
+    """Create the temporary views of ``plan`` in ``spark`` (``only``: just these names)."""
     from statelog.spark import METADATA_FORMAT, STATE_FORMAT
     from statelog.spark import options as opt
-    from statelog.spark.metadata import TABLES
 
-    job = _open(root, options)
-    try:
-        meta = opt.resolve(job, checkpoint)
-        target = checkpoint if checkpoint.strip().startswith("savepoint:") else str(meta.checkpoint_id)
-        root_url = job.root
-    finally:
-        job.close()
-    spark_opts = {"root": root_url, **opt.to_spark_options(options)}
-    views = view_names(meta)
-    wanted = set(only) if only is not None else None
-    for name, (uid, state) in views.items():
-        if wanted is not None and name not in wanted:
-            continue
-        reader = spark.read.format(STATE_FORMAT).options(**spark_opts).option("checkpoint", target)
-        reader = reader.option("operator", uid).option("state", state)
-        if key_type:
-            reader = reader.option("keyType", key_type)
-        reader.load().createOrReplaceTempView(name)
-    for table in TABLES:
-        name = METADATA_VIEW_PREFIX + table
-        if wanted is not None and name not in wanted:
-            continue
-        spark.read.format(METADATA_FORMAT).options(**spark_opts).option("table", table).load() \
-            .createOrReplaceTempView(name)
-    return views
+    spark_opts = {"root": plan.root, **opt.to_spark_options(options)}
+    if key_type:
+        spark_opts["keyType"] = key_type
+    wanted = set(only) if only is not None else set(plan.names)
+    for name, (uid, state) in plan.states.items():
+        if name in wanted:
+            spark.read.format(STATE_FORMAT).options(**spark_opts).option("checkpoint", plan.target) \
+                .option("operator", uid).option("state", state).load().createOrReplaceTempView(name)
+    for name, (uid, state) in plan.changes.items():
+        if name in wanted:
+            spark.read.format(STATE_FORMAT).options(**spark_opts).option("changesFrom", plan.changes_from) \
+                .option("changesTo", plan.target).option("operator", uid).option("state", state).load() \
+                .createOrReplaceTempView(name)
+    for name, table in plan.metadata.items():
+        if name in wanted:
+            spark.read.format(METADATA_FORMAT).options(**{k: v for k, v in spark_opts.items() if k != "keyType"}) \
+                .option("table", table).load().createOrReplaceTempView(name)
+
+
+def spark_query(spark: Any, plan: ViewPlan, options: dict[str, Any], key_type: str | None, query: str,
+                names: Sequence[str], max_rows: int) -> tuple[list[str], list[tuple]]:
+    """Columns and the first ``max_rows + 1`` rows of ``query`` on Spark (timestamps in UTC)."""
+    register_views(spark, plan, options, key_type, names)
+    df = spark.sql(query)
+    rows = df.limit(max_rows + 1).collect()
+    types = [f.dataType for f in df.schema.fields]
+    return list(df.columns), [tuple(_utc(v, t) for v, t in zip(r, types, strict=True)) for r in rows]
+
+
+def _utc(value: Any, spark_type: Any) -> Any:
+    """A value of a Spark ``timestamp`` (PySpark returns naive local times) as an aware UTC
+    datetime, in nested values too: DuckDB returns them so, and both print alike."""
+    from pyspark.sql.types import ArrayType, MapType, StructType, TimestampType
+
+    if value is None:
+        return None
+    if isinstance(spark_type, TimestampType) and isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC)
+    if isinstance(spark_type, ArrayType):
+        return [_utc(v, spark_type.elementType) for v in value]
+    if isinstance(spark_type, MapType):
+        return {_utc(k, spark_type.keyType): _utc(v, spark_type.valueType) for k, v in value.items()}
+    if isinstance(spark_type, StructType):
+        return {f.name: _utc(value[f.name], f.dataType) for f in spark_type.fields}
+    return value
 
 
 def cmd_sql(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from statelog.spark import options as opt
-    from statelog.spark.metadata import TABLES
+    import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
     from statelog.spark.schema import parse_key_type
 
     parse_key_type(args.key_type)
     check_read_only(args.query)
+    engine = engine_of(args)
     check_master(args.master)
-    job = _open(args.root, options)  # check the root and checkpoint before starting Spark
-    try:
-        meta = opt.resolve(job, args.checkpoint)
-    finally:
-        job.close()
-    names = [*view_names(meta), *(METADATA_VIEW_PREFIX + t for t in TABLES)]
-    used = _referenced(args.query, names)
-    with _spark(args.master, _verbosity(args)) as spark, _errors():
-        register_views(spark, args.root, options, args.checkpoint, args.key_type, used)
-        df = spark.sql(args.query)
-        rows = df.limit(args.max_rows + 1).collect()
-        columns = df.columns
-    truncated = len(rows) > args.max_rows
-    rows = rows[: args.max_rows]
-    if args.json:
-        _json([{c: _plain(r[i]) for i, c in enumerate(columns)} for r in rows])
+    # the root, the checkpoint and --changes-from are checked before an engine starts
+    plan = plan_views(args.root, options, args.checkpoint, args.changes_from)
+    used = referenced(args.query, plan.names)
+    if engine == "duckdb":
+        from tools.sql_duckdb import run_query
+
+        columns, rows = run_query(plan, options, args.key_type, args.query, used, args.max_rows)
     else:
-        console = _console()
-        table = _table(None, *columns)
-        for r in rows:
-            _row(table, *(_cell(v) for v in r))
-        console.print(table)
-        console.print(f"{len(rows)} row(s)" + (f" (first {args.max_rows}; use --max-rows)" if truncated else ""))
+        with _spark(args.master, _verbosity(args)) as spark, _errors(plan):
+            columns, rows = spark_query(spark, plan, options, args.key_type, args.query, used, args.max_rows)
+    print_result(columns, rows, args.max_rows, args.json)
     return EXIT_OK
-
-
-def inspect_checkpoint(spark: Any | None, root: str, options: Mapping[str, Any], checkpoint: str) -> dict[str, Any]:
-    """Operators and states of a checkpoint, with row counts when ``spark`` is given."""
-    from statelog.spark import STATE_FORMAT
-    from statelog.spark import options as opt
-    from statelog.spark.metadata import Catalog
-
-    job = _open(root, options)
-    try:
-        cat = Catalog(job, checkpoint)
-        meta, sp_name, key = cat.entries[0]
-        states = list(cat.states())
-        root_url = job.root
-    finally:
-        job.close()
-    views = {v: k for k, v in view_names(meta).items()}
-    target = f"savepoint:{sp_name}" if sp_name else str(meta.checkpoint_id)
-    out: dict[str, Any] = {
-        "root": root_url,
-        "checkpoint_id": meta.checkpoint_id,
-        "kind": meta.kind,
-        "savepoint": sp_name,
-        "metadata_key": key,
-        "max_parallelism": meta.max_parallelism,
-        "sources": meta.sources,
-        "operators": [],
-    }
-    spark_opts = {"root": root_url, **opt.to_spark_options(options)}
-    for uid, op in sorted(meta.operators.items()):
-        entry: dict[str, Any] = {"uid": uid, "parallelism": op.parallelism, "states": []}
-        for row in states:
-            if row[3] != uid:
-                continue
-            name = row[4]
-            rows = None
-            if spark is not None:
-                rows = spark.read.format(STATE_FORMAT).options(**spark_opts).option("checkpoint", target) \
-                    .option("operator", uid).option("state", name).load().count()
-            entry["states"].append({
-                "name": name, "kind": row[5], "value_type": row[6], "user_key_type": row[7], "ttl_ms": row[8],
-                "internal": row[10], "view": views[(uid, name)], "rows": rows,
-                "changelog_records": row[12], "changelog_bytes": row[13], "materialized_files": row[14],
-                "materialized_rows": row[15], "materialized_bytes": row[16],
-            })
-        out["operators"].append(entry)
-    return out
 
 
 def cmd_inspect(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
+
+    engine = engine_of(args)
+    check_master(args.master)
     if args.no_count:
-        report = inspect_checkpoint(None, args.root, options, args.checkpoint)
+        report = inspect_report(args.root, options, args.checkpoint, None)
+    elif engine == "duckdb":
+        from tools.sql_duckdb import RowCounter
+
+        with RowCounter(args.root, options) as counter:
+            report = inspect_report(args.root, options, args.checkpoint, counter)
     else:
         with _spark(args.master, _verbosity(args)) as spark, _errors():
-            report = inspect_checkpoint(spark, args.root, options, args.checkpoint)
-    if args.json:
-        _json(report)
-        return EXIT_OK
-    console = _console()
-    what = f"savepoint {report['savepoint']} (checkpoint {report['checkpoint_id']})" if report["savepoint"] \
-        else f"checkpoint {report['checkpoint_id']}"
-    console.print(f"{what} of {report['root']}: max_parallelism {report['max_parallelism']}, "
-                  f"sources {json.dumps(report['sources'], default=str)}", soft_wrap=True)
-    for op in report["operators"]:
-        table = _table(f"Operator {op['uid']} (parallelism {op['parallelism']})", "state", "kind", "value type",
-                       "map key type", "ttl (ms)", "rows", "changelog records", "materialized rows", "view",
-                       right=("rows", "changelog records", "materialized rows"))
-        for s in op["states"]:
-            _row(table, s["name"], s["kind"], s["value_type"], s["user_key_type"], s["ttl_ms"], s["rows"],
-                 s["changelog_records"], s["materialized_rows"], s["view"])
-        console.print()
-        console.print(table)
+            report = inspect_report(args.root, options, args.checkpoint, _spark_counter(spark, args.root, options))
+    print_inspect(report, args.json)
     return EXIT_OK
+
+
+def _spark_counter(spark: Any, root: str, options: dict[str, Any]) -> Any:
+    """Rows of a state view on Spark (one count job per state)."""
+    from statelog.spark import STATE_FORMAT
+    from statelog.spark import options as opt
+
+    def count(uid: str, state: str, target: str) -> int:
+        return int(spark.read.format(STATE_FORMAT).options(root=root, **opt.to_spark_options(options))
+                   .option("checkpoint", target).option("operator", uid).option("state", state).load().count())
+
+    return count
 
 
 def cmd_restore(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from statelog.spark.rescale import parse_renames, prepare, restore
 
     renames = parse_renames(args.rename_operator)
-    job = _open(args.root, options)  # check everything before starting Spark
+    job = open_job(args.root, options)  # check everything before starting Spark
     try:
         plan = prepare(job, args.checkpoint, parallelism=args.parallelism, savepoint=args.savepoint,
                        drop=args.drop_operator, rename=renames)
@@ -467,35 +416,3 @@ def _progress(enabled: bool) -> Iterator[Any]:
             bar.update(task, completed=done, total=total)
 
         yield update
-
-
-# -- rendering -----------------------------------------------------------------------------------
-
-
-def _plain(v: Any) -> Any:
-    """A JSON value: bytes as base64 ({"base64": ...}), dates ISO, decimals as strings, rows as objects."""
-    if isinstance(v, bytes | bytearray):
-        return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
-    if isinstance(v, dt.datetime | dt.date):
-        return v.isoformat()
-    if isinstance(v, decimal.Decimal):
-        return str(v)
-    if hasattr(v, "asDict"):
-        return {k: _plain(x) for k, x in v.asDict().items()}
-    if isinstance(v, dict):
-        return {str(_plain(k)) if not isinstance(k, str) else k: _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    return v
-
-
-def _cell(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, bytes | bytearray):
-        return "0x" + bytes(v).hex()
-    if isinstance(v, str):
-        return v
-    return json.dumps(_plain(v), default=str)
-
-

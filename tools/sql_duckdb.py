@@ -24,7 +24,8 @@ the query runs, so a query reads the registered views and nothing else, and writ
 Every DuckDB error becomes one :class:`StatelogError` line.
 
 The readers live in :mod:`statelog.spark`, which imports PySpark's type classes (no JVM is
-started): the ``spark`` extra must be installed for this engine too.
+started): the ``spark`` extra must be installed for this engine too (without it the first
+view raises the MissingDependencyError that names the extra; the commands check first).
 """
 
 from __future__ import annotations
@@ -99,12 +100,12 @@ class ArrowViews:
 
     def change_table(self, uid: str, state: str) -> pa.Table:
         """The change feed of one state from ``--changes-from`` to the plan's checkpoint."""
+        from statelog.spark import options as opt
         from statelog.spark.changes import feed_batches, plan_feed
-        from statelog.spark.options import to_spark_options
         from statelog.spark.schema import Columns
 
         assert self.plan.changes_from is not None
-        feed_options = {"root": self.plan.root, **to_spark_options(self.options), "operator": uid, "state": state,
+        feed_options = {"root": self.plan.root, **opt.to_spark_options(self.options), "operator": uid, "state": state,
                         "changesFrom": self.plan.changes_from, "changesTo": self.plan.target}
         if self.key_type:
             feed_options["keyType"] = self.key_type
@@ -150,7 +151,7 @@ def parse_ddl(ddl: str) -> Any:
         TimestampType,
     )
 
-    simple = {"long": LongType, "bigint": LongType, "int": IntegerType, "integer": IntegerType,
+    simple: dict[str, Any] = {"long": LongType, "bigint": LongType, "int": IntegerType, "integer": IntegerType,
               "string": StringType, "timestamp": TimestampType, "boolean": BooleanType, "double": DoubleType}
     tokens: list[str] = []
     pos = 0
