@@ -387,12 +387,9 @@ class KeyedStateBackend:
 
     def wait_loaded(self) -> None:
         """Load every key group not loaded yet (on-demand restore); at once otherwise."""
-        loader = self._loader
-        if loader is None:
-            return
-        for p in loader.take_all():
-            self._install(p)
-        self._loaded()
+        while self._loader is not None:
+            left = self._loader.remaining()
+            self._load_key_group(left[0] if left else None)
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):

@@ -32,10 +32,9 @@ adopts a materialization, which it does only once fully loaded.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +45,6 @@ import pyarrow.compute as pc
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange
-from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
 from statelog.materialization import decode_table_file, fetch_table_file
 from statelog.restore import BaseFile, base_entries
@@ -218,49 +216,6 @@ class KeyGroupLoader:
             self._cond.notify_all()  # room for the read-ahead
             return out
 
-    def take_all(self) -> Iterator[PreparedKeyGroup]:
-        """Every key group not handed out yet, prepared in this thread a run at a time (the
-        caller waits for all of them anyway: no hand-over between two threads); the
-        background thread is stopped first."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        yield from self.take_ready()
-        with self._tail_lock:
-            need_tail = self._tail is None
-        if need_tail:
-            self._read_whole_tail()
-        claimed_runs = []
-        with self._cond:
-            self._raise_error()
-            for run in self._runs():
-                claimed = [kg for kg in run if self._state[kg] == _UNLOADED]
-                for kg in claimed:
-                    self._state[kg] = _PREPARING
-                if claimed:
-                    claimed_runs.append(claimed)
-        # fetch and decode (Parquet, outside the GIL) up to 2 runs ahead of the Python decoding here
-        with cf.ThreadPoolExecutor(2, thread_name_prefix="statelog-ondemand-decode") as pool:
-            ahead = [pool.submit(self._decode, run) for run in claimed_runs[:2]]
-            for i, run in enumerate(claimed_runs):
-                try:
-                    decoded = ahead[i].result()
-                    if i + 2 < len(claimed_runs):
-                        ahead.append(pool.submit(self._decode, claimed_runs[i + 2]))
-                    prepared = self._entries(run, decoded)
-                except BaseException as e:
-                    self._fail(e)
-                    for fut in ahead:
-                        fut.cancel()
-                    raise
-                with self._cond:
-                    for p in prepared:
-                        self._state[p.key_group] = _TAKEN
-                    self._taken += len(prepared)
-                yield from prepared
-
     def remaining(self) -> list[int]:
         """Key groups not handed out yet, in order."""
         with self._cond:
@@ -335,12 +290,7 @@ class KeyGroupLoader:
 
     def _prepare_many(self, kgs: list[int]) -> list[PreparedKeyGroup]:
         """Prepare key groups held by the same table files (one key group, or a run's)."""
-        return self._entries(kgs, self._decode(kgs))
-
-    def _decode(self, kgs: list[int]) -> list[tuple[StateInfo, pa.Table]]:
-        """The Arrow rows of ``kgs`` per table file holding them (fetching, verifying and
-        Parquet decoding: mostly outside the GIL)."""
-        out = []
+        out = {kg: PreparedKeyGroup(kg) for kg in kgs}
         for (info, f, _mine), entry in self._files_of.get(kgs[0], ()):
             with entry.lock:
                 if entry.data is None:
@@ -354,13 +304,6 @@ class KeyGroupLoader:
             rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info)
             if len(kgs) > 1 and kgs[-1] - kgs[0] + 1 != len(kgs):  # a run with holes: only its own
                 rows = rows.filter(pc.is_in(rows.column("key_group"), pa.array(kgs, rows.column("key_group").type)))
-            out.append((info, rows))
-        return out
-
-    def _entries(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> list[PreparedKeyGroup]:
-        """Keys, namespaces and entries of decoded rows, per key group, with their tail records."""
-        out = {kg: PreparedKeyGroup(kg) for kg in kgs}
-        for info, rows in decoded:
             for table, counts in _split(rows, kgs):
                 if not table.num_rows:
                     continue
