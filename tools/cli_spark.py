@@ -210,7 +210,8 @@ def _spark(master: str | None, verbose: int = 0) -> Iterator[Any]:
     master = check_master(master)
     active = statelog.spark.SparkSession.getActiveSession()
     if active is not None:
-        yield statelog.spark.register(active)
+        with _silenced(verbose):
+            yield statelog.spark.register(active)
         return
     log_file = Path(tempfile.mkstemp(prefix="statelog-spark-", suffix=".log")[1])
     with _silenced(verbose):
@@ -290,12 +291,17 @@ def register_views(spark: Any, plan: ViewPlan, options: dict[str, Any], key_type
 
 def spark_query(spark: Any, plan: ViewPlan, options: dict[str, Any], key_type: str | None, query: str,
                 names: Sequence[str], max_rows: int) -> tuple[list[str], list[tuple]]:
-    """Columns and the first ``max_rows + 1`` rows of ``query`` on Spark (timestamps in UTC)."""
-    register_views(spark, plan, options, key_type, names)
-    df = spark.sql(query)
-    rows = df.limit(max_rows + 1).collect()
-    types = [f.dataType for f in df.schema.fields]
-    return list(df.columns), [tuple(_utc(v, t) for v, t in zip(r, types, strict=True)) for r in rows]
+    """Columns and the first ``max_rows + 1`` rows of ``query`` on Spark (timestamps in UTC).
+    The temporary views are dropped afterwards (a session of the caller is left as it was)."""
+    try:
+        register_views(spark, plan, options, key_type, names)
+        df = spark.sql(query)
+        rows = df.limit(max_rows + 1).collect()
+        types = [f.dataType for f in df.schema.fields]
+        return list(df.columns), [tuple(_utc(v, t) for v, t in zip(r, types, strict=True)) for r in rows]
+    finally:
+        for name in names:
+            spark.catalog.dropTempView(name)
 
 
 def _utc(value: Any, spark_type: Any) -> Any:

@@ -8,7 +8,8 @@ data sources (docs/spark.md), run here in one process instead of Spark's Python 
   files the checkpoint's handles reference, then their changelog tail), turned into record
   batches by :func:`statelog.spark.datasource.state_batches` in the data source's schema;
 * a change feed view ``<view>__changes`` (with ``--changes-from``):
-  :func:`statelog.spark.changes.plan_feed` and ``feed_batches`` over every key group;
+  :func:`statelog.spark.changes.plan_feed` and ``feed_batches`` for each of the partitions
+  Spark would read (``replay_order`` counts within one);
 * a metadata view ``statelog_<table>``: the rows of :class:`statelog.spark.metadata.Catalog`
   in the schema of ``format("statelog-metadata")``.
 
@@ -102,6 +103,7 @@ class ArrowViews:
         """The change feed of one state from ``--changes-from`` to the plan's checkpoint."""
         from statelog.spark import options as opt
         from statelog.spark.changes import feed_batches, plan_feed
+        from statelog.spark.rows import key_group_partitions
         from statelog.spark.schema import Columns
 
         assert self.plan.changes_from is not None
@@ -111,8 +113,11 @@ class ArrowViews:
             feed_options["keyType"] = self.key_type
         feed = plan_feed(feed_options)
         columns = Columns(feed.schema())
-        every = KeyGroupRange(0, feed.max_parallelism - 1)
-        return _table(feed_batches(self.job, feed, every, columns), columns.arrow)
+        # Spark's partitions, read one after the other: replay_order counts within a partition
+        # (it orders the rows of a key group), so the values are the ones Spark shows
+        batches = [b for p in key_group_partitions(feed.max_parallelism, feed.partitions)
+                   for b in feed_batches(self.job, feed, KeyGroupRange(p.start, p.end), columns)]
+        return _table(batches, columns.arrow)
 
     def metadata_table(self, table: str) -> pa.Table:
         """The rows of ``format("statelog-metadata")`` (every retained checkpoint and savepoint)."""
