@@ -20,10 +20,12 @@ import pyarrow as pa
 import pytest
 
 import statelog
+from materializer.build import materialize
 from materializer.savepoint import create_savepoint
 from statelog.keys import decode_key
 from statelog.spark.datasource import state_schema
 from statelog.spark.restore import stream_state
+from tests.s3server import RootSpec
 from tests.spark import jobs
 from tests.spark.test_changes import apply_feed, state_at
 from tools import sql_duckdb
@@ -329,3 +331,35 @@ def test_state_without_rows_is_an_empty_view(tmp_path: Path) -> None:
     cols, rows = duck(jobs.Built(root, {}), "SELECT * FROM op__v")
     assert rows == [] and cols == ["key_group", "key", "key_bytes", "namespace", "namespace_bytes", "value",
                                    "expires_ms"]
+
+
+@pytest.mark.s3
+def test_an_s3_root_with_store_options(s3_root: RootSpec, capsys: Any) -> None:
+    """State rows (a materialization plus a tail) and the change feed read through the store
+    options; the secret appears in no output, also not in an error line."""
+    count = statelog.ValueStateDescriptor("count", pa.int64(), default=0)
+    job = statelog.open(s3_root.url, store_options=dict(s3_root.options), max_parallelism=8)
+    try:
+        b = job.backend("op")
+        st = b.get_state(count)
+        for i in range(30):
+            b.set_current_key(f"k{i % 7}")
+            st.update(st.value() + 1)
+        first = job.checkpoint(sources={})
+        materialize(job.store, first)
+        b.set_current_key("k0")
+        st.update(100)
+        job.checkpoint(sources={})
+    finally:
+        job.close()
+    spec = jobs.Built(s3_root.url, dict(s3_root.options))
+    _, rows = duck(spec, "SELECT key, value FROM op__count ORDER BY key")
+    assert [(r["key"], r["value"]) for r in rows] == [("k0", 100), ("k1", 5), *((f"k{i}", 4) for i in range(2, 7))]
+    _, changes = duck(spec, "SELECT key, op, value FROM op__count__changes", changes_from=first.checkpoint_id)
+    assert changes == [{"key": "k0", "op": "put", "value": 100}]
+    flags = [x for k, v in s3_root.options.items() for x in ("--store-option", f"{k}={v}")]
+    code, out, err = run(capsys, "sql", s3_root.url, "SELECT count(*) AS n FROM op__count", "--json", *flags)
+    assert code == 0 and json.loads(out) == [{"n": 7}], err
+    code, out, err = run(capsys, "sql", s3_root.url, "SELECT * FROM nope", *flags)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert str(s3_root.options["secret_key"]) not in out + err
