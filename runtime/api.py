@@ -79,6 +79,9 @@ class StreamExecutionEnvironment:
         materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
         state_backend: str = "changelog",
         on_demand_restore: bool = False,
+        state_store: str = "memory",
+        state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
+        state_dir: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
     ) -> None:
@@ -152,6 +155,9 @@ class StreamExecutionEnvironment:
             materializer=materializer,
             state_backend=state_backend,
             on_demand_restore=bool(on_demand_restore),
+            state_store=opt.check_state_store("state_store", state_store),
+            state_memory=opt.STATE_MEMORY.check(state_memory),
+            state_dir=opt.check_state_dir("state_dir", state_dir),
             metrics_port=check_port("metrics_port", metrics_port),
             metrics_host=opt.non_empty_name("metrics_host", metrics_host),
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from materializer.options import MaterializerOptions
+from statelog import options as opt
 from statelog.keys import DEFAULT_MAX_PARALLELISM
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions
@@ -62,6 +63,11 @@ class JobConfig:
     # restore keyed state by key group on first use (statelog/ondemand.py) instead of all of
     # it before the first record
     on_demand_restore: bool = False
+    # where keyed state lives: "memory" (Python dicts) or "disk" (RocksDB under a cache of
+    # state_memory bytes per task, statelog/state/disk.py), in directories under state_dir
+    state_store: str = "memory"
+    state_memory: int = opt.DEFAULT_STATE_MEMORY
+    state_dir: str | None = None
     # Prometheus metrics at /metrics and a health probe at /healthz of the job master
     # (statelog/metrics.py); None: off, 0: any free port
     metrics_port: int | None = None

@@ -148,6 +148,9 @@ class Worker:
             create=False,
             writer_lease=False,  # the master holds the root's writer lease and publishes
             on_demand_restore=cfg.on_demand_restore,
+            state_store=cfg.state_store,
+            state_memory=cfg.state_memory,
+            state_dir=cfg.state_dir,
         )
         self.restore_meta: CheckpointMetadata | None = self.job.resolve_checkpoint(spec["restore"])
         self.tasks = build_tasks(self, graph, spec["peers"], spec["assignments"])

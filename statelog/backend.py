@@ -58,6 +58,7 @@ from statelog.restore import (
     resume_gc,
 )
 from statelog.state.context import NO_KEY, KeyContext
+from statelog.state.disk import WorkingSet
 from statelog.state.kinds import (
     STATE_CLASSES,
     AggregatingState,
@@ -91,6 +92,7 @@ class KeyedStateBackend:
         clock: Callable[[], int] | None = None,
         restored: RestoredChanges | None = None,
         loader: KeyGroupLoader | None = None,
+        working_set: WorkingSet | None = None,
     ) -> None:
         self.operator_uid = operator_uid
         self.subtask = subtask
@@ -105,6 +107,11 @@ class KeyedStateBackend:
         self._streams: dict[str, ChangelogStream] = {}
         # the current key as the states and timers see it (set_current_key writes it)
         self.key_context = KeyContext(operator_uid, clock or wall_clock_ms, writer is not None)
+        # the states' entries on local disk under a bounded cache (statelog/state/disk.py)
+        self._ws = working_set
+        self.key_context.working_set = working_set
+        if working_set is not None:
+            self._kcache_limit = 1 << 16  # the key cache counts against the memory budget too
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
@@ -296,7 +303,11 @@ class KeyedStateBackend:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
         for table in self._restored.base.pop(state.name, ()):
             self._check_restored_keys(state.name, table.column("key"))
-            self._put_entries(state, *base_entries(state.info, table))
+            if self._ws is not None:
+                kbs, nss, values = base_entries(state.info, table, raw_keys=True)
+                state.put_rows(kbs, table.column("key_group").to_pylist(), nss, values)
+            else:
+                self._put_entries(state, *base_entries(state.info, table))
 
     @staticmethod
     def _put_entries(state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
@@ -315,6 +326,8 @@ class KeyedStateBackend:
             self._check_restored_keys(state.name, arr)
             known.update(zip(new, decode_key_array(arr), strict=True))
         state.apply_many(records, known)
+        if self._ws is not None and len(known) > 1 << 16:
+            known.clear()  # bounded with a disk-backed working set
 
     def _replay(self, state: KeyedState) -> None:
         self._load_base(state)
@@ -345,10 +358,20 @@ class KeyedStateBackend:
             self._loaded()
 
     def _install(self, p: PreparedKeyGroup) -> None:
+        ws = self._ws
         with gc_paused():
             for name in p.base.keys() | p.records.keys():
                 bases, records = p.base.get(name, []), p.records.get(name, [])
                 state = self._states.get(name)
+                if ws is not None and bases:  # key bytes: straight into the database
+                    for kbs, nss, values in bases:
+                        if state is not None:
+                            state.put_rows(kbs, [p.key_group] * len(kbs), nss, values)
+                        else:
+                            ws.put_rows(name, kbs, [p.key_group] * len(kbs), nss, values)
+                    bases = []
+                    if not records:
+                        continue
                 if state is None:  # installed when the state registers
                     self._stash.setdefault(name, []).append((bases, records))
                     continue
@@ -562,6 +585,8 @@ class KeyedStateBackend:
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)
+        if self._ws is not None:
+            self._ws.close()
 
 
 class PendingSnapshot:

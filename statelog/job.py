@@ -44,9 +44,10 @@ from statelog.errors import (
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
-from statelog.ondemand import KeyGroupLoader, split_timers
+from statelog.ondemand import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
 from statelog.options import WriterOptions
 from statelog.restore import RestoredChanges, gc_paused
+from statelog.state.disk import WorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, WriterLease, check_writer_lease_ttl
@@ -71,7 +72,13 @@ class StateJob:
         writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
         writer_owner: str | None = None,
         on_demand_restore: bool = False,
+        state_store: str = "memory",
+        state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
+        state_dir: str | None = None,
     ) -> None:
+        self.state_store = opt.check_state_store("state_store", state_store)
+        self.state_memory = opt.STATE_MEMORY.check(state_memory)
+        self.state_dir = opt.check_state_dir("state_dir", state_dir)
         retain_checkpoints = opt.RETAIN.check(retain_checkpoints)  # ranges: statelog/options.py
         self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
         if writer_lease:
@@ -94,6 +101,7 @@ class StateJob:
         # restore key groups on first use (statelog/ondemand.py) instead of all before returning
         self.on_demand_restore = bool(on_demand_restore)
         self.on_demand_background = True  # False: key groups load only when touched (tests)
+        self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         # one checkpoint publisher per root: taken by the first backend or publish (see
         # statelog/writer_lease.py); writer_lease=False only for processes that write
         # changelog under another process's lease (the runtime's workers)
@@ -150,6 +158,7 @@ class StateJob:
         changelog: bool = True,
         clock: Callable[[], int] | None = None,
         on_demand: bool | None = None,
+        state_store: str | None = None,
     ) -> KeyedStateBackend:
         """A keyed backend for one subtask, empty or restored from a checkpoint.
 
@@ -165,6 +174,12 @@ class StateJob:
         checkpoint's handles, manifests and timers; each key group's state loads the first
         time a key of it is set, and a background thread loads the others
         (:mod:`statelog.ondemand`; ``backend.wait_loaded()`` waits for all of them).
+
+        ``state_store`` (default: the job's) is ``"memory"`` (the entries in Python dicts) or
+        ``"disk"``: the entries in a local RocksDB database under a cache of the job's
+        ``state_memory`` bytes, in a new directory under ``state_dir``
+        (:mod:`statelog.state.disk`; deleted at close, rebuilt from the checkpoint by a
+        restore). Checkpoints, changelog and materializations are the same for both.
         """
         if not isinstance(operator_uid, str) or not operator_uid:
             raise ConfigError(f"operator uid must be a non-empty string, got {operator_uid!r}")
@@ -172,15 +187,25 @@ class StateJob:
         if changelog:
             self.acquire_writer_lease()
         kgr = key_group_range_for_subtask(self.max_parallelism, parallelism, subtask)
+        disk = opt.check_state_store("state_store", state_store or self.state_store) == "disk"
         restored, loader = None, None
         if restore is None:
             self._check_fresh_start(operator_uid)
         meta = self.resolve_checkpoint(restore)
+        lazy = self.on_demand_restore if on_demand is None else on_demand
         if meta is not None:
-            if self.on_demand_restore if on_demand is None else on_demand:
-                restored, loader = self.plan_restored(meta, operator_uid, kgr)
+            # a disk-backed working set always restores key group by key group: the eager
+            # restore's whole base in memory is what it must avoid
+            if lazy or disk:
+                restored, loader = self.plan_restored(meta, operator_uid, kgr, disk=disk)
             else:
                 restored = self.read_restored(meta, operator_uid, kgr)
+        ws = None
+        if disk:
+            ws = WorkingSet(
+                self.state_memory, self.state_dir, self.max_parallelism, f"{operator_uid}-{subtask}-",
+                cache_entries=self.state_cache_entries,
+            )
         b = KeyedStateBackend(
             operator_uid=operator_uid,
             subtask=subtask,
@@ -191,8 +216,11 @@ class StateJob:
             clock=clock,
             restored=restored,
             loader=loader,
+            working_set=ws,
         )
         self._backends.append(b)
+        if loader is not None and not lazy:
+            b.wait_loaded()  # eager: every key group before returning
         return b
 
     def _check_fresh_start(self, operator_uid: str) -> None:
@@ -279,7 +307,7 @@ class StateJob:
         return restored
 
     def plan_restored(
-        self, meta: CheckpointMetadata, operator_uid: str, kgr: Any
+        self, meta: CheckpointMetadata, operator_uid: str, kgr: Any, disk: bool = False
     ) -> tuple[RestoredChanges, KeyGroupLoader | None]:
         """An on-demand restore: the handles' plan and the timers now, a loader for the rest."""
         op = meta.operators.get(operator_uid)
@@ -293,7 +321,11 @@ class StateJob:
         if meta.kind == "checkpoint":
             restored.checkpoint_id = meta.checkpoint_id
         loader = (
-            KeyGroupLoader(self.store, files, ranges, kgr, background=self.on_demand_background)
+            KeyGroupLoader(
+                self.store, files, ranges, kgr, background=self.on_demand_background, raw_keys=disk,
+                # into a disk-backed working set: a key group at a time, one prepared ahead
+                read_ahead=1 if disk else DEFAULT_READ_AHEAD, max_run=1 if disk else None,
+            )
             if files or ranges
             else None
         )

@@ -79,7 +79,8 @@ class PreparedKeyGroup:
     """One key group's restored state, decoded, ready to be installed into the tables."""
 
     key_group: int
-    # per state: (keys, namespaces, entries) of each materialized table part (base_entries)
+    # per state: (keys, namespaces, entries) of each materialized table part (base_entries;
+    # key bytes instead of keys for a disk-backed working set)
     base: dict[str, list[tuple[list[Any], list[bytes], list[Any]]]] = field(default_factory=dict)
     # per state: change records (key bytes, namespace bytes, op, user key, value, expires), in order
     records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = field(default_factory=dict)
@@ -127,12 +128,17 @@ class KeyGroupLoader:
         *,
         read_ahead: int = DEFAULT_READ_AHEAD,
         background: bool = True,
+        raw_keys: bool = False,
+        max_run: int | None = None,
     ) -> None:
         self.store = store
         self.key_groups = key_groups
         self._ranges = ranges
         self._read_ahead = max(1, read_ahead)
         self._background = background  # False: key groups load only when touched (tests)
+        # a disk-backed working set takes key bytes (not decoded keys), a few key groups at a time
+        self._raw_keys = raw_keys
+        self._max_run = max_run
         self._files_of: dict[int, list[tuple[BaseFile, _File]]] = {}
         for info, f, kgr in files:
             mine = f.key_groups.intersect(kgr)
@@ -277,7 +283,7 @@ class KeyGroupLoader:
         last: tuple[str, ...] | None = None
         for kg in self.key_groups:
             files = tuple(f.path for (_i, f, _m), _e in self._files_of.get(kg, ()))
-            if not runs or files != last or not files:
+            if not runs or files != last or not files or (self._max_run and len(runs[-1]) >= self._max_run):
                 runs.append([])
             runs[-1].append(kg)
             last = files
@@ -308,7 +314,7 @@ class KeyGroupLoader:
                 if not table.num_rows:
                     continue
                 self.check_keys(info.name, table.column("key"))
-                keys, nss, values = base_entries(info, table)
+                keys, nss, values = base_entries(info, table, self._raw_keys)
                 start = 0
                 for kg, n in counts:
                     if n:

@@ -24,6 +24,7 @@ CLI prints it as one line and exits 2.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -267,6 +268,27 @@ PERSIST_DELAY = Duration("persist_delay", 0.0, DAY)
 FLUSH_RECORDS = Count("flush_records", 1, 1 << 30)
 MAX_BUFFERED_RECORDS = Count("max_buffered_records", 1, 1 << 32)
 MAX_INFLIGHT_BYTES = Size("max_inflight_bytes", 1, 1 << 40)
+STATE_MEMORY = Size("state_memory", 1 << 20, 1 << 44)
+STATE_STORES = ("memory", "disk")
+DEFAULT_STATE_MEMORY = 512 << 20
+
+
+def check_state_store(label: str, value: Any) -> str:
+    """``"memory"`` (Python dicts) or ``"disk"`` (statelog/state/disk.py)."""
+    if value not in STATE_STORES:
+        raise ConfigError(
+            f"{label} must be 'memory' (keyed state in Python dicts) or 'disk' (on local disk under "
+            f"a cache of state_memory bytes), got {value!r}"
+        )
+    return value
+
+
+def check_state_dir(label: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike) or not str(value):
+        raise ConfigError(f"{label} must be a local directory path, got {value!r}")
+    return os.fspath(value)
 UPLOAD_THREADS = Count("upload_threads", 1, 64)
 ENCODE_BATCH_RECORDS = Count("encode_batch_records", 1, 1 << 24)
 COMPRESSION_LEVEL = Count("compression_level", -7, 22)  # zstd's levels (negative: faster)

@@ -82,9 +82,10 @@ def resume_gc() -> None:
             gc.enable()
 
 
-def base_entries(info: StateInfo, table: pa.Table) -> tuple[list[Any], list[bytes], list[Any]]:
-    """Keys, namespaces and in-memory entries (TTL: ``[value, expires]``) of a state table."""
-    keys = decode_key_array(table.column("key"))
+def base_entries(info: StateInfo, table: pa.Table, raw_keys: bool = False) -> tuple[list[Any], list[bytes], list[Any]]:
+    """Keys, namespaces and in-memory entries (TTL: ``[value, expires]``) of a state table;
+    ``raw_keys``: the keys' bytes instead of the decoded keys (a disk-backed working set)."""
+    keys = table.column("key").to_pylist() if raw_keys else decode_key_array(table.column("key"))
     nss = table.column("namespace").to_pylist()
     values = decode_values(info, table)
     if info.ttl is not None:

@@ -70,9 +70,13 @@ class KeyContext:
     * ``operator_uid``: the operator the backend belongs to (for error messages).
     * ``load_all``: loads every key group not loaded yet (an on-demand restore,
       :mod:`statelog.ondemand`); whole-state reads (``entries()``) call it first.
+    * ``working_set``: the backend's disk-backed working set (:mod:`statelog.state.disk`)
+      that its states keep their entries in, or ``None`` (Python dicts).
     """
 
-    __slots__ = ("key", "key_info", "set_current_key", "clock", "changelog_enabled", "operator_uid", "load_all")
+    __slots__ = (
+        "key", "key_info", "set_current_key", "clock", "changelog_enabled", "operator_uid", "load_all", "working_set",
+    )
 
     def __init__(self, operator_uid: str, clock: Callable[[], int], changelog_enabled: bool) -> None:
         self.key: Any = NO_KEY
@@ -82,6 +86,8 @@ class KeyContext:
         self.changelog_enabled = changelog_enabled
         self.operator_uid = operator_uid
         self.load_all: Callable[[], None] = _nothing
+        # the disk-backed working set of the states (statelog.state.disk), None: in memory
+        self.working_set: Any = None
 
     @property
     def current_key(self) -> Any:

@@ -57,6 +57,10 @@ except ImportError:  # not built (e.g. no compiler): the closures below are used
 def _discard(_record: tuple) -> None:
     return None
 
+
+def _new_dict(_nsb: bytes) -> dict[Any, Any]:
+    return {}
+
 NONE_NS = encode_key(None)
 
 
@@ -83,12 +87,24 @@ class KeyedState:
         self._ttl_on_read = (
             descriptor.ttl is not None and descriptor.ttl.update is TtlUpdate.ON_READ_AND_WRITE
         )
-        self._tables: dict[bytes, dict[Any, Any]] = {NONE_NS: {}}
+        # the entries of each namespace: a dict, or with a disk-backed working set
+        # (statelog.state.disk) a dict-like cache over the backend's database
+        ws = ctx.working_set
+        if ws is None:
+            self._new_table: Callable[[bytes], Any] = _new_dict
+        else:
+            mutable = bool(self._ttl) or isinstance(descriptor, ListStateDescriptor | MapStateDescriptor)
+            self._new_table = lambda nsb: ws.table(self.name, nsb, mutable, ctx)
+        self._ws = ws
+        self._tables: dict[bytes, Any] = {NONE_NS: self._new_table(NONE_NS)}
         self._namespaces: dict[bytes, Any] = {NONE_NS: None}
         self._ns: Any = None
         self._nsb = NONE_NS
         self._cur: dict[Any, Any] = self._tables[NONE_NS]
         self._nsctx: list[Any] = [self._cur, self._nsb]  # the same, for the C fast path
+        if ws is not None:  # namespaces restored into the database before the state registered
+            for nsb in sorted(ws.namespaces.get(self.name, ())):
+                self._table_for(nsb)
 
     # -- namespace -----------------------------------------------------------------------------
 
@@ -102,7 +118,7 @@ class KeyedState:
         nsb = encode_key(namespace)
         table = self._tables.get(nsb)
         if table is None:
-            table = self._tables[nsb] = {}
+            table = self._tables[nsb] = self._new_table(nsb)
             self._namespaces[nsb] = namespace
         self._ns, self._nsb, self._cur = namespace, nsb, table
         self._nsctx[0] = table
@@ -140,6 +156,13 @@ class KeyedState:
             load_all()
         if now is None:
             now = self._now()
+        if self._ws is not None:  # one scan of the database (after writing the cache back)
+            self._ws.flush()
+            for kb, nsb, entry in self._ws.scan(self.name):
+                v = self._visible(entry, now)
+                if v is not _MISSING:
+                    yield decode_key(kb), decode_key(nsb), v
+            return
         for nsb, table in self._tables.items():
             ns = self._namespaces[nsb]
             for key, entry in table.items():
@@ -154,6 +177,8 @@ class KeyedState:
 
     def prune(self) -> None:
         """Drop tables of namespaces that hold no entries (after replay)."""
+        if self._ws is not None:  # a disk table is a handle: emptiness is not known without a scan
+            return
         for nsb in [n for n, t in self._tables.items() if not t and n != NONE_NS and n != self._nsb]:
             del self._tables[nsb]
             del self._namespaces[nsb]
@@ -170,9 +195,16 @@ class KeyedState:
             ns = decode_key(nsb)
             if self._ctx.changelog_enabled and is_legacy_key(ns):
                 raise self._ctx.legacy_key_error(self.name, nsb)
-            table = self._tables[nsb] = {}
+            table = self._tables[nsb] = self._new_table(nsb)
             self._namespaces[nsb] = ns
         return table
+
+    def put_rows(self, kbs: list[bytes], kgs: list[int], nss: list[bytes], entries: list[Any]) -> None:
+        """Bulk-load restored entries straight into a disk-backed working set."""
+        assert self._ws is not None
+        self._ws.put_rows(self.name, kbs, kgs, nss, entries)
+        for nsb in set(nss):
+            self._table_for(nsb)
 
     def apply_many(self, records: Iterable[tuple[bytes, bytes, int, Any, Any, int | None]], keys: dict[bytes, Any]) -> None:
         """Apply change records ``(key bytes, namespace bytes, op, user key, value, expires)``

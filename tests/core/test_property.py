@@ -57,13 +57,26 @@ OPS = st.one_of(  # nested one_of is flattened: every operation keeps its weight
 )
 
 
+# restore modes: ``eager`` (restore everything first), ``on-demand`` (key groups load when
+# touched, plus the background loader), ``touched`` (only when touched: no background loader,
+# so checkpoints and crashes happen with key groups not loaded yet); ``disk`` and
+# ``disk-touched``: the same with the disk-backed working set, its cache 6 entries (every few
+# operations write entries back and read them again)
+MODES = ["eager", "touched", "on-demand", "disk", "disk-touched"]
+DISK_CACHE_ENTRIES = 6
+
+
+def is_lazy(mode: str) -> bool:
+    return mode in ("touched", "on-demand", "disk-touched")
+
+
 def open_job(root: str, options: dict, writer_options: dict | None = None, on_demand: str = "eager") -> StateJob:
-    """``on_demand``: ``eager`` (restore everything first), ``on-demand`` (key groups load when
-    touched, plus the background loader), ``touched`` (only when touched: no background
-    loader, so checkpoints and crashes happen with key groups not loaded yet)."""
+    """A job of restore mode ``on_demand`` (:data:`MODES`)."""
     job = statelog.open(root, store_options=options, writer_options=writer_options, retain_checkpoints=3,
-                        on_demand_restore=on_demand != "eager")  # fmt: skip
-    job.on_demand_background = on_demand != "touched"
+                        on_demand_restore=is_lazy(on_demand),
+                        state_store="disk" if on_demand.startswith("disk") else "memory")  # fmt: skip
+    job.on_demand_background = not on_demand.endswith("touched")
+    job.state_cache_entries = DISK_CACHE_ENTRIES
     return job
 
 
@@ -103,7 +116,7 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mod
             if pending is not None:
                 pending[1].cancel()  # the checkpoint is aborted by the failure
                 pending = None
-            if mode != "eager":
+            if is_lazy(mode):
                 driver.check_equal()  # the state restored on demand, plus what followed
             if wait_flush:
                 job.writer.flush()  # everything durable, but no checkpoint references the tail
@@ -119,7 +132,7 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mod
             else:
                 meta, model = None, Model()
             driver = Driver(job.backend("op", restore=meta, clock=clock), model, clock)
-            if mode == "eager":
+            if not is_lazy(mode):
                 driver.check_equal()
             restores += 1
             driver.set_key(0)
@@ -143,7 +156,7 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mod
 @pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=5, max_size=120), coalesce=st.booleans())
-@pytest.mark.parametrize("mode", ["eager", "touched", "on-demand"])
+@pytest.mark.parametrize("mode", MODES)
 def test_restore_equals_model_file(tmp_path_factory, ops, coalesce, mode):
     root = tmp_path_factory.mktemp("prop").as_uri()
     run_scenario(root, {}, ops, coalesce, mode)
@@ -153,7 +166,7 @@ def test_restore_equals_model_file(tmp_path_factory, ops, coalesce, mode):
 @pytest.mark.s3
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=5, max_size=80), coalesce=st.booleans())
-@pytest.mark.parametrize("mode", ["eager", "on-demand"])
+@pytest.mark.parametrize("mode", ["eager", "on-demand", "disk"])
 def test_restore_equals_model_s3(s3_server, ops, coalesce, mode):
     spec = s3_server.unique_root()
     run_scenario(spec.url, spec.options, ops, coalesce, mode)

@@ -47,7 +47,7 @@ from tests.core.harness import (
     backend_view,
     register_all,
 )
-from tests.core.test_property import STATE_OPS
+from tests.core.test_property import DISK_CACHE_ENTRIES, MODES, STATE_OPS, is_lazy
 from tools.cli import main as cli_main
 
 MAXP = 16
@@ -125,9 +125,11 @@ class Scenario:
             max_parallelism=MAXP,
             writer_options={"persist_delay": 0.002},
             retain_checkpoints=JOB_RETAIN,
-            on_demand_restore=self.mode != "eager",
+            on_demand_restore=is_lazy(self.mode),
+            state_store="disk" if self.mode.startswith("disk") else "memory",
         )
-        job.on_demand_background = self.mode != "touched"
+        job.on_demand_background = not self.mode.endswith("touched")
+        job.state_cache_entries = DISK_CACHE_ENTRIES
         job.materialization_poll_s = 0
         return job
 
@@ -229,7 +231,7 @@ class Scenario:
 
     def restart(self, pick: int, from_savepoint: bool) -> None:
         self.stats.restarts += 1
-        if self.mode != "eager":
+        if is_lazy(self.mode):
             self.driver.check_equal()  # the state restored on demand, plus what followed
         self.job.close(flush=False)  # crash: buffered records and in-memory state are gone
         self.job = self._open()
@@ -245,7 +247,7 @@ class Scenario:
         else:
             restore, model = None, Model()
         self.driver = Driver(self.job.backend(UID, restore=restore, clock=self.clock), model, self.clock)
-        if self.mode == "eager":
+        if not is_lazy(self.mode):
             self.driver.check_equal()
         self.driver.set_key(0)
 
@@ -348,7 +350,7 @@ def _tally(store: str, stats: Stats) -> None:
 @pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=STEPS)
-@pytest.mark.parametrize("mode", ["eager", "touched", "on-demand"])
+@pytest.mark.parametrize("mode", MODES)
 def test_materialized_restore_equals_model_file(tmp_path_factory, steps, mode):
     root = tmp_path_factory.mktemp("propm").as_uri()
     _tally("file", run_scenario(root, {}, flatten(steps), mode))
@@ -358,7 +360,7 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, steps, mode):
 @pytest.mark.s3
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=STEPS_S3)
-@pytest.mark.parametrize("mode", ["eager", "on-demand"])
+@pytest.mark.parametrize("mode", ["eager", "on-demand", "disk"])
 def test_materialized_restore_equals_model_s3(s3_server, steps, mode):
     spec = s3_server.unique_root()
     _tally("s3", run_scenario(spec.url, dict(spec.options), flatten(steps), mode))

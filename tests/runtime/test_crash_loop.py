@@ -72,10 +72,15 @@ def check_checkpoints(root: RootSpec, out: Path) -> int:
 
 @pytest.mark.slow
 @pytest.mark.fault
-@pytest.mark.parametrize("on_demand", [False, True], ids=["eager", "on-demand"])
-def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_path: Path, on_demand: bool) -> None:
+@pytest.mark.parametrize(("on_demand", "store"), [(False, "memory"), (True, "memory"), (False, "disk")],
+                         ids=["eager", "on-demand", "disk"])  # fmt: skip
+def test_twenty_random_worker_kills_in_aligned_mode(
+    file_root: RootSpec, tmp_path: Path, on_demand: bool, store: str
+) -> None:
+    """``disk``: the disk-backed working set, its cache (1 MiB) smaller than the join state."""
     env = make_env(file_root, restart_strategy=FixedDelay(attempts=4 * KILLS, delay_s=0.0), retain_checkpoints=1000,
-                   on_demand_restore=on_demand)  # fmt: skip
+                   on_demand_restore=on_demand, state_store=store, state_memory="1MB",
+                   state_dir=str(tmp_path / "working-state"))  # fmt: skip
     # about 16 s of paced input per source subtask, more than the kills need
     jobs.build_clicks(env, tmp_path / "windows", 16_000, rate=2000)
     jobs.build_join(env, tmp_path / "join", 8000, order_rate=1000, payment_rate=1000)
@@ -105,6 +110,8 @@ def test_twenty_random_worker_kills_in_aligned_mode(file_root: RootSpec, tmp_pat
         assert stats["on_demand"] is on_demand and stats["workers"] >= 1
         assert stats["first_record_s"] > 0 and stats["fully_loaded_s"] > 0
     print("restore stats per attempt:", {a: (s["first_record_s"], s["fully_loaded_s"]) for a, s in restored.items()})
+    if store == "disk":  # every killed worker's directory was deleted by its successor, the rest at close
+        assert not list((tmp_path / "working-state").iterdir())
 
 
 @pytest.mark.slow

@@ -41,26 +41,34 @@ def test_put_leaves_no_temp_files(store: LocalObjectStore) -> None:
 def test_put_durability_sequence(store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """write+fsync the temp file, link it (no overwrite), unlink temp, fsync directories."""
     events: list[tuple[str, str]] = []
+    me = threading.get_ident()  # os is patched process-wide: other threads' calls pass through
     real_fsync, real_link, real_unlink, real_open = os.fsync, os.link, os.unlink, os.open
     fd_paths: dict[int, str] = {}
 
     def fsync(fd: int) -> None:
-        events.append(("fsync", fd_paths.get(fd, "?")))
+        if threading.get_ident() == me:
+            events.append(("fsync", fd_paths.get(fd, "?")))
         real_fsync(fd)
 
     def open_(path: str, flags: int, *args: int) -> int:
         fd = real_open(path, flags, *args)
+        if threading.get_ident() != me:
+            return fd
         is_temp = os.path.basename(path).startswith(TEMP_PREFIX)
         fd_paths[fd] = "tmp" if is_temp else f"dir:{os.path.relpath(path, store.root.parent)}"
         return fd
 
     def link(src: str, dst: str) -> None:
+        if threading.get_ident() != me:
+            return real_link(src, dst)
         assert os.path.basename(src).startswith(TEMP_PREFIX)
         assert os.path.dirname(src) == os.path.dirname(dst)
         events.append(("link", os.path.relpath(dst, store.root)))
         real_link(src, dst)
 
     def unlink(path: str) -> None:
+        if threading.get_ident() != me:
+            return real_unlink(path)
         events.append(("unlink", "tmp" if TEMP_PREFIX in path else path))
         real_unlink(path)
 
