@@ -13,6 +13,7 @@ import sys
 
 BENCHMARKS = {
     "backend": "bench.backend",
+    "kvstores": "bench.kvstores",
     "materializer": "bench.materializer",
     "recovery": "bench.recovery",
     "runtime": "bench.runtime",
