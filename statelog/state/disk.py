@@ -177,8 +177,9 @@ class WorkingSet:
         opts.set_compression_type(r.DBCompressionType.lz4())
         table = r.BlockBasedOptions()
         table.set_block_cache(r.Cache(max(1 << 20, int(memory_bytes * BLOCK_CACHE_SHARE))))
-        table.set_bloom_filter(10, False)
-        table.set_cache_index_and_filter_blocks(True)  # index and filters count in the budget
+        table.set_bloom_filter(10, False)  # a miss (a new key) reads no data block
+        # index and filter blocks stay outside the block cache: in it, a small cache evicts them
+        # and every read fetches them again (measured: 10x slower point reads)
         opts.set_block_based_table_factory(table)
         opts.set_max_open_files(256)
         opts.set_keep_log_file_num(2)
