@@ -1,0 +1,246 @@
+"""The disk-backed working set (statelog/state/disk.py): the same state as in memory under a
+cache far smaller than the state, a local directory that is a cache and never the source of
+truth, and clear errors. (The property tests of the core and the materializer and the
+runtime's crash loop run with it too: tests/core/test_property.py and friends.)"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import statelog
+from statelog import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    TtlConfig,
+    ValueStateDescriptor,
+)
+from statelog.errors import ConfigError
+from statelog.keys import key_group_of
+from statelog.state.disk import DIR_PREFIX, WorkingSetError
+
+
+class Avg(AggregateFunction):
+    def create_accumulator(self) -> Any:
+        return [0, 0]
+
+    def add(self, value: Any, acc: Any) -> Any:
+        return [acc[0] + value, acc[1] + 1]
+
+    def get_result(self, acc: Any) -> Any:
+        return acc[0] / acc[1]
+
+
+DESCRIPTORS = [
+    ValueStateDescriptor("count", pa.int64(), default=0),
+    ListStateDescriptor("seen", pa.string()),
+    MapStateDescriptor("last", key_type=pa.string(), value_type=pa.int64()),
+    ReducingStateDescriptor("max", pa.int64(), reduce_fn=max),
+    AggregatingStateDescriptor("avg", pa.list_(pa.int64()), aggregate=Avg()),
+    ValueStateDescriptor("ttl", pa.int64(), ttl=TtlConfig(ttl_ms=50)),
+]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def workload(b: Any, clock: Clock, seed: int, n: int = 3000) -> None:
+    """Every state kind, namespaces, clears and TTL expiry over 300 keys."""
+    states = [b.get_state(d) for d in DESCRIPTORS]
+    count, seen, last, mx, avg, ttl = states
+    rnd = random.Random(seed)
+    for i in range(n):
+        key = rnd.choice([rnd.randrange(300), f"user-{rnd.randrange(50)}", (rnd.randrange(5), "t")])
+        b.set_current_key(key)
+        count.set_namespace(rnd.choice([None, None, (0, 10), (10, 20)]))
+        count.update(count.value() + 1)
+        seen.add(f"e{i % 7}")
+        if i % 11 == 0:
+            seen.update(seen.get()[-2:])
+        last.put(f"k{i % 4}", i)
+        if i % 5 == 0:
+            last.remove("k1")
+        mx.add(rnd.randrange(1000))
+        avg.add(rnd.randrange(10))
+        if i % 3 == 0:
+            ttl.update(i)
+        if i % 13 == 0:
+            count.clear()
+            last.clear()
+        clock.now += rnd.randrange(3)
+
+
+def view(b: Any) -> dict[str, list]:
+    for d in DESCRIPTORS:
+        b.get_state(d)
+    return {d.name: sorted(((repr(k), repr(ns), repr(v)) for k, ns, v in b.entries(d.name))) for d in DESCRIPTORS}
+
+
+def open_job(root: Path, store: str, state_dir: Path, **kw: Any) -> statelog.StateJob:
+    job = statelog.open(root.as_uri(), max_parallelism=16, state_store=store, state_dir=str(state_dir), **kw)
+    job.state_cache_entries = 8  # far fewer than the ~1500 entries: most reads go to disk
+    return job
+
+
+@pytest.mark.parametrize("on_demand", [False, True], ids=["eager", "on-demand"])
+def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, on_demand: bool) -> None:
+    views = {}
+    for store in ("memory", "disk"):
+        clock = Clock()
+        job = open_job(tmp_path / store, store, tmp_path / "ws")
+        b = job.backend("op", clock=clock)
+        workload(b, clock, seed=7)
+        if store == "disk":
+            ws = b._ws
+            assert ws.cached <= 8 and ws.misses > 1000 and ws.written_back > 1000, ws.stats()
+        before = view(b)
+        job.checkpoint(sources={"s": 1})
+        job.close()
+        job = open_job(tmp_path / store, store, tmp_path / "ws", on_demand_restore=on_demand)
+        b = job.backend("op", restore="latest", clock=clock)
+        after = view(b)
+        workload(b, clock, seed=8, n=500)  # and it goes on from the restored state
+        views[store] = (before, after, view(b))
+        job.close()
+        assert before == after
+    assert views["memory"] == views["disk"]
+    assert sum(len(v) for v in views["disk"][0].values()) > 1000
+
+
+def test_the_directory_is_a_cache_deleted_at_close_and_never_uploaded(tmp_path: Path) -> None:
+    ws_dir = tmp_path / "ws"
+    job = open_job(tmp_path / "root", "disk", ws_dir)
+    b = job.backend("op")
+    workload(b, Clock(), seed=1, n=500)
+    (d,) = list(ws_dir.iterdir())
+    assert d.name.startswith(f"{DIR_PREFIX}{os.getpid()}-op-0-") and any(d.iterdir())
+    job.checkpoint(sources={})
+    uploaded = [i.key for i in job.store.list()]
+    assert uploaded and not [k for k in uploaded if DIR_PREFIX in k or k.endswith((".sst", ".log"))]
+    job.close()
+    assert list(ws_dir.iterdir()) == []
+
+
+def test_a_killed_process_leaves_its_directory_to_the_next_one(tmp_path: Path) -> None:
+    """A process killed while holding a working set leaves the directory; the next backend
+    under the same state_dir deletes it (it is never reused) and restores from the checkpoint."""
+    ws_dir = tmp_path / "ws"
+    script = f"""
+import os, signal, sys
+sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+from tests.core.test_disk import Clock, open_job, workload
+from pathlib import Path
+job = open_job(Path({str(tmp_path / 'root')!r}), "disk", Path({str(ws_dir)!r}))
+b = job.backend("op", clock=Clock())
+workload(b, Clock(), seed=3, n=800)
+job.checkpoint(sources={{"s": 9}})
+workload(b, Clock(), seed=4, n=200)  # after the checkpoint: lost with the process
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (stale,) = list(ws_dir.iterdir())
+    assert stale.name.startswith(DIR_PREFIX) and any(stale.iterdir())
+    # the expected state: the same operations up to the checkpoint, in memory
+    mem = open_job(tmp_path / "mem", "memory", ws_dir)
+    mb = mem.backend("op", clock=Clock())
+    workload(mb, Clock(), seed=3, n=800)
+    want = view(mb)
+    mem.close()
+    job = open_job(tmp_path / "root", "disk", ws_dir)
+    b = job.backend("op", restore="latest", clock=Clock())
+    assert not stale.exists()
+    assert job.latest_checkpoint().sources == {"s": 9}
+    assert view(b) == want
+    job.close()
+
+
+def test_a_corrupt_local_file_fails_clearly_and_the_checkpoint_rebuilds_it(tmp_path: Path) -> None:
+    ws_dir = tmp_path / "ws"
+    clock = Clock()
+    job = open_job(tmp_path / "root", "disk", ws_dir)
+    b = job.backend("op", clock=clock)
+    workload(b, clock, seed=5, n=2000)
+    want = view(b)
+    job.checkpoint(sources={})
+    ws = b._ws
+    ws.flush()
+    ws._db.flush()  # everything in table files
+    ws._db.compact_range(None, None)
+    ws.evict()
+    while ws.cached:
+        ws.evict()
+    ssts = list(Path(ws.path).glob("*.sst"))
+    assert ssts
+    for sst in ssts:  # flip bytes in the middle of every table file
+        data = bytearray(sst.read_bytes())
+        for i in range(len(data) // 4, len(data) // 2, 97):
+            data[i] ^= 0xFF
+        sst.write_bytes(bytes(data))
+    with pytest.raises(WorkingSetError, match="restart the job from its latest checkpoint"):
+        view(b)
+    job.close(flush=False)
+    job = open_job(tmp_path / "root", "disk", ws_dir)
+    b = job.backend("op", restore="latest", clock=clock)
+    assert view(b) == want
+    job.close()
+
+
+def test_drop_key_groups_removes_cached_and_stored_entries(tmp_path: Path) -> None:
+    job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
+    b = job.backend("op")
+    count = b.get_state(DESCRIPTORS[0])
+    for k in range(400):
+        b.set_current_key(k)
+        count.update(k)
+    groups = {k: key_group_of(k, 16) for k in range(400)}
+    b._ws.drop_key_groups(0, 7)
+    left = {k for k, _ns, _v in count.entries()}
+    assert left == {k for k, g in groups.items() if g > 7} and 0 < len(left) < 400
+    job.close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"state_store": "ssd"}, "state_store must be 'memory' .* or 'disk'"),
+        ({"state_store": "disk", "state_memory": "lots"}, "state_memory: invalid size 'lots'"),
+        ({"state_store": "disk", "state_memory": "1KB"}, r"state_memory must be in \[1MB, 16TB\], got 1024 bytes"),
+        ({"state_store": "disk", "state_dir": 7}, "state_dir must be a local directory path"),
+    ],
+)
+def test_bad_options_are_refused_clearly(tmp_path: Path, kw: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        statelog.open(tmp_path.as_uri(), **kw)
+
+
+def test_runtime_refuses_a_bad_state_store(tmp_path: Path) -> None:
+    from runtime import StreamExecutionEnvironment
+
+    with pytest.raises(ConfigError, match="state_store must be"):
+        StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_store="ram")
+
+
+def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    job = statelog.open(tmp_path.joinpath("root").as_uri(), state_store="disk", state_dir=str(blocker / "sub"))
+    with pytest.raises(ConfigError, match="state_dir .* cannot be created"):
+        job.backend("op")
+    job.close()
