@@ -32,13 +32,18 @@ def _identifiers(path: Path) -> set[str]:
     return out
 
 
+# RocksDB's own API (the disk-backed working set, statelog/state/disk.py): its compaction
+# merges the database's sorted files, a fourth thing that is not ours to rename
+THIRD_PARTY = {"DBCompactionStyle", "set_compaction_style", "compact_range"}
+
+
 def test_no_identifier_says_compact():
     found = [
         f"{p.relative_to(REPO)}: {name}"
         for pkg in ("statelog", "materializer", "runtime", "tools", "bench", "examples")
         for p in sorted((REPO / pkg).rglob("*.py"))
         for name in sorted(_identifiers(p))
-        if "compact" in name.lower()
+        if "compact" in name.lower() and name not in THIRD_PARTY
     ]
     assert found == []
 

@@ -89,7 +89,7 @@ class KeyedState:
         )
         # the entries of each namespace: a dict, or with a disk-backed working set
         # (statelog.state.disk) a dict-like cache over the backend's database
-        ws = ctx.working_set
+        ws = getattr(ctx, "working_set", None)  # any object with the key context's slots
         if ws is None:
             self._new_table: Callable[[bytes], Any] = _new_dict
         else:
