@@ -437,8 +437,9 @@ class DiskTable:
                 return default
         if v is _TOMB:
             return default
-        if self.mutable:
-            self.dirty[key] = self._info(key)
+        if self.mutable:  # the caller may mutate the entry in place
+            ctx = self.ctx
+            self.dirty[key] = ctx.key_info if key is ctx.key else self.ws.key_info(key)
         return v
 
     def __getitem__(self, key: Any) -> Any:
@@ -460,7 +461,8 @@ class DiskTable:
             # make room first: the caller may go on mutating ``value`` (a new list or map)
             self.ws.grew()
         c[key] = value
-        self.dirty[key] = self._info(key)
+        ctx = self.ctx  # _info() inlined: this runs once per update
+        self.dirty[key] = ctx.key_info if key is ctx.key else self.ws.key_info(key)
 
     def __delitem__(self, key: Any) -> None:
         if self.pop(key, _MISSING) is _MISSING:
