@@ -14,6 +14,7 @@ import sys
 BENCHMARKS = {
     "backend": "bench.backend",
     "kvstores": "bench.kvstores",
+    "large": "bench.large",
     "materializer": "bench.materializer",
     "recovery": "bench.recovery",
     "runtime": "bench.runtime",
