@@ -111,7 +111,10 @@ class KeyedStateBackend:
         self._ws = working_set
         self.key_context.working_set = working_set
         if working_set is not None:
-            self._kcache_limit = 1 << 16  # the key cache counts against the memory budget too
+            # the key cache is the working set's resident keys: a key set current has its
+            # entries in the states' dicts (statelog/state/disk.py), bounded by the budget
+            self._kcache = working_set.resident
+            working_set.key_context = self.key_context
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
@@ -189,11 +192,15 @@ class KeyedStateBackend:
             self._load_key_group(kg)
         info = (type(key), kb, kg)
         cache = self._kcache
-        if len(cache) >= self._kcache_limit:
+        ws = self._ws
+        if ws is None and len(cache) >= self._kcache_limit:
             cache.clear()
         prev = cache.get(key)
         if prev is None:
-            cache[key] = info
+            if ws is not None:
+                ws.admit(key, info)
+            else:
+                cache[key] = info
         elif prev[1] != kb:
             # keys equal in Python (1, True, 1.0) have one encoding; only a registered custom
             # type that compares equal to another key can get here
@@ -360,18 +367,21 @@ class KeyedStateBackend:
     def _install(self, p: PreparedKeyGroup) -> None:
         ws = self._ws
         with gc_paused():
+            if ws is not None:  # key bytes of every state: straight into the database, at once
+                bases = {name: parts for name, parts in p.base.items() if parts}
+                if bases:
+                    ws.put_key_group(p.key_group, bases)
+                    for name, parts in bases.items():
+                        state = self._states.get(name)
+                        if state is not None:  # (one that registers later finds them in ws)
+                            for nsb in {nsb for _kbs, nss, _v in parts for nsb in set(nss)}:
+                                state._table_for(nsb)
             for name in p.base.keys() | p.records.keys():
-                bases, records = p.base.get(name, []), p.records.get(name, [])
+                bases = p.base.get(name, []) if ws is None else []
+                records = p.records.get(name, [])
+                if not bases and not records:
+                    continue
                 state = self._states.get(name)
-                if ws is not None and bases:  # key bytes: straight into the database
-                    for kbs, nss, values in bases:
-                        if state is not None:
-                            state.put_rows(kbs, [p.key_group] * len(kbs), nss, values)
-                        else:
-                            ws.put_rows(name, kbs, [p.key_group] * len(kbs), nss, values)
-                    bases = []
-                    if not records:
-                        continue
                 if state is None:  # installed when the state registers
                     self._stash.setdefault(name, []).append((bases, records))
                     continue

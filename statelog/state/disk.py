@@ -15,19 +15,33 @@ task, which restarts from its last checkpoint into a fresh directory.
 
 Layout (one database per backend)::
 
-    key   = state id (2 bytes, big-endian) | key group (2 bytes, big-endian)
-            | length of the key bytes (4 bytes, big-endian) | key bytes | namespace bytes
+    key   = key group (2 bytes, big-endian) | length of the key bytes (4 bytes, big-endian)
+            | key bytes | state id (2 bytes, big-endian) | namespace bytes
     value = pickle of the entry (the in-memory entry of the state kind, statelog.state.appliers)
 
-so a state's entries of one key group are one contiguous range (dropped, iterated and bulk
-loaded in key-group order). State ids are given in registration order by each backend.
+so the entries of one key group are one contiguous range (dropped, iterated and bulk loaded
+in key-group order), and the entries of one key, of every state and namespace, are adjacent
+(one data block read brings them all). State ids are given in registration order by each
+backend.
 
-The cache (:class:`DiskTable`, one per state and namespace, with the ``dict`` protocol the
-states and appliers use) holds entries keyed by the key object, as the in-memory tables do.
-Writes go to the cache and mark the entry dirty; when the cached entries exceed the budget,
-the oldest tenth of each table's cache is written back in one batch and dropped. A read that
-misses the cache reads the database and caches the entry. Entries of list and map states and
-of states with TTL are mutated in place by the states: a read of one marks it dirty too.
+Two caches sit over the database, both keyed by the key object as the in-memory tables are:
+
+* **Resident keys** (the default namespace, where keyed state without windows lives): each
+  state's default-namespace table is a plain ``dict``, as in memory, holding the entries of
+  the *resident* keys only. ``set_current_key`` makes its key resident (the backend's key
+  cache is :attr:`WorkingSet.resident`): a key not resident yet has its entries of every
+  state read from the database into the dicts (:meth:`WorkingSet.admit`). So the states, and
+  the C update path, work on dicts exactly as with the in-memory store. When the resident
+  keys exceed the budget, the oldest tenth of them are written back in one batch (every
+  entry they have: a plain dict does not tell which changed; an entry removed since it was
+  read is deleted) and dropped from the dicts. Restore replays its changelog tail through
+  :class:`ResidentView`, which makes each key it touches resident first.
+* **Namespaced entries** (windows and other namespaces): a :class:`DiskTable` per state and
+  namespace, a ``dict``-like cache over the database. Writes go to the cache and mark the
+  entry dirty; when the cached entries exceed the budget, the oldest tenth of each table's
+  cache is written back in one batch and dropped. A read that misses the cache reads the
+  database and caches the entry. Entries of list and map states and of states with TTL are
+  mutated in place by the states: a read of one marks it dirty too.
 """
 
 from __future__ import annotations
@@ -51,7 +65,7 @@ from statelog.keys import decode_key, encode_key, key_group_of_bytes
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiskTable", "WorkingSet", "WorkingSetError", "default_state_dir"]
+__all__ = ["DiskTable", "ResidentView", "WorkingSet", "WorkingSetError", "default_state_dir"]
 
 DIR_PREFIX = "statelog-ws-"
 _TOMB: Any = object()  # a deleted entry not written back yet
@@ -69,6 +83,11 @@ MIN_CACHE_ENTRIES = 1024
 # bytes of an entry in the cache beyond its key and value: its slots in the cache and dirty
 # dicts (they grow by doubling) and the dirty entry's key info
 _SLOT_BYTES = 120
+# bytes of a resident key beyond its key, key bytes and entries: its key info tuple and its
+# slots in the resident dict, the presence dict and each state's dict (grown by doubling)
+_RESIDENT_BYTES = 160
+_ENTRY_SLOT_BYTES = 70
+NONE_NSB = encode_key(None)  # the default namespace
 
 
 class WorkingSetError(StatelogError):
@@ -124,8 +143,22 @@ def _remove_stale(parent: str) -> None:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
+def _key_prefix(kg: int, kb: bytes) -> bytes:
+    """The database keys of every entry of one key start with this."""
+    return ((kg << 32) | len(kb)).to_bytes(6, "big") + kb
+
+
 def _disk_key(sid: int, kg: int, kb: bytes, nsb: bytes) -> bytes:
-    return ((sid << 48) | (kg << 32) | len(kb)).to_bytes(8, "big") + kb + nsb
+    return ((kg << 32) | len(kb)).to_bytes(6, "big") + kb + sid.to_bytes(2, "big") + nsb
+
+
+def _split_key(k: bytes) -> tuple[int, bytes, int, bytes]:
+    """``(key group, key bytes, state id, namespace bytes)`` of a database key; state id 0
+    for a key's record (no state id and namespace after the key bytes)."""
+    n = int.from_bytes(k[2:6], "big")
+    if len(k) == 6 + n:
+        return int.from_bytes(k[:2], "big"), k[6:], 0, b""
+    return int.from_bytes(k[:2], "big"), k[6 : 6 + n], int.from_bytes(k[6 + n : 8 + n], "big"), k[8 + n :]
 
 
 class WorkingSet:
@@ -164,6 +197,22 @@ class WorkingSet:
         self._fixed = cache_entries
         self.limit = cache_entries or max(MIN_CACHE_ENTRIES, int(self.cache_bytes / self.entry_bytes))
         self.cached = 0
+        # resident keys: key -> key info (type, key bytes, key group), oldest first; the
+        # backend's key cache (set_current_key makes a key resident through admit())
+        self.resident: dict[Any, tuple[type, bytes, int]] = {}
+        # resident keys whose record is in the database (deleted on eviction if they hold no
+        # entry any more)
+        self._present: set[Any] = set()
+        # the default-namespace dict of each registered state, and its state id, in id order
+        self._primary: list[dict[Any, Any]] = []
+        self._primary_sids: list[int] = []
+        self._sid_index: dict[int, int] = {}
+        # resident key -> {state id: entry} of states restored but not registered yet
+        self._extra: dict[Any, dict[int, Any]] = {}
+        # the key context of the backend (set by it): its current key is never evicted
+        self.key_context: Any = None
+        self.resident_bytes = 400.0  # refined from samples at every eviction
+        self.resident_limit = cache_entries or max(MIN_CACHE_ENTRIES, int(self.cache_bytes / self.resident_bytes))
         # figures (stats, benchmarks)
         self.reads = 0
         self.misses = 0
@@ -205,10 +254,28 @@ class WorkingSet:
                 raise StatelogError("a disk-backed backend holds at most 65535 states")
         return sid
 
-    def table(self, state: str, nsb: bytes, mutable: bool, ctx: Any) -> DiskTable:
-        t = DiskTable(self, self.state_id(state), nsb, mutable, ctx)
+    def table(self, state: str, nsb: bytes, mutable: bool, ctx: Any) -> Any:
+        """The table of a state's entries in namespace ``nsb``: a plain dict of resident keys
+        for the default namespace, a :class:`DiskTable` for the others."""
+        sid = self.state_id(state)
+        if nsb == NONE_NSB:
+            # a state registers: its dict must hold every resident key's entry, so the
+            # resident keys are written back and dropped (states register before records flow)
+            self.release()
+            d: dict[Any, Any] = {}
+            self._sid_index[sid] = len(self._primary)
+            self._primary.append(d)
+            self._primary_sids.append(sid)
+            if ctx.key_info[2] >= 0:  # registered while a key is current: it stays resident
+                self.admit(ctx.key, ctx.key_info)
+            return d
+        t = DiskTable(self, sid, nsb, mutable, ctx)
         self._tables.append(t)
         return t
+
+    def replay_view(self, table: dict[Any, Any]) -> ResidentView:
+        """``table`` (a state's default-namespace dict) for writes to any key (restore)."""
+        return ResidentView(self, table)
 
     def key_info(self, key: Any) -> tuple[type, bytes, int]:
         kb = encode_key(key)
@@ -233,6 +300,107 @@ class WorkingSet:
             "checkpointed state: restart the job from its latest checkpoint, which rebuilds it in a "
             "new directory (check the disk under state_dir: free space, I/O errors)"
         )
+
+    # -- resident keys --------------------------------------------------------------------------
+
+    def admit(self, key: Any, info: tuple[type, bytes, int]) -> None:
+        """Make ``key`` resident: read its record (its default-namespace entries of every
+        state, one database read) into the states' dicts; the oldest resident keys are written
+        back and dropped first if over budget."""
+        res = self.resident
+        if len(res) >= self.resident_limit:
+            self.evict_resident()
+        self._check_open()
+        try:
+            raw = self._db.get(_key_prefix(info[2], info[1]))
+        except Exception as e:  # noqa: BLE001 - RocksDB's errors are plain exceptions
+            raise self._failed(e) from None
+        self.misses += 1
+        if raw is not None:
+            self._present.add(key)
+            index, prim = self._sid_index, self._primary
+            for sid, entry in _LOADS(raw).items():
+                i = index.get(sid)
+                if i is not None:
+                    prim[i][key] = entry
+                else:  # a state restored but not registered yet: kept with the key
+                    self._extra.setdefault(key, {})[sid] = entry
+        res[key] = info
+
+    def _write_back_resident(self, key: Any, info: tuple[type, bytes, int], batch: Any, drop: bool) -> None:
+        rec: dict[int, Any] = {}
+        sids = self._primary_sids
+        for i, table in enumerate(self._primary):
+            v = table.pop(key, _MISSING) if drop else table.get(key, _MISSING)
+            if v is not _MISSING:
+                rec[sids[i]] = v
+        extra = self._extra.pop(key, None) if drop else self._extra.get(key)
+        if extra:
+            rec.update(extra)
+        present = self._present
+        if rec:
+            batch.put(_key_prefix(info[2], info[1]), _DUMPS(rec, _PROTOCOL))
+            if not drop:
+                present.add(key)
+        elif key in present:
+            batch.delete(_key_prefix(info[2], info[1]))
+            present.discard(key)
+        if drop:
+            present.discard(key)
+
+    def evict_resident(self) -> None:
+        """Write back and drop the oldest :data:`EVICT_FRACTION` of the resident keys."""
+        self._check_open()
+        res = self.resident
+        n = max(1, int(len(res) * EVICT_FRACTION))
+        victims = list(itertools.islice(res, n + 1))
+        cur = self.key_context.key if self.key_context is not None else _MISSING
+        if cur is not _MISSING and cur in victims:  # (a restore admitting keys while one is current)
+            victims.remove(cur)
+        del victims[n:]
+        batch = self._rocksdict.WriteBatch(raw_mode=True)
+        sample: list[int] = []
+        prim = self._primary
+        for i, key in enumerate(victims):
+            info = res.pop(key)
+            if i < 16:
+                size = _deep_size(key) + sys.getsizeof(info[1]) + _RESIDENT_BYTES
+                for t in prim:
+                    v = t.get(key, _MISSING)
+                    if v is not _MISSING:
+                        size += _deep_size(v) + _ENTRY_SLOT_BYTES
+                sample.append(size)
+            self._write_back_resident(key, info, batch, True)
+        if not batch.is_empty():
+            self.written_back += batch.len()
+            self._write(batch)
+        self.evictions += 1
+        if sample and not self._fixed:
+            self.resident_bytes = 0.7 * self.resident_bytes + 0.3 * (sum(sample) / len(sample))
+            self._rebudget()
+
+    def release(self) -> None:
+        """Write back every resident key's entries and drop them all."""
+        if not self.resident:
+            return
+        self._check_open()
+        batch = self._rocksdict.WriteBatch(raw_mode=True)
+        res = self.resident
+        for key, info in list(res.items()):
+            self._write_back_resident(key, info, batch, True)
+        res.clear()
+        if not batch.is_empty():
+            self.written_back += batch.len()
+            self._write(batch)
+
+    def _rebudget(self) -> None:
+        """Split the cache budget between resident keys and namespaced entries by their use."""
+        if self._fixed:
+            return
+        left = self.cache_bytes - self.cached * self.entry_bytes
+        self.resident_limit = max(MIN_CACHE_ENTRIES, int(left / self.resident_bytes))
+        left = self.cache_bytes - len(self.resident) * self.resident_bytes
+        self.limit = max(MIN_CACHE_ENTRIES, int(left / self.entry_bytes))
 
     # -- the cache budget ----------------------------------------------------------------------
 
@@ -270,12 +438,16 @@ class WorkingSet:
         if sample and not self._fixed:  # refine the estimate of an entry's bytes (moving average)
             est = sum(sample) / len(sample) + _SLOT_BYTES
             self.entry_bytes = 0.7 * self.entry_bytes + 0.3 * est
-            self.limit = max(MIN_CACHE_ENTRIES, int(self.cache_bytes / self.entry_bytes))
+            self._rebudget()
 
     def flush(self, table: DiskTable | None = None) -> None:
-        """Write back every dirty entry (of ``table`` or of all tables); entries stay cached."""
+        """Write back every dirty entry (of ``table``, or of all tables and every resident
+        key); entries stay cached and keys resident."""
         self._check_open()
         batch = self._rocksdict.WriteBatch(raw_mode=True)
+        if table is None:
+            for key, info in self.resident.items():
+                self._write_back_resident(key, info, batch, False)
         for t in [table] if table is not None else self._tables:
             c = t.cache
             for key in list(t.dirty):
@@ -289,15 +461,56 @@ class WorkingSet:
 
     # -- bulk paths ----------------------------------------------------------------------------
 
+    def put_key_group(self, kg: int, rows: dict[str, list[tuple[list[bytes], list[bytes], list[Any]]]]) -> None:
+        """Bulk-load the restored entries of one key group, of every state (``state name ->
+        [(key bytes, namespace bytes, entries)]``), uncached, in one write batch. The key group
+        holds nothing in the database yet (a key group is loaded once, before any of its keys
+        is set current)."""
+        self._check_open()
+        batch = self._rocksdict.WriteBatch(raw_mode=True)
+        records: dict[bytes, dict[int, Any]] = {}
+        dumps, proto, none = _DUMPS, _PROTOCOL, NONE_NSB
+        for state, parts in rows.items():
+            sid = self.state_id(state)
+            sidb = sid.to_bytes(2, "big")
+            seen = self.namespaces.setdefault(state, set())
+            for kbs, nss, entries in parts:
+                seen.update(set(nss))
+                for kb, nsb, e in zip(kbs, nss, entries, strict=True):
+                    if nsb == none:
+                        rec = records.get(kb)
+                        if rec is None:
+                            records[kb] = {sid: e}
+                        else:
+                            rec[sid] = e
+                    else:
+                        batch.put(_key_prefix(kg, kb) + sidb + nsb, dumps(e, proto))
+        for kb, rec in records.items():
+            batch.put(_key_prefix(kg, kb), dumps(rec, proto))
+        if not batch.is_empty():
+            self._write(batch)
+
     def put_rows(self, state: str, kbs: list[bytes], kgs: list[int], nss: list[bytes], entries: list[Any]) -> None:
-        """Bulk-load restored entries (materialized rows), uncached, in one write batch."""
+        """Bulk-load restored entries of one state (merged into the records of their keys:
+        a read per key; a restore by key group uses :meth:`put_key_group`)."""
         self._check_open()
         sid = self.state_id(state)
+        sidb = sid.to_bytes(2, "big")
         self.namespaces.setdefault(state, set()).update(set(nss))
         batch = self._rocksdict.WriteBatch(raw_mode=True)
-        dk, dumps, proto = _disk_key, _DUMPS, _PROTOCOL
+        records: dict[bytes, dict[int, Any]] = {}
         for kb, kg, nsb, e in zip(kbs, kgs, nss, entries, strict=True):
-            batch.put(dk(sid, kg, kb, nsb), dumps(e, proto))
+            pre = _key_prefix(kg, kb)
+            if nsb != NONE_NSB:
+                batch.put(pre + sidb + nsb, _DUMPS(e, _PROTOCOL))
+                continue
+            rec = records.get(pre)
+            if rec is None:
+                raw = self.get(pre)
+                rec = records[pre] = _LOADS(raw) if raw is not None else {}
+            rec[sid] = e
+        for pre, rec in records.items():
+            batch.put(pre, _DUMPS(rec, _PROTOCOL))
         if not batch.is_empty():
             self._write(batch)
 
@@ -308,17 +521,17 @@ class WorkingSet:
         sid = self._states.get(state)
         if sid is None:
             return
-        lo, hi = (sid << 48).to_bytes(8, "big"), ((sid + 1) << 48).to_bytes(8, "big")
-        ropts = self._rocksdict.ReadOptions()
-        ropts.set_iterate_upper_bound(hi)
         try:
-            it = self._db.iter(ropts)
-            it.seek(lo)
+            it = self._db.iter(self._rocksdict.ReadOptions())
+            it.seek_to_first()
             while it.valid():
-                k = it.key()
-                n = int.from_bytes(k[4:8], "big")
-                kb, ns = k[8 : 8 + n], k[8 + n :]
-                if nsb is None or ns == nsb:
+                _kg, kb, s, ns = _split_key(it.key())
+                if s == 0:  # a key's record: its default-namespace entries by state id
+                    if nsb is None or nsb == NONE_NSB:
+                        e = _LOADS(it.value()).get(sid, _MISSING)
+                        if e is not _MISSING:
+                            yield kb, NONE_NSB, e
+                elif s == sid and (nsb is None or ns == nsb):
                     yield kb, ns, _LOADS(it.value())
                 it.next()
             it.status()
@@ -335,10 +548,17 @@ class WorkingSet:
                 t.cache.pop(key, None)
                 t.dirty.pop(key, None)
                 self.cached -= 1
-        for sid in self._states.values():
-            self._db.delete_range(
-                ((sid << 48) | (lo << 32)).to_bytes(8, "big"), ((sid << 48) | ((hi + 1) << 32)).to_bytes(8, "big")
-            )
+        res = self.resident
+        for key in [k for k, info in res.items() if lo <= info[2] <= hi]:
+            del res[key]
+            self._present.discard(key)
+            self._extra.pop(key, None)
+            for d in self._primary:
+                d.pop(key, None)
+        try:
+            self._db.delete_range(lo.to_bytes(2, "big"), (hi + 1).to_bytes(2, "big"))
+        except Exception as e:  # noqa: BLE001
+            raise self._failed(e) from None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -353,6 +573,8 @@ class WorkingSet:
     def stats(self) -> dict[str, Any]:
         return {
             "cached_entries": self.cached, "cache_limit": self.limit, "entry_bytes": round(self.entry_bytes),
+            "resident_keys": len(self.resident), "resident_limit": self.resident_limit,
+            "resident_key_bytes": round(self.resident_bytes),
             "reads": self.reads, "misses": self.misses, "written_back": self.written_back,
             "evictions": self.evictions,
         }  # fmt: skip
@@ -370,6 +592,11 @@ class WorkingSet:
             t.cache.clear()
             t.dirty.clear()
         self._tables.clear()
+        self.resident.clear()
+        self._present.clear()
+        self._extra.clear()
+        for d in self._primary:
+            d.clear()
         with contextlib.suppress(Exception):
             self._db.close()
         shutil.rmtree(self.path, ignore_errors=True)
@@ -508,3 +735,51 @@ class DiskTable:
 
     def __len__(self) -> int:
         return sum(1 for _ in self.items())
+
+
+class ResidentView:
+    """A state's default-namespace dict for access to any key, not only the current one
+    (restore replays its changelog tail through it): every access makes the key resident
+    first, so the dict holds the key's entry as stored."""
+
+    __slots__ = ("ws", "table")
+
+    def __init__(self, ws: WorkingSet, table: dict[Any, Any]) -> None:
+        self.ws = ws
+        self.table = table
+
+    def __repr__(self) -> str:
+        return f"ResidentView({len(self.table)} resident entries)"
+
+    def _admit(self, key: Any) -> None:
+        ws = self.ws
+        if key not in ws.resident:
+            ws.admit(key, ws.key_info(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._admit(key)
+        return self.table.get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._admit(key)
+        return self.table[key]
+
+    def __contains__(self, key: Any) -> bool:
+        self._admit(key)
+        return key in self.table
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._admit(key)
+        self.table[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        self._admit(key)
+        del self.table[key]
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._admit(key)
+        return self.table.pop(key, *default)
+
+    def update(self, pairs: Iterable[tuple[Any, Any]]) -> None:
+        for k, v in pairs:
+            self[k] = v

@@ -210,7 +210,14 @@ class KeyedState:
         """Apply change records ``(key bytes, namespace bytes, op, user key, value, expires)``
         in order (restore path; what each op does: :mod:`statelog.state.appliers`); ``keys``
         maps key bytes to decoded keys."""
-        self._applier.apply_all(records, self._table_for, keys)
+        table_for = self._table_for
+        if self._ws is not None:  # writes to keys that are not current: made resident first
+            ws, primary = self._ws, self._tables[NONE_NS]
+
+            def table_for(nsb: bytes) -> Any:
+                return ws.replay_view(primary) if nsb == NONE_NS else self._table_for(nsb)
+
+        self._applier.apply_all(records, table_for, keys)
 
 
 class ValueState(KeyedState):

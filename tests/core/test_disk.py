@@ -123,6 +123,33 @@ def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, 
     assert sum(len(v) for v in views["disk"][0].values()) > 1000
 
 
+def test_states_registered_late_keep_their_restored_entries(tmp_path: Path) -> None:
+    """A key's record holds the entries of every state: keys made resident and evicted while
+    some restored states are not registered yet keep those states' entries, and a state
+    registered while a key is current sees that key's entry at once."""
+    clock = Clock()
+    job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
+    b = job.backend("op", clock=clock)
+    workload(b, clock, seed=3, n=2000)
+    want = view(b)
+    job.checkpoint(sources={})
+    job.close()
+    job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
+    b = job.backend("op", restore="latest", clock=clock)
+    count = b.get_state(DESCRIPTORS[0])
+    keys = {k for k, _ns, _v in count.entries()}
+    for k in sorted(keys, key=repr):  # resident, then evicted (8 at most): records written back
+        b.set_current_key(k)
+        count.value()
+    assert b._ws.evictions > 10, b._ws.stats()
+    b.set_current_key(next(iter(keys)))
+    last = b.get_state(DESCRIPTORS[2])  # registered while a key is current
+    stored = {k: v for k, ns, v in want["last"] if ns == repr(None)}
+    assert repr(dict(last.items())) == stored.get(repr(b.current_key), "{}")
+    assert view(b) == want
+    job.close()
+
+
 def test_the_directory_is_a_cache_deleted_at_close_and_never_uploaded(tmp_path: Path) -> None:
     ws_dir = tmp_path / "ws"
     job = open_job(tmp_path / "root", "disk", ws_dir)
