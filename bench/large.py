@@ -8,8 +8,9 @@ process per variant, so each process's peak RSS (``VmHWM``) is its own:
   (``keys / 10``), run before and after the disk variant (noise check).
 
 Each variant loads every key once (in key order), then runs three rounds of a uniform and a
-Zipf(1.1) phase (bounded Zipf over the keys, ranks scattered by a permutation), each a fixed
-number of records: ``set_current_key``, ``value() + 1`` update, one map put. A checkpoint is
+Zipf(1.1) phase (bounded Zipf over the keys, ranks scattered by a permutation; the parent
+generates the key sequences into files, so their numpy temporaries are not counted in the
+job's RSS), each a fixed number of records: ``set_current_key``, ``value() + 1`` update, one map put. A checkpoint is
 taken every second of processing. Then the disk variant's last checkpoint is materialized by
 ``statelog materializer run --once`` in another process, the job takes one more checkpoint
 (built on that materialization, with an empty tail) and a fresh process restores it eagerly
@@ -72,7 +73,26 @@ def _open(root: str, store: str, memory: str) -> tuple[Any, Any, Any, Any]:
     return job, b, v, m
 
 
-def child_job(store: str, keys: int, records: int, memory: str, root: str) -> dict[str, Any]:
+def _sequence_path(seqdir: str, keys: int, r: int, dist: str) -> str:
+    return os.path.join(seqdir, f"{dist}-{keys}-{r}.npy")
+
+
+def write_sequences(seqdir: str, keys: int, records: int) -> None:
+    """The key sequence of every phase, made by the parent: generating a Zipf sequence over
+    2×10^7 keys takes ~0.5 GB of numpy temporaries, which is not the job's memory."""
+    import numpy as np
+
+    for r in range(ROUNDS):
+        for dist in ("uniform", "zipf"):
+            path = _sequence_path(seqdir, keys, r, dist)
+            if not os.path.exists(path):
+                seq = (_uniform_keys if dist == "uniform" else _zipf_keys)(keys, records, 100 * r + len(dist))
+                np.save(path, np.asarray(seq, dtype=np.int64))
+
+
+def child_job(store: str, keys: int, records: int, memory: str, root: str, seqdir: str) -> dict[str, Any]:
+    import numpy as np
+
     job, b, v, m = _open(root, store, memory)
     names = ["a", "b", "c"]
     ckpt_ms: list[float] = []
@@ -98,7 +118,7 @@ def child_job(store: str, keys: int, records: int, memory: str, root: str) -> di
     rates: dict[str, list[float]] = {"uniform": [], "zipf": []}
     for r in range(ROUNDS):
         for dist in ("uniform", "zipf"):
-            seq = (_uniform_keys if dist == "uniform" else _zipf_keys)(keys, records, 100 * r + len(dist))
+            seq = np.load(_sequence_path(seqdir, keys, r, dist)).tolist()
             t = time.perf_counter()
             for i, k in enumerate(seq):
                 set_key(k)
@@ -212,14 +232,18 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
     try:
         disk_root = root or (work / "disk").as_uri()
+        seqdir = str(work)
+        say("key sequences ...")
+        write_sequences(seqdir, mem_keys, records)
+        write_sequences(seqdir, keys, records)
         results: dict[str, Any] = {}
         t0 = time.monotonic()
         say(f"memory store, {mem_keys:,} keys ...")
-        mem1 = _child("job", "memory", str(mem_keys), str(records), memory, (work / "mem1").as_uri())
+        mem1 = _child("job", "memory", str(mem_keys), str(records), memory, (work / "mem1").as_uri(), seqdir)
         say(f"disk store, {keys:,} keys, state_memory {memory} ...")
-        disk = _child("job", "disk", str(keys), str(records), memory, disk_root)
+        disk = _child("job", "disk", str(keys), str(records), memory, disk_root, seqdir)
         say("memory store again ...")
-        mem2 = _child("job", "memory", str(mem_keys), str(records), memory, (work / "mem2").as_uri())
+        mem2 = _child("job", "memory", str(mem_keys), str(records), memory, (work / "mem2").as_uri(), seqdir)
         say("restoring the last checkpoint into the disk store (another process) ...")
         restored = _child("restore", disk_root, memory)
         say("sizing ...")
@@ -256,8 +280,8 @@ def main() -> None:
     p.add_argument("args", nargs="*")
     a = p.parse_args()
     if a.what == "job":
-        store, keys, records, memory, root = a.args
-        out = child_job(store, int(keys), int(records), memory, root)
+        store, keys, records, memory, root, seqdir = a.args
+        out = child_job(store, int(keys), int(records), memory, root, seqdir)
     elif a.what == "restore":
         out = child_restore(*a.args)
     else:
