@@ -13,16 +13,18 @@ directory of a process that died is deleted by the next backend that opens under
 parent. RocksDB checks its blocks' checksums on every read: a corrupt local file fails the
 task, which restarts from its last checkpoint into a fresh directory.
 
-Layout (one database per backend)::
+Layout (one database per backend; docs/format.md section 10)::
 
-    key   = key group (2 bytes, big-endian) | length of the key bytes (4 bytes, big-endian)
-            | key bytes | state id (2 bytes, big-endian) | namespace bytes
-    value = pickle of the entry (the in-memory entry of the state kind, statelog.state.appliers)
+    a key's record:    key group (2 bytes, big-endian) | length of the key bytes (4 bytes,
+                       big-endian) | key bytes
+                       -> pickle of {state id: entry} (its default-namespace entries)
+    namespaced entry:  the same | state id (2 bytes, big-endian) | namespace bytes
+                       -> pickle of the entry
 
-so the entries of one key group are one contiguous range (dropped, iterated and bulk loaded
-in key-group order), and the entries of one key, of every state and namespace, are adjacent
-(one data block read brings them all). State ids are given in registration order by each
-backend.
+(entries: the in-memory entries of the state kinds, statelog.state.appliers), so the entries
+of one key group are one contiguous range (dropped, iterated and bulk loaded in key-group
+order), and one read brings a key's entries of every state. State ids are given by each
+backend in the order it first sees each state.
 
 Two caches sit over the database, both keyed by the key object as the in-memory tables are:
 
@@ -80,6 +82,7 @@ BLOCK_CACHE_SHARE = 0.20  # RocksDB's block cache
 MEMTABLE_SHARE = 0.15  # RocksDB's write buffers (two of this share's halves)
 EVICT_FRACTION = 0.1  # of the cached entries written back and dropped at once
 MIN_CACHE_ENTRIES = 1024
+PROBE_KEYS = 4096  # resident keys at which their size is first measured
 # bytes of an entry in the cache beyond its key and value: its slots in the cache and dirty
 # dicts (they grow by doubling) and the dirty entry's key info
 _SLOT_BYTES = 120
@@ -308,8 +311,11 @@ class WorkingSet:
         state, one database read) into the states' dicts; the oldest resident keys are written
         back and dropped first if over budget."""
         res = self.resident
-        if len(res) >= self.resident_limit:
+        n = len(res)
+        if n >= self.resident_limit:
             self.evict_resident()
+        elif n == PROBE_KEYS and not self._fixed:  # measure early, before the budget is reached
+            self._sample_resident(list(itertools.islice(res, 64)), probe=True)
         self._check_open()
         try:
             raw = self._db.get(_key_prefix(info[2], info[1]))
@@ -358,25 +364,30 @@ class WorkingSet:
         if cur is not _MISSING and cur in victims:  # (a restore admitting keys while one is current)
             victims.remove(cur)
         del victims[n:]
+        if not self._fixed:
+            self._sample_resident(victims[:16])
         batch = self._rocksdict.WriteBatch(raw_mode=True)
-        sample: list[int] = []
-        prim = self._primary
-        for i, key in enumerate(victims):
-            info = res.pop(key)
-            if i < 16:
-                size = _deep_size(key) + sys.getsizeof(info[1]) + _RESIDENT_BYTES
-                for t in prim:
-                    v = t.get(key, _MISSING)
-                    if v is not _MISSING:
-                        size += _deep_size(v) + _ENTRY_SLOT_BYTES
-                sample.append(size)
-            self._write_back_resident(key, info, batch, True)
+        for key in victims:
+            self._write_back_resident(key, res.pop(key), batch, True)
         if not batch.is_empty():
             self.written_back += batch.len()
             self._write(batch)
         self.evictions += 1
-        if sample and not self._fixed:
-            self.resident_bytes = 0.7 * self.resident_bytes + 0.3 * (sum(sample) / len(sample))
+
+    def _sample_resident(self, keys: list[Any], probe: bool = False) -> None:
+        """Refine the estimate of a resident key's bytes from ``keys`` (a moving average; a
+        probe sets it) and split the budget again."""
+        sample = []
+        for key in keys:
+            size = _deep_size(key) + sys.getsizeof(self.resident[key][1]) + _RESIDENT_BYTES
+            for t in self._primary:
+                v = t.get(key, _MISSING)
+                if v is not _MISSING:
+                    size += _deep_size(v) + _ENTRY_SLOT_BYTES
+            sample.append(size)
+        if sample:
+            est = sum(sample) / len(sample)
+            self.resident_bytes = est if probe else 0.7 * self.resident_bytes + 0.3 * est
             self._rebudget()
 
     def release(self) -> None:

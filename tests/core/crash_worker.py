@@ -40,6 +40,9 @@ def say(*parts: object) -> None:
     sys.stdout.flush()
 
 
+DISK_CACHE_ENTRIES = 16
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m tests.core.crash_worker", description=__doc__.split("\n")[0]
@@ -50,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--persist-delay", type=float, default=0.2, help="changelog persist delay (s)")
     p.add_argument("--rate", type=float, default=1500.0, help="operations per second (pacing)")
     p.add_argument("--retain", type=int, default=5, help="checkpoints to retain")
+    p.add_argument("--disk", action="store_true", help="the disk-backed working set, a tiny cache")
     return p.parse_args(argv)
 
 
@@ -60,7 +64,10 @@ def run(args: argparse.Namespace) -> None:
         store_options=json.loads(args.options_json),
         writer_options={"persist_delay": args.persist_delay},
         retain_checkpoints=args.retain,
+        state_store="disk" if args.disk else "memory",
     )
+    if args.disk:
+        job.state_cache_entries = DISK_CACHE_ENTRIES  # far fewer than the keys: reads go to disk
     meta = job.latest_checkpoint()
     offset = int(meta.sources["offset"]) if meta is not None else 0
     clock = Clock(offset)

@@ -43,6 +43,7 @@ from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import JobNotFoundError
 from statelog.layout import checkpoint_key
 from tests.core.crash_ops import OPERATOR_UID, ModelReplay
+from tests.core.crash_worker import DISK_CACHE_ENTRIES
 from tests.core.harness import (
     Model,
     assert_state_equal,
@@ -77,7 +78,7 @@ class CrashStats:
 class Worker:
     """One worker process; stdout lines are collected by a thread."""
 
-    def __init__(self, root: str, seed: int, options: Mapping[str, Any], err_path: Path) -> None:
+    def __init__(self, root: str, seed: int, options: Mapping[str, Any], err_path: Path, disk: bool = False) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT), env.get("PYTHONPATH")) if p)
         self.err_path = err_path
@@ -94,6 +95,7 @@ class Worker:
                 json.dumps(dict(options)),
                 "--retain",
                 str(RETAIN),
+                *(["--disk"] if disk else []),
             ],  # fmt: skip
             cwd=PROJECT,
             env=env,
@@ -144,6 +146,7 @@ class CrashChecker:
         self.root = root
         self.options = dict(options)
         self.seed = seed
+        self.disk = False  # restores into the disk-backed working set
         self.replay = ModelReplay(seed)
         self.rng = random.Random(seed + 17)
         self.digests: dict[int, str] = {}  # checkpoint id -> sha256 of its metadata object
@@ -280,7 +283,11 @@ class CrashChecker:
 
     def compare_restore(self, meta: CheckpointMetadata) -> None:
         offset = int(meta.sources["offset"])
-        job = statelog.open(self.root, store_options=self.options, create=False)
+        job = statelog.open(
+            self.root, store_options=self.options, create=False, state_store="disk" if self.disk else "memory"
+        )
+        if self.disk:
+            job.state_cache_entries = DISK_CACHE_ENTRIES
         try:
             backend = job.backend(OPERATOR_UID, restore=meta, changelog=False, clock=lambda: offset)
             states = register_all(backend)
@@ -329,6 +336,7 @@ def run_crash_loop(
     seed: int,
     wait: tuple[float, float] = (0.3, 2.0),
     startup_kills: float = 0.15,
+    disk: bool = False,
 ) -> CrashStats:
     """Start, kill and check the worker ``kills`` times.
 
@@ -338,12 +346,13 @@ def run_crash_loop(
     0.6 s after the worker's first line.
     """
     checker = CrashChecker(root, options, seed)
+    checker.disk = disk
     rng = random.Random(seed)
     t0 = time.monotonic()
     for n in range(kills):
         at_startup = rng.random() < startup_kills
         delay = rng.uniform(0.0, 0.6) if at_startup else rng.uniform(*wait)
-        worker = Worker(root, seed, options, workdir / f"worker-{n}.stderr")
+        worker = Worker(root, seed, options, workdir / f"worker-{n}.stderr", disk=disk)
         try:
             assert worker.first_line.wait(60), "the worker printed nothing within 60s"
             if not at_startup:
@@ -392,11 +401,17 @@ def check_stats(stats: CrashStats, kills: int, with_checkpoint: int) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_loop_file(tmp_path: Path) -> None:
-    kills = 22
+@pytest.mark.parametrize(
+    ("store", "kills", "with_checkpoint", "seed"),
+    [("memory", 22, 15, 20240611), ("disk", 12, 8, 20251125)],
+    ids=["memory", "disk"],
+)
+def test_sigkill_loop_file(tmp_path: Path, store: str, kills: int, with_checkpoint: int, seed: int) -> None:
+    """``disk``: the disk-backed working set (a 16-entry cache) in the worker and in the
+    checker's restores."""
     root = (tmp_path / "root").as_uri()
-    stats = run_crash_loop(root, {}, tmp_path, kills=kills, seed=20240611)
-    check_stats(stats, kills, with_checkpoint=15)
+    stats = run_crash_loop(root, {}, tmp_path, kills=kills, seed=seed, disk=store == "disk")
+    check_stats(stats, kills, with_checkpoint=with_checkpoint)
 
 
 @pytest.mark.slow

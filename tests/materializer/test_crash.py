@@ -52,6 +52,7 @@ from statelog.layout import DATA_PREFIX, MANIFEST_PREFIX, parse_manifest_key
 from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
 from statelog.store import open_store
 from tests.core.crash_ops import OPERATOR_UID, CrashDriver
+from tests.core.crash_worker import DISK_CACHE_ENTRIES
 from tests.core.harness import Clock, Model
 from tests.core.test_crash import CrashChecker
 from tools.cli import main as cli_main
@@ -92,14 +93,16 @@ class MatCrashStats:
 class Producer:
     """The job: ops of ``tests.core.crash_ops`` at logical time = offset, one-call checkpoints."""
 
-    def __init__(self, root: str, options: Mapping[str, Any], seed: int) -> None:
+    def __init__(self, root: str, options: Mapping[str, Any], seed: int, disk: bool = False) -> None:
         self.seed = seed
         self.job = statelog.open(
             root, store_options=dict(options), max_parallelism=MAXP,
             # S3 requests are slower: flush less often, so that restores read fewer segments
             writer_options={"persist_delay": 0.25 if root.startswith("s3://") else 0.05},
-            retain_checkpoints=RETAIN,
+            retain_checkpoints=RETAIN, state_store="disk" if disk else "memory",
         )
+        if disk:
+            self.job.state_cache_entries = DISK_CACHE_ENTRIES
         self.job.materialization_poll_s = 0
         self.clock = Clock(0)
         self.driver = CrashDriver(self.job.backend(OPERATOR_UID, clock=self.clock), Model(), self.clock)
@@ -217,11 +220,12 @@ def live_objects(store: Any, job: Any) -> set[str]:
 
 
 class CrashLoop:
-    def __init__(self, root: str, options: Mapping[str, Any], workdir: Path, seed: int) -> None:
+    def __init__(self, root: str, options: Mapping[str, Any], workdir: Path, seed: int, disk: bool = False) -> None:
         self.root, self.options, self.workdir = root, dict(options), workdir
         self.rng = random.Random(seed)
-        self.producer = Producer(root, options, seed)
+        self.producer = Producer(root, options, seed, disk)
         self.checker = CrashChecker(root, options, seed)
+        self.checker.disk = disk
         self.store = open_store(root, options)
         self.stats = MatCrashStats()
         self.mat_seconds = 0.4  # how long a materialization takes, learned from the manifests
@@ -397,8 +401,10 @@ class CrashLoop:
         st.checkpoints = max(job.catalog.checkpoint_ids())
 
 
-def run_loop(root: str, options: Mapping[str, Any], workdir: Path, kills: int, seed: int) -> MatCrashStats:
-    loop = CrashLoop(root, options, workdir, seed)
+def run_loop(
+    root: str, options: Mapping[str, Any], workdir: Path, kills: int, seed: int, disk: bool = False
+) -> MatCrashStats:
+    loop = CrashLoop(root, options, workdir, seed, disk)
     try:
         stats = loop.run(kills)
     finally:
@@ -420,11 +426,14 @@ def check_stats(stats: MatCrashStats, kills: int) -> None:
 
 
 @pytest.mark.slow
-def test_materializer_sigkill_loop_file(tmp_path: Path) -> None:
-    kills = 20
-    stats = run_loop((tmp_path / "root").as_uri(), {}, tmp_path, kills, seed=4242)
+@pytest.mark.parametrize(("store", "kills", "seed"), [("memory", 20, 4242), ("disk", 8, 4343)], ids=["memory", "disk"])
+def test_materializer_sigkill_loop_file(tmp_path: Path, store: str, kills: int, seed: int) -> None:
+    """``disk``: the producer and the checker's restores on the disk-backed working set (a
+    16-entry cache), restoring the daemon's Parquet tables into it."""
+    stats = run_loop((tmp_path / "root").as_uri(), {}, tmp_path, kills, seed=seed, disk=store == "disk")
     check_stats(stats, kills)
-    assert stats.kills_after_publish >= 1 and stats.partial_materializations >= 2, stats
+    if store == "memory":
+        assert stats.kills_after_publish >= 1 and stats.partial_materializations >= 2, stats
 
 
 @pytest.mark.slow
