@@ -77,6 +77,13 @@ def wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _unhashable(key: Any) -> SerializationError:
+    return SerializationError(
+        f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, bool, int, "
+        "float, str, bytes, tuples of these, or types registered with register_key_type"
+    )
+
+
 class KeyedStateBackend:
     """Keyed state of one subtask of one operator, with optional changelog."""
 
@@ -165,16 +172,29 @@ class KeyedStateBackend:
             except KeyError:
                 return slow(key)
             except TypeError:
-                raise SerializationError(
-                    f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, "
-                    "bool, int, float, str, bytes, tuples of these, or types registered with "
-                    "register_key_type"
-                ) from None
+                raise _unhashable(key) from None
             if hit[0] is key.__class__:
                 ctx.key = key
                 ctx.key_info = hit
                 return None
             return slow(key)
+
+        if self._ws is not None:  # a hit marks the resident key touched (statelog/state/disk.py)
+            touched = self._ws.touched
+
+            def set_current_key(key: Any) -> None:  # noqa: F811 - the disk store's variant
+                try:
+                    hit = cache[key]
+                except KeyError:
+                    return slow(key)
+                except TypeError:
+                    raise _unhashable(key) from None
+                if hit[0] is key.__class__:
+                    ctx.key = key
+                    ctx.key_info = hit
+                    touched.add(key)
+                    return None
+                return slow(key)
 
         self.set_current_key = set_current_key  # type: ignore[method-assign]
         ctx.set_current_key = set_current_key

@@ -87,8 +87,8 @@ PROBE_KEYS = 4096  # resident keys at which their size is first measured
 # dicts (they grow by doubling) and the dirty entry's key info
 _SLOT_BYTES = 120
 # bytes of a resident key beyond its key, key bytes and entries: its key info tuple and its
-# slots in the resident dict, the presence dict and each state's dict (grown by doubling)
-_RESIDENT_BYTES = 160
+# slots in the resident, presence and touched sets and dicts and in each state's dict (grown by doubling)
+_RESIDENT_BYTES = 190
 _ENTRY_SLOT_BYTES = 70
 NONE_NSB = encode_key(None)  # the default namespace
 
@@ -214,6 +214,9 @@ class WorkingSet:
         self._extra: dict[Any, dict[int, Any]] = {}
         # the key context of the backend (set by it): its current key is never evicted
         self.key_context: Any = None
+        # resident keys set current again since admitted or spared (the backend's key setter
+        # adds them): spared once by the next eviction
+        self.touched: set[Any] = set()
         self.resident_bytes = 400.0  # refined from samples at every eviction
         self.resident_limit = cache_entries or max(MIN_CACHE_ENTRIES, int(self.cache_bytes / self.resident_bytes))
         # figures (stats, benchmarks)
@@ -355,15 +358,31 @@ class WorkingSet:
             present.discard(key)
 
     def evict_resident(self) -> None:
-        """Write back and drop the oldest :data:`EVICT_FRACTION` of the resident keys."""
+        """Write back and drop :data:`EVICT_FRACTION` of the resident keys, the oldest first,
+        giving a second chance to keys set current again since they were admitted or last
+        spared (they move to the back: CLOCK, an approximation of least recently used)."""
         self._check_open()
         res = self.resident
         n = max(1, int(len(res) * EVICT_FRACTION))
-        victims = list(itertools.islice(res, n + 1))
         cur = self.key_context.key if self.key_context is not None else _MISSING
-        if cur is not _MISSING and cur in victims:  # (a restore admitting keys while one is current)
-            victims.remove(cur)
-        del victims[n:]
+        touched = self.touched
+        victims: list[Any] = []
+        for key in list(itertools.islice(res, 3 * n)):
+            if key in touched:
+                touched.discard(key)
+                res[key] = res.pop(key)
+            elif key is not cur and not (cur is not _MISSING and key == cur):
+                victims.append(key)
+                if len(victims) == n:
+                    break
+        if len(victims) < n:  # mostly touched keys: the oldest go anyway
+            chosen = set(victims)
+            for key in list(itertools.islice(res, 2 * n + 1)):
+                if len(victims) == n:
+                    break
+                if key not in chosen and key is not cur and not (cur is not _MISSING and key == cur):
+                    victims.append(key)
+                    touched.discard(key)
         if not self._fixed:
             self._sample_resident(victims[:16])
         batch = self._rocksdict.WriteBatch(raw_mode=True)
@@ -400,6 +419,7 @@ class WorkingSet:
         for key, info in list(res.items()):
             self._write_back_resident(key, info, batch, True)
         res.clear()
+        self.touched.clear()
         if not batch.is_empty():
             self.written_back += batch.len()
             self._write(batch)
@@ -562,6 +582,7 @@ class WorkingSet:
         res = self.resident
         for key in [k for k, info in res.items() if lo <= info[2] <= hi]:
             del res[key]
+            self.touched.discard(key)
             self._present.discard(key)
             self._extra.pop(key, None)
             for d in self._primary:
@@ -604,6 +625,7 @@ class WorkingSet:
             t.dirty.clear()
         self._tables.clear()
         self.resident.clear()
+        self.touched.clear()
         self._present.clear()
         self._extra.clear()
         for d in self._primary:
