@@ -23,7 +23,7 @@ import pickle
 import random
 from typing import Any
 
-from statelog.keys import encode_key
+from statelog.keys import decode_key, encode_key
 from tests.core.harness import TTL_MS, Driver, Model, backend_timers, register_all
 
 OPERATOR_UID = "crash-op"
@@ -217,12 +217,19 @@ def model_from_backend(backend: Any) -> Model:
     """
     model = Model()
     states = register_all(backend)
+    ws = backend._ws  # the disk-backed working set: its dicts hold only resident keys
+    if ws is not None:
+        ws.flush()
     for name, st in states.items():
         table = model.tables[name]
-        for nsb, entries in st._tables.items():
-            ns = st._namespaces[nsb]
-            for key, entry in entries.items():
-                table[(key, ns)] = copy.deepcopy(tuple(entry) if name == "ttl" else entry)
+        if ws is not None:
+            stored = ((decode_key(kb), decode_key(nsb), entry) for kb, nsb, entry in ws.scan(name))
+        else:
+            stored = (
+                (key, st._namespaces[nsb], entry) for nsb, entries in st._tables.items() for key, entry in entries.items()
+            )
+        for key, ns, entry in stored:
+            table[(key, ns)] = copy.deepcopy(tuple(entry) if name == "ttl" else entry)
     model.timers = backend_timers(backend)
     return model
 
