@@ -126,6 +126,10 @@ class StreamExecutionEnvironment:
                 raise JobGraphError(
                     f"state_backend={state_backend!r} writes no changelog: there is nothing to materialize"
                 )
+            if state_store != "memory":
+                raise JobGraphError(
+                    f"state_backend={state_backend!r} dumps the in-memory tables: use state_store='memory' with it"
+                )
             restart_strategy = NoRestart()
         if materializer is True:
             materializer = {}

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from statelog.backend import KeyedStateBackend
 from statelog.descriptors import StateKind
-from statelog.errors import CorruptionError
+from statelog.errors import CorruptionError, StatelogError
 from statelog.keys import encode_key, key_group_of_bytes
 from statelog.state.kinds import _MISSING
 from statelog.store.base import ObjectStore
@@ -45,6 +45,11 @@ class CapturedState:
     """
 
     def __init__(self, backend: KeyedStateBackend) -> None:
+        if backend._ws is not None:
+            raise StatelogError(
+                "a state dump copies the in-memory tables; a backend with state_store='disk' keeps its "
+                "state on local disk: dump a backend opened with state_store='memory'"
+            )
         self.max_parallelism = backend.max_parallelism
         self.kcache = backend._kcache
         self.now = backend.clock()

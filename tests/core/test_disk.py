@@ -264,6 +264,23 @@ def test_runtime_refuses_a_bad_state_store(tmp_path: Path) -> None:
         StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_store="ram")
 
 
+def test_a_state_dump_of_a_disk_store_is_refused(tmp_path: Path) -> None:
+    """The state-dump baseline copies the in-memory tables, which hold only resident keys."""
+    from runtime import StreamExecutionEnvironment
+    from runtime.errors import JobGraphError
+    from statelog.errors import StatelogError
+    from statelog.state_dump import encode_state_dump
+
+    with pytest.raises(JobGraphError, match="use state_store='memory' with it"):
+        StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_store="disk", state_backend="state-dump")
+    job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
+    b = job.backend("op", changelog=False)
+    b.get_state(DESCRIPTORS[0])
+    with pytest.raises(StatelogError, match="state_store='disk' keeps its state on local disk"):
+        encode_state_dump(b)
+    job.close()
+
+
 def test_an_unwritable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
