@@ -80,6 +80,7 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 CACHE_SHARE = 0.55  # Python objects of cached entries
 BLOCK_CACHE_SHARE = 0.20  # RocksDB's block cache
 MEMTABLE_SHARE = 0.15  # RocksDB's write buffers (two of this share's halves)
+MAX_WRITE_BUFFER = 16 << 20
 EVICT_FRACTION = 0.1  # of the cached entries written back and dropped at once
 MIN_CACHE_ENTRIES = 1024
 PROBE_KEYS = 4096  # resident keys at which their size is first measured
@@ -229,13 +230,20 @@ class WorkingSet:
         r = self._rocksdict
         opts = r.Options(raw_mode=True)
         opts.create_if_missing(True)
-        write_buffer = max(1 << 20, int(memory_bytes * MEMTABLE_SHARE / 2))
+        # at most 16 MB per write buffer: a point read searches the memtables first, and a
+        # smaller one is a shorter search; the rest of their share goes to the block cache
+        write_buffer = min(MAX_WRITE_BUFFER, max(1 << 20, int(memory_bytes * MEMTABLE_SHARE / 2)))
         opts.set_write_buffer_size(write_buffer)
         opts.set_max_write_buffer_number(2)
+        # a Bloom filter per memtable: a read of a key not in it skips the skiplist search
+        # (measured: a miss's read 9.0-10.1 us -> 6.5-7.0 us, 10^6 keys at 32 MB)
+        opts.set_memtable_prefix_bloom_ratio(0.1)
+        opts.set_memtable_whole_key_filtering(True)
         opts.set_max_background_jobs(2)
         opts.set_compression_type(r.DBCompressionType.lz4())
         table = r.BlockBasedOptions()
-        table.set_block_cache(r.Cache(max(1 << 20, int(memory_bytes * BLOCK_CACHE_SHARE))))
+        unused = memory_bytes * MEMTABLE_SHARE - 2 * write_buffer
+        table.set_block_cache(r.Cache(max(1 << 20, int(memory_bytes * BLOCK_CACHE_SHARE + max(0, unused)))))
         table.set_bloom_filter(10, False)  # a miss (a new key) reads no data block
         # index and filter blocks stay outside the block cache: in it, a small cache evicts them
         # and every read fetches them again (measured: 10x slower point reads)
