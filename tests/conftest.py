@@ -3,6 +3,8 @@
 * ``s3_server`` (session): the running :class:`tests.s3server.S3Server`.
 * ``s3_root`` / ``file_root`` (function): a fresh, empty :class:`tests.s3server.RootSpec`.
 * ``store_root`` (function, parametrized ``file`` / ``s3``): the same test on both stores.
+* ``kafka_broker`` (session): a :class:`tests.kafka_broker.KafkaBroker` (noida-db on loopback):
+  ``.bootstrap_servers``, ``.config(**overrides)``, ``.create_topic(name=None, partitions=1)``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka_broker import KafkaBroker, start_kafka
 from tests.s3server import RootSpec, S3Server, start_seaweedfs
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,20 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A Kafka-protocol broker (noida-db) on loopback for the session; see tests/kafka_broker.py."""
+    try:
+        broker = start_kafka(tmp_path_factory.mktemp("kafka"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    logger.info("Kafka broker startup took %.2fs", broker.startup_seconds)
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 @pytest.fixture
