@@ -14,6 +14,10 @@ partitions, seek, ``offsets_for_times``, transactions (aborted records hidden fr
 ``read_committed`` readers, zombie fencing, a killed producer's open transaction aborted
 when a new producer with the same ``transactional.id`` initialises). It does NOT expire an
 open transaction after ``transaction.timeout.ms``; it is one broker (replication factor 1).
+It applies time retention by record timestamp within a second or two: records stamped older
+than the topic's ``retention.ms`` (default 7 days; e.g. ``timestamp=1000``) vanish and the
+log start offset moves past them. Tests with made-up timestamps create their topic with
+``config={"retention.ms": "-1"}``.
 
 How a test uses it (the ``kafka_broker`` session fixture in ``tests/conftest.py``)::
 
@@ -25,7 +29,7 @@ How a test uses it (the ``kafka_broker`` session fixture in ``tests/conftest.py`
         consumer = Consumer(kafka_broker.config(**{"group.id": "g"}))
         kafka_broker.bootstrap_servers                    # "127.0.0.1:<port>"
 
-``create_topic(name=None, partitions=1)`` creates a topic (a unique ``t-<uuid>`` name when
+``create_topic(name=None, partitions=1, config=None)`` creates a topic (a unique ``t-<uuid>`` name when
 none is given) and waits until its metadata shows every partition with a leader;
 ``admin()`` gives a ``confluent_kafka.admin.AdminClient``. With ``pytest -n 2`` each xdist
 worker starts its own broker. Subprocesses get ``bootstrap_servers`` (a plain string).
@@ -141,9 +145,16 @@ class KafkaBroker:
         return AdminClient(self.config())
 
     def create_topic(
-        self, name: str | None = None, partitions: int = 1, timeout: float = 10.0
+        self,
+        name: str | None = None,
+        partitions: int = 1,
+        timeout: float = 10.0,
+        config: dict[str, str] | None = None,
     ) -> str:
-        """Create a topic with ``partitions`` partitions and return its name once usable."""
+        """Create a topic with ``partitions`` partitions and return its name once usable.
+
+        ``config`` is the topic configuration, e.g. ``{"retention.ms": "-1"}``.
+        """
         from confluent_kafka.admin import NewTopic
 
         if partitions < 1:
@@ -151,7 +162,7 @@ class KafkaBroker:
         topic = name or f"t-{uuid.uuid4().hex[:12]}"
         admin = self.admin()
         futures = admin.create_topics(
-            [NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+            [NewTopic(topic, num_partitions=partitions, replication_factor=1, config=config or {})],
             operation_timeout=timeout,
         )
         futures[topic].result(timeout)
