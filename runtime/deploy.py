@@ -29,7 +29,6 @@ from runtime.config import CHANGELOG, CheckpointingMode
 from runtime.graph import JobGraph, JobVertex
 from runtime.operators import ChainedOutput, StreamOperator
 from runtime.router import EdgeOutput, Router
-from runtime.sources import SourceSplits
 from runtime.state_dump_backend import PendingStateDump, delete_older
 from runtime.task import Task, TaskHost
 from statelog.backend import KeyedStateBackend
@@ -182,7 +181,9 @@ def build_tasks(
         if v.source is not None:
             node = graph.stream.nodes[v.source]
             assert node.source is not None
-            splits = SourceSplits(node.source, assignments.get(node.id, {}), node.watermarks)
+            restored = host.restore_meta is not None and node.uid in host.restore_meta.sources
+            splits = node.source.open_splits(assignments.get(node.id, {}), node.watermarks,
+                                             subtask=i, parallelism=p, restored=restored)  # fmt: skip
             task = Task(host, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned)
         else:
             chans, idxs = inputs[v.id]

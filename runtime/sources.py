@@ -77,6 +77,21 @@ class Source:
     def reader(self, split: str, position: dict[str, Any] | None) -> SplitReader:
         raise NotImplementedError
 
+    def open_splits(
+        self,
+        assigned: dict[str, dict[str, Any] | None],
+        watermarks: WatermarkStrategy | None,
+        *,
+        subtask: int = 0,
+        parallelism: int = 1,
+        restored: bool = False,
+    ) -> SourceSplits:
+        """The reading side of source subtask ``subtask`` (in a worker): ``assigned`` maps its
+        splits to their restored positions (``None``: from the start); ``restored`` says the job
+        restored positions of this source. Sources that read their splits together (Kafka: one
+        consumer) return their own :class:`SourceSplits`."""
+        return SourceSplits(self, assigned, watermarks)
+
 
 # -- generator -----------------------------------------------------------------------------------
 
@@ -450,6 +465,13 @@ class SourceSplits:
             ts = self.max_ts.get(split)
             wm = min(wm, MIN_WATERMARK if ts is None else ts - lag)
         return wm
+
+    def snapshot_positions(self, checkpoint_id: int) -> dict[str, dict[str, Any]]:
+        """The positions recorded in checkpoint ``checkpoint_id`` (at its barrier)."""
+        return self.positions()
+
+    def checkpoint_complete(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` completed (e.g. Kafka commits its offsets for monitoring)."""
 
     def positions(self) -> dict[str, dict[str, Any]]:
         out = {}

@@ -268,7 +268,7 @@ class Task:
         t0 = time.monotonic()
         sources = None
         if self.source is not None:
-            sources = {self.source_uid: self.source.positions()}
+            sources = {self.source_uid: self.source.snapshot_positions(checkpoint_id)}
         pending, committables = self._snapshot_operators(checkpoint_id)
         self.router.event((BARRIER, checkpoint_id))
         if committables:
@@ -383,5 +383,7 @@ class Task:
         self.router.flush()
 
     def checkpoint_complete(self, checkpoint_id: int) -> None:
+        if self.source is not None:
+            self.source.checkpoint_complete(checkpoint_id)
         for op in self.ops:
             op.checkpoint_complete(checkpoint_id)
