@@ -570,6 +570,7 @@ class KafkaSinkOperator(StreamOperator):
         super().__init__(uid)
         self.sink = sink
         self._errors: list[str] = []
+        self.timeout_s = 30.0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -587,7 +588,6 @@ class KafkaSinkOperator(StreamOperator):
         meta = host.restore_meta
         self.restored_id = meta.checkpoint_id if meta is not None else None
         self.tag = f"{self.ctx.run_id[:8]}-a{self.ctx.attempt}"
-        self.timeout_s = 30.0
         # initialise the whole pool: fences zombies and aborts their open transactions
         self.free: list[_Txn] = []
         for slot in range(sink.pool_size):
