@@ -189,7 +189,7 @@ class KafkaOffsets:
             fresh = [p for p in parts if p not in recorded[topic]]
             for p in parts:
                 if p in recorded[topic]:
-                    start[topic][p] = recorded[topic][p]
+                    start[topic][p] = self._check_recorded(checkpoint, topic, p, recorded[topic][p])
             start[topic].update(self._resolve_start(topic, fresh))
         self.consumer.assign(
             [
@@ -205,6 +205,28 @@ class KafkaOffsets:
             {t: len(o) for t, o in start.items()},
         )
         return {t: dict(o) for t, o in start.items()}
+
+    def _check_recorded(
+        self, checkpoint: CheckpointMetadata | None, topic: str, partition: int, offset: int
+    ) -> int:
+        """A recorded offset, refused past the partition's end (another topic of that name)
+        and reported when retention deleted records the state has not seen yet."""
+        low, high = self._watermarks(topic, partition)
+        cid = checkpoint.checkpoint_id if checkpoint else None
+        if offset > high:
+            raise ConfigError(
+                f"checkpoint {cid} records offset {offset} for {topic}[{partition}], but the "
+                f"partition ends at offset {high}: was the topic deleted and created again? "
+                "Restore a checkpoint of this topic, or start the job on a new root"
+            )
+        if offset < low:
+            log.warning(
+                "checkpoint %s records offset %d for %s[%d], but the partition now starts at %d: "
+                "records %d..%d were deleted (retention) before this job read them; the "
+                "consumer's auto.offset.reset decides where it goes on",
+                cid, offset, topic, partition, low, offset, low - 1,
+            )  # fmt: skip
+        return offset
 
     def _owned_partitions(self) -> dict[str, list[int]]:
         if self._owned is None:

@@ -175,6 +175,10 @@ def test_bad_checkpoints_and_topics_are_refused(kafka_broker: KafkaBroker) -> No
             offsets.restore(_meta({topic: {0: "5"}}))
         with pytest.raises(ConfigError, match=r"partitions \[5\].*has only partitions \[0, 1\]"):
             offsets.restore(_meta({topic: {0: 1, 5: 1}}))
+        with pytest.raises(
+            ConfigError, match=r"offset 100 for .*\[1\], but the partition ends at offset 0"
+        ):
+            offsets.restore(_meta({topic: {0: 0, 1: 100}}))
         with pytest.raises(ConfigError, match=r"partitions \[4\] of topic .* do not exist"):
             KafkaOffsets(consumer, topic, partitions={topic: [0, 4]}).restore(None)
         with pytest.raises(ConfigError, match="'no-such-topic' cannot be read.*does it exist"):
@@ -182,5 +186,26 @@ def test_bad_checkpoints_and_topics_are_refused(kafka_broker: KafkaBroker) -> No
         offsets.restore(None)
         with pytest.raises(ConfigError, match="has the name of a Kafka topic"):
             offsets.sources({topic: 1})
+    finally:
+        consumer.close()
+
+
+def test_records_deleted_before_the_checkpoints_offset_are_reported(
+    kafka_broker: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    _fill(kafka_broker, topic, 3, 1, timestamp=1000)  # older than the 7-day retention
+    consumer = _consumer(kafka_broker)
+    try:
+        deadline = time.monotonic() + 20
+        while (
+            consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=5, cached=False)[0]
+            < 3
+        ):
+            assert time.monotonic() < deadline, "the broker did not apply retention"
+            time.sleep(0.2)
+        with caplog.at_level("WARNING", logger="statelog.kafka"):
+            assert KafkaOffsets(consumer, topic).restore(_meta({topic: {0: 1}})) == {topic: {0: 1}}
+        assert "records 1..2 were deleted (retention)" in caplog.text
     finally:
         consumer.close()
