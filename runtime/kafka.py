@@ -55,6 +55,7 @@ LATEST = "latest"
 COMMITTED = "committed"
 DELIVERY = ("none", "at-least-once", "exactly-once")
 SINK_PREFIX = "runtime/kafka-sink/"
+_PRODUCER_ONLY = ("linger.ms", "enable.idempotence", "transactional.id", "acks", "compression.type")
 EMPTY_READS_AT_END = 5  # empty polls (10 ms each) after EOF at the stop offset: a bounded partition ended
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
@@ -588,6 +589,7 @@ class KafkaSinkOperator(StreamOperator):
         meta = host.restore_meta
         self.restored_id = meta.checkpoint_id if meta is not None else None
         self.tag = f"{self.ctx.run_id[:8]}-a{self.ctx.attempt}"
+        self.markers: dict[int, Any] = {}  # subtask -> a consumer of its marker group
         # initialise the whole pool: fences zombies and aborts their open transactions
         self.free: list[_Txn] = []
         for slot in range(sink.pool_size):
@@ -608,6 +610,30 @@ class KafkaSinkOperator(StreamOperator):
             raise KafkaError(f"KafkaSink {self.uid}: init_transactions of {txn_id!r} failed: {e}") from None
         return _Txn(slot, txn_id, producer)
 
+    def _marker_consumer(self, subtask: int) -> Any:
+        c = self.markers.get(subtask)
+        if c is None:
+            c = self.markers[subtask] = self.ck.Consumer({
+                **{k: v for k, v in self.sink.config().items() if k not in _PRODUCER_ONLY},
+                "group.id": f"{self.sink.prefix}-{subtask}-commits",
+                "enable.auto.commit": False,
+            })  # fmt: skip
+        return c
+
+    def _mark(self, txn: _Txn, checkpoint_id: int, subtask: int | None = None) -> None:
+        """Inside the transaction: its commit marker, the offset ``checkpoint_id + 1`` of
+        partition 0 of the topic in the subtask's marker group, committed with it or not at all."""
+        sub = self.ctx.subtask if subtask is None else subtask
+        tp = self.ck.TopicPartition(self.sink.topic, 0, checkpoint_id + 1)
+        txn.producer.send_offsets_to_transaction([tp], self._marker_consumer(sub).consumer_group_metadata(),
+                                                 self.timeout_s)  # fmt: skip
+
+    def _committed_upto(self, subtask: int) -> int:
+        """The newest checkpoint whose transaction of ``subtask`` committed (by its marker), or -1."""
+        tp = self.ck.TopicPartition(self.sink.topic, 0)
+        (got,) = self._marker_consumer(subtask).committed([tp], timeout=self.timeout_s)
+        return got.offset - 1 if got.offset is not None and got.offset >= 0 else -1
+
     def _prefix(self) -> str:
         return f"{SINK_PREFIX}{self.uid}/"
 
@@ -627,6 +653,9 @@ class KafkaSinkOperator(StreamOperator):
                 mine.append((cid, sub, info.key))
         for cid, sub, key in sorted(mine):
             if self.restored_id is not None and cid <= self.restored_id:
+                if self._committed_upto(sub) >= cid:  # committed; only its object was left
+                    self.store.delete(key)
+                    continue
                 data = pickle.loads(zlib.decompress(self.store.get(key)))
                 if sub == self.ctx.subtask:
                     txn = self.free[data["slot"] % len(self.free)]
@@ -637,6 +666,7 @@ class KafkaSinkOperator(StreamOperator):
                 for k, v in data["records"]:
                     self._produce(txn.producer, k, v)
                 self._flush(txn.producer)
+                self._mark(txn, cid, sub)
                 txn.producer.commit_transaction(self.timeout_s)
                 log.info("KafkaSink %s: committed the %d records checkpoint %d pre-committed (lost commit)",
                          self.uid, len(data["records"]), cid)  # fmt: skip
@@ -697,6 +727,7 @@ class KafkaSinkOperator(StreamOperator):
         elif d == "exactly-once":
             txn = self.current
             self._flush(txn.producer)  # pre-commit: every record is in the broker, in the open transaction
+            self._mark(txn, checkpoint_id)
             txn.checkpoint = checkpoint_id
             txn.key = f"{self._prefix()}{checkpoint_id:010d}-{self.ctx.subtask:04d}-{self.tag}"
             body = {"txn_id": txn.txn_id, "slot": txn.slot, "checkpoint": checkpoint_id, "records": txn.records}
@@ -726,3 +757,5 @@ class KafkaSinkOperator(StreamOperator):
                 self.producer.flush(5)
             return
         # open and pre-committed transactions stay as they are: the next attempt decides
+        for c in self.__dict__.get("markers", {}).values():
+            c.close()
