@@ -36,11 +36,17 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+try:  # the kafka extra; the runtime imports without it
+    import confluent_kafka
+except ImportError:  # pragma: no cover - exercised only without the extra
+    confluent_kafka = None
 
 from runtime.errors import JobGraphError, RuntimeJobError
 from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
@@ -65,12 +71,8 @@ class KafkaError(RuntimeJobError):
 
 
 def _kafka() -> Any:
-    try:
-        import confluent_kafka
-    except ImportError:
-        raise JobGraphError(
-            "the Kafka source and sink need confluent-kafka: pip install 'statelog[kafka]'"
-        ) from None
+    if confluent_kafka is None:
+        raise JobGraphError("the Kafka source and sink need confluent-kafka: pip install 'statelog[kafka]'")
     return confluent_kafka
 
 
@@ -150,8 +152,6 @@ class KafkaSource(Source):
         if topics is not None and (not topics or not all(isinstance(t, str) and t and ":" not in t for t in topics)):
             raise JobGraphError(f"KafkaSource topics must be non-empty topic names, got {topics!r}")
         if pattern is not None:
-            import re
-
             try:
                 re.compile(pattern)
             except re.error as e:
@@ -208,8 +208,6 @@ class KafkaSource(Source):
             raise KafkaError(
                 f"could not list the topics of {self.bootstrap_servers} ({e}); is the broker reachable?"
             ) from None
-        import re
-
         out = []
         if self.topics is not None:
             for t in self.topics:
