@@ -13,6 +13,7 @@ import sys
 
 BENCHMARKS = {
     "backend": "bench.backend",
+    "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
     "large": "bench.large",
     "materializer": "bench.materializer",
@@ -28,9 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test, not for results)")
     parser.add_argument("--root", default=None, help="job root URL to use (default: a temp directory)")
+    parser.add_argument("--bootstrap", default=None,
+                        help="kafka only: HOST:PORT of a broker to use (default: start the test broker)")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
-    result = module.run(quick=args.quick, root=args.root, progress=not args.json)
+    extra = {}
+    if args.bootstrap is not None:
+        if args.name != "kafka":
+            parser.error("--bootstrap applies to the kafka benchmark only")
+        extra["bootstrap"] = args.bootstrap
+    result = module.run(quick=args.quick, root=args.root, progress=not args.json, **extra)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:
