@@ -41,7 +41,6 @@ import atexit
 import logging
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -52,6 +51,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.procs import free_ports, log_tail, set_pdeathsig, stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -98,23 +99,6 @@ def _require_client() -> None:
             f"the Kafka tests need the confluent-kafka client, which is not installed in "
             f"{sys.executable}. {_INSTALL_HINT}"
         ) from exc
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
-    """Have the kernel send SIGTERM to the broker if the test process dies (Linux only)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -184,22 +168,10 @@ class KafkaBroker:
             time.sleep(0.05)
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "<no log>"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout: float = 10.0) -> None:
-        proc = self.process
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("noida-db pid %d did not stop in %.0fs; killing", proc.pid, timeout)
-                proc.kill()
-                proc.wait(timeout=timeout)
+        stop_process(self.process, "noida-db", timeout)
         if self.remove_dir:
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -268,7 +240,7 @@ def start_kafka(base_dir: Path | None = None, *, attempts: int = 3) -> KafkaBrok
         run_dir = root / f"run{attempt}"
         data_dir = run_dir / "data"
         data_dir.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        (port,) = free_ports(1)
         log_path = run_dir / "noida.log"
         args = [
             binary, "start", "--data-dir", str(data_dir), "--host", "127.0.0.1",
@@ -282,7 +254,7 @@ def start_kafka(base_dir: Path | None = None, *, attempts: int = 3) -> KafkaBrok
                 stderr=subprocess.STDOUT,
                 cwd=run_dir,
                 start_new_session=True,
-                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+                preexec_fn=set_pdeathsig if sys.platform.startswith("linux") else None,
             )
         broker = KafkaBroker("127.0.0.1", port, proc, root, log_path, remove_dir=False)
         atexit.register(broker.stop)

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import urllib3
 from minio import Minio
 
 from statelog.store import ObjectStore, open_store
+from tests.procs import free_ports, log_tail, set_pdeathsig, stop_process
 
 logger = logging.getLogger(__name__)
 
@@ -71,24 +71,10 @@ def find_weed() -> str:
     )
 
 
-def _free_ports(count: int) -> list[int]:
-    """Reserve ``count`` distinct free loopback ports (released just before use)."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def _free_port_pair(offset: int) -> tuple[int, int]:
     """A free port ``p`` with ``p + offset`` also free."""
     for _ in range(200):
-        (port,) = _free_ports(1)
+        (port,) = free_ports(1)
         if port + offset > 65535:
             continue
         try:
@@ -98,17 +84,6 @@ def _free_port_pair(offset: int) -> tuple[int, int]:
             continue
         return port, port + offset
     raise RuntimeError("could not find two free loopback ports for the SeaweedFS admin server")
-
-
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
-    """Have the kernel send SIGTERM to weed if the test process dies (Linux only)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 @dataclass
@@ -153,22 +128,10 @@ class S3Server:
         return RootSpec(f"s3://{self.bucket}/{uuid.uuid4().hex}", self.options())
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "<no log>"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout: float = 10.0) -> None:
-        proc = self.process
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("SeaweedFS pid %d did not stop in %.0fs; killing", proc.pid, timeout)
-                proc.kill()
-                proc.wait(timeout=timeout)
+        stop_process(self.process, "SeaweedFS", timeout)
         self._remove_sockets()
 
     def _remove_sockets(self) -> None:
@@ -226,7 +189,7 @@ def _launch(
         "s3.port",
         "s3.port.grpc",
     ]
-    ports = dict(zip(names, _free_ports(len(names)), strict=True))
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     ports["admin.port"], ports["admin.port.grpc"] = _free_port_pair(_GRPC_OFFSET)
     args = [
         weed,
@@ -257,7 +220,7 @@ def _launch(
             cwd=base_dir,
             env=env,
             start_new_session=True,
-            preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+            preexec_fn=set_pdeathsig if sys.platform.startswith("linux") else None,
         )
     return proc, ports, log_path
 
