@@ -154,6 +154,7 @@ class KeyGroupLoader:
         self._tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] | None = None
         self._tail_lock = threading.Lock()
         self._tail_alone: set[int] = set()  # key groups whose records were read alone
+        self._run_index: dict[int, list[int]] | None = None
         self._stop = False
         self.error: BaseException | None = None
         self.check_keys: Callable[[str, Any], None] = lambda _state, _keys: None
@@ -205,6 +206,40 @@ class KeyGroupLoader:
         with self._cond:
             self._state[kg] = _TAKEN
             self._taken += 1
+            self._cond.notify_all()
+        return prepared
+
+    def take_run(self, kg: int) -> list[PreparedKeyGroup]:
+        """Key group ``kg`` and, if nobody prepares it yet, every key group of its run (the key
+        groups held by the same table files) not claimed yet, prepared together in this thread:
+        one decoding per file and run, as the background thread does. For a task thread that
+        waits for the whole state anyway (:meth:`KeyedStateBackend.wait_loaded`)."""
+        with self._cond:
+            while True:
+                self._raise_error()
+                st = self._state[kg]
+                if st == _TAKEN:
+                    return []
+                if st == _READY:
+                    self._state[kg] = _TAKEN
+                    self._taken += 1
+                    self._cond.notify_all()
+                    return [self._ready.pop(kg)]
+                if st == _UNLOADED:
+                    claimed = [k for k in self._run_of(kg) if self._state[k] == _UNLOADED]
+                    for k in claimed:
+                        self._state[k] = _PREPARING
+                    break
+                self._cond.wait(0.05)  # the background thread is preparing it
+        try:
+            prepared = self._prepare_many(claimed)
+        except BaseException as e:
+            self._fail(e)
+            raise
+        with self._cond:
+            for k in claimed:
+                self._state[k] = _TAKEN
+            self._taken += len(claimed)
             self._cond.notify_all()
         return prepared
 
@@ -277,6 +312,11 @@ class KeyGroupLoader:
                     self._state[p.key_group] = _READY
                 self._cond.notify_all()
 
+    def _run_of(self, kg: int) -> list[int]:
+        if self._run_index is None:
+            self._run_index = {k: run for run in self._runs() for k in run}
+        return self._run_index[kg]
+
     def _runs(self) -> list[list[int]]:
         """The key groups in order, cut where the set of table files holding them changes."""
         runs: list[list[int]] = []
@@ -322,20 +362,22 @@ class KeyGroupLoader:
                         out[kg].base.setdefault(info.name, []).append((keys[start:end], nss[start:end], values[start:end]))
                         out[kg].rows += n
                         start = end
+        tails = self._tails_of(kgs)
         for kg, p in out.items():
-            p.records = self._tail_of(kg)
+            p.records = tails.get(kg, {})
             self.rows += p.rows
             self.records += sum(len(r) for r in p.records.values())
         return [out[kg] for kg in kgs]
 
-    def _tail_of(self, kg: int) -> dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]:
-        """Key group ``kg``'s change records: from the whole tail once it was read (the
-        background thread reads it first), else read for this key group alone."""
+    def _tails_of(self, kgs: list[int]) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
+        """The change records of key groups ``kgs``: from the whole tail once it was read (the
+        background thread reads it first), else read for their range alone."""
         with self._tail_lock:
             if self._tail is not None:
-                return self._tail.pop(kg, {})
-            self._tail_alone.add(kg)
-        return self._read_tail(KeyGroupRange(kg, kg)).get(kg, {})
+                return {kg: self._tail.pop(kg, {}) for kg in kgs}
+            self._tail_alone.update(kgs)
+        tail = self._read_tail(KeyGroupRange(kgs[0], kgs[-1]))
+        return {kg: tail.get(kg, {}) for kg in kgs}
 
     def _read_whole_tail(self) -> None:
         tail = self._read_tail(self.key_groups)
