@@ -104,8 +104,9 @@ def test_import_statelog_spark_names_the_extra() -> None:
         ["inspect"],
         ["inspect", "--no-count"],
         ["restore", "--checkpoint", "latest"],
+        ["materializer", "run", "ROOT", "--once", "--engine", "spark"],
     ],
-    ids=["sql", "inspect", "inspect-no-count", "restore"],
+    ids=["sql", "inspect", "inspect-no-count", "restore", "materializer-spark"],
 )
 def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, args: list[str]) -> None:
     root = tmp_path.as_uri()
@@ -115,7 +116,7 @@ def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, arg
     b.get_state(ValueStateDescriptor("count", pa.int64(), default=0)).update(1)
     job.checkpoint(sources={})
     job.close()
-    argv = [args[0], root, *args[1:]]
+    argv = [root if a == "ROOT" else a for a in args] if "ROOT" in args else [args[0], root, *args[1:]]
     out = _run(
         f"""
         from tools.cli import main
