@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from materializer.build import MaterializeOptions, Progress
 from statelog.checkpoint import CheckpointMetadata
-from statelog.errors import StatelogError
+from statelog.errors import ConfigError, StatelogError
+from statelog.keys import KeyGroupRange
 from statelog.materialization import Manifest, MaterializedOperator, TableFile
 from statelog.materialization_writer import (
     StateTableWriter,
@@ -78,18 +79,51 @@ def run_unit(root: str, store_options: Mapping[str, Any], task: UnitTask) -> dic
         store.close()
 
 
+def group_units(pieces: list[UnitWork], groups: int) -> list[UnitWork]:
+    """Consecutive ``pieces`` of one handle merged into at most ``groups`` works of about
+    equal key-group counts (a cut between pieces is a cut the tables allow)."""
+    if len(pieces) <= groups:
+        return pieces
+    total = sum(len(p.key_groups) for p in pieces)
+    out: list[UnitWork] = []
+    current: list[UnitWork] = []
+    done = 0
+
+    def close() -> None:
+        first, last = current[0], current[-1]
+        out.append(replace(first, key_groups=KeyGroupRange(first.key_groups.start, last.key_groups.end)))
+        current.clear()
+
+    for p in pieces:
+        n, ideal = len(p.key_groups), total * (len(out) + 1) / groups
+        if current and len(out) < groups - 1 and (done >= ideal or done + n - ideal > ideal - done):
+            close()  # the boundary is nearer before this piece than after it
+        current.append(p)
+        done += n
+    close()
+    return out
+
+
 class SparkEngine:
     """Writes a materialization's tables as Spark tasks (see the module docstring).
 
     ``root`` and ``store_options``: the job root as the executors open it (the options are
-    resolved here, with this process's environment). ``spark``: a SparkSession to use;
+    resolved here, with this process's environment). ``tasks``: about how many Spark tasks a
+    materialization runs (default: the session's ``defaultParallelism``, its cores): every
+    handle gets its share, as consecutive units, at least one unit per task. Each task
+    reads the blocks of its handle's changelog that hold its key groups, and a block
+    usually holds all the handle's key groups: more tasks than cores would decode the same
+    blocks more often for no gain. ``spark``: a SparkSession to use;
     without one, a session is started at the first materialization with ``master``
     (default ``$STATELOG_SPARK_MASTER`` or ``local[*]``) and stopped by :meth:`close`.
     """
 
     def __init__(self, root: str, store_options: Mapping[str, Any] | None = None, *, spark: Any = None,
-                 master: str | None = None) -> None:
+                 master: str | None = None, tasks: int | None = None) -> None:
+        if tasks is not None and (type(tasks) is not int or tasks < 1):
+            raise ConfigError(f"tasks must be a whole number >= 1 (Spark tasks per materialization), got {tasks!r}")
         self.root = root
+        self.tasks = tasks
         self.store_options = resolve_store_options(root, store_options)
         self.master = master
         self._spark = spark
@@ -126,8 +160,11 @@ class SparkEngine:
     ) -> dict[str, MaterializedOperator]:
         plans = [plan_operator(store, meta, uid, idx, options, manifests)
                  for idx, uid in enumerate(sorted(meta.operators))]
+        works = [(plan, work) for plan in plans for work in plan.works]
+        target = self.tasks or (int(self.session().sparkContext.defaultParallelism) if works else 1)
+        per_handle = max(1, -(-target // max(1, len(works))))
         tasks = [UnitTask(piece, plan.unit, dir_, self_contained, options)
-                 for plan in plans for work in plan.works for piece in split_units(work, plan.unit)]
+                 for plan, work in works for piece in group_units(split_units(work, plan.unit), per_handle)]
         files: dict[str, dict[str, list[TableFile]]] = {plan.uid: {} for plan in plans}
         if tasks:
             from statelog.spark.tasks import run_tasks

@@ -60,11 +60,12 @@ def small_job(tmp_path_factory: pytest.TempPathFactory) -> jobs.Built:
     return jobs.build(root, {}, seed=11, ops=200)
 
 
-@pytest.mark.parametrize("units", [16, 4, 1])
-def test_spark_materialization_equals_in_process(spark: Any, small_job: jobs.Built, units: int) -> None:
+@pytest.mark.parametrize(("units", "tasks"), [(16, 64), (16, None), (4, 3), (1, 64)])
+def test_spark_materialization_equals_in_process(spark: Any, small_job: jobs.Built, units: int,
+                                                 tasks: int | None) -> None:
     b = small_job
     job = statelog.open(b.root, create=False)
-    engine = SparkEngine(b.root, spark=spark)
+    engine = SparkEngine(b.root, spark=spark, tasks=tasks)
     try:
         options = MaterializeOptions(units=units)
         compared = 0
@@ -76,10 +77,27 @@ def test_spark_materialization_equals_in_process(spark: Any, small_job: jobs.Bui
             assert theirs.stats["files_reused"] == ours.stats["files_reused"]
             compared += assert_same_tables(job.store, ours, theirs)
         assert compared > 0
-        # one task per unit of each handle (parallelism 2 of operator op, 1 of words)
-        assert engine.last_tasks >= min(units, 2)
+        # three handles (operator op at parallelism 2, words at 1); local[2] has 2 cores
+        if tasks == 64 and units > 1:
+            assert engine.last_tasks > 3  # handles cut into units
+        else:  # 2 cores or 3 tasks: one task per handle; one unit: a handle is never cut
+            assert engine.last_tasks == 3
     finally:
         job.close()
+
+
+def test_group_units_keeps_consecutive_units_together() -> None:
+    from materializer.spark import group_units
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization_writer import UnitWork
+
+    def piece(lo: int, hi: int) -> UnitWork:
+        return UnitWork("op", 0, None, KeyGroupRange(lo, hi), (), ())  # type: ignore[arg-type]
+
+    pieces = [piece(0, 3), piece(4, 7), piece(8, 15), piece(16, 19)]
+    assert [p.key_groups for p in group_units(pieces, 2)] == [KeyGroupRange(0, 7), KeyGroupRange(8, 19)]
+    assert [p.key_groups for p in group_units(pieces, 1)] == [KeyGroupRange(0, 19)]
+    assert group_units(pieces, 4) == pieces and group_units(pieces, 9) == pieces
 
 
 @pytest.mark.s3
@@ -111,7 +129,7 @@ class SparkScenario(Scenario):
             return
         ours = load_manifest(self.job.store, new.pop())
         meta = self.job.load_checkpoint(ours.checkpoint_id)
-        engine = SparkEngine(self.root, self.options, spark=self.spark)
+        engine = SparkEngine(self.root, self.options, spark=self.spark, tasks=64)  # the finest cut
         theirs = materialize(self.job.store, meta, options=MaterializeOptions(units=units), engine=engine)
         assert_same_tables(self.job.store, ours, theirs)
         SparkScenario.compared += 1
