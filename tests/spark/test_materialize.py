@@ -86,6 +86,41 @@ def test_spark_materialization_equals_in_process(spark: Any, small_job: jobs.Bui
         job.close()
 
 
+def test_base_files_spanning_units_are_reused_alike(spark: Any, tmp_path: Path) -> None:
+    """A base written with coarser units (4 key groups a file) under finer ones (1): the
+    units a base file spans stay in one task, so an untouched file is reused as in process."""
+    import pyarrow as pa
+
+    from statelog import ListStateDescriptor, ValueStateDescriptor
+
+    root = (tmp_path / "root").as_uri()
+    job = statelog.open(root, max_parallelism=16)
+    job.materialization_poll_s = 0
+    try:
+        b = job.backend("op")
+        count = b.get_state(ValueStateDescriptor("count", pa.int64(), default=0))
+        seen = b.get_state(ListStateDescriptor("seen", pa.string()))
+        for k in range(300):
+            b.set_current_key(k)
+            count.update(k)
+            seen.add(str(k))
+        materialize(job.store, job.checkpoint(), options=MaterializeOptions(units=4))
+        for k in range(3):  # only "count" changes, in a few key groups
+            b.set_current_key(k)
+            count.update(-k)
+        meta = job.checkpoint()
+        assert all(h.materialization for h in meta.operators["op"].subtasks)  # built on the coarse base
+        fine = MaterializeOptions(units=16)
+        engine = SparkEngine(root, spark=spark, tasks=64)
+        ours = materialize(job.store, meta, options=fine)
+        theirs = materialize(job.store, meta, options=fine, engine=engine)
+        assert assert_same_tables(job.store, ours, theirs) > 0
+        assert engine.last_tasks == 4  # 16 units, kept together in fours by the base files
+        assert theirs.stats["files_reused"] == ours.stats["files_reused"] >= 4  # the untouched "seen" files
+    finally:
+        job.close()
+
+
 def test_group_units_keeps_consecutive_units_together() -> None:
     from materializer.spark import group_units
     from statelog.keys import KeyGroupRange
