@@ -120,7 +120,7 @@ class MaterializerDaemon:
     (seconds) of the interval trigger and of GC; ``lease_clock`` measures the lease's
     intervals (default :func:`time.monotonic`, or ``clock`` when a clock is injected).
     ``progress(what, done, total)`` is called with the cycle's phases and the
-    materialization's progress. ``engine`` writes the tables (default: per the ``engine``
+    materialization's progress. ``table_engine`` writes the tables (default: per the ``engine``
     option, in this process or, for ``"spark"``, a :class:`~materializer.spark.SparkEngine`
     on ``store.url`` opened with ``store_options``, started at the first materialization).
     """
@@ -134,7 +134,7 @@ class MaterializerDaemon:
         progress: Progress | None = None,
         layout: MaterializeOptions | None = None,
         lease_clock: Callable[[], float] | None = None,
-        engine: TableEngine | None = None,
+        table_engine: TableEngine | None = None,
         store_options: Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
@@ -155,11 +155,11 @@ class MaterializerDaemon:
         self.clock = clock
         self.progress = progress
         self.layout = layout
-        if engine is None and settings.engine == ENGINE_SPARK:
-            from materializer.spark import SparkEngine  # PySpark itself is imported at first use
+        if table_engine is None and settings.engine == ENGINE_SPARK:
+            from materializer.spark import SparkEngine  # its session starts at first use
 
-            engine = SparkEngine(store.url, store_options, master=settings.spark_master)
-        self.engine = engine
+            table_engine = SparkEngine(store.url, store_options, master=settings.spark_master)
+        self.engine = table_engine
         if lease_clock is None:
             lease_clock = time.monotonic if clock is time.time else clock
         self.lease = LeaderLease(store, self.owner, settings.lease_ttl_s, clock=lease_clock)

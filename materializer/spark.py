@@ -114,14 +114,17 @@ class SparkEngine:
     reads the blocks of its handle's changelog that hold its key groups, and a block
     usually holds all the handle's key groups: more tasks than cores would decode the same
     blocks more often for no gain. ``spark``: a SparkSession to use;
-    without one, a session is started at the first materialization with ``master``
-    (default ``$STATELOG_SPARK_MASTER`` or ``local[*]``) and stopped by :meth:`close`.
+    without one, the active session of this process is used, or else one is started at the
+    first materialization with ``master`` (default ``$STATELOG_SPARK_MASTER`` or
+    ``local[*]``) and stopped by :meth:`close`.
     """
 
     def __init__(self, root: str, store_options: Mapping[str, Any] | None = None, *, spark: Any = None,
                  master: str | None = None, tasks: int | None = None) -> None:
         if tasks is not None and (type(tasks) is not int or tasks < 1):
             raise ConfigError(f"tasks must be a whole number >= 1 (Spark tasks per materialization), got {tasks!r}")
+        if spark is None:  # fail now, not at the first materialization, without the spark extra
+            import statelog.spark  # noqa: F401 - the MissingDependencyError naming the extra
         self.root = root
         self.tasks = tasks
         self.store_options = resolve_store_options(root, store_options)
@@ -137,8 +140,12 @@ class SparkEngine:
         if self._spark is None:
             import statelog.spark  # without PySpark: the MissingDependencyError naming the extra
 
-            self._spark = statelog.spark.session(self.master, app_name="statelog-materializer")
-            self._owns_session = True
+            active = statelog.spark.SparkSession.getActiveSession()
+            if active is not None:  # this process's session (e.g. a notebook's): used, never stopped
+                self._spark = active
+            else:
+                self._spark = statelog.spark.session(self.master, app_name="statelog-materializer")
+                self._owns_session = True
         return self._spark
 
     def close(self) -> None:

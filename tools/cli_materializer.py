@@ -207,7 +207,7 @@ def _run(args: argparse.Namespace, options: dict[str, Any], daemon_options: Mate
     store = open_store(args.root, options)
     try:
         JobCatalog(store).open_job(None, create=False)  # never create a job root here
-        daemon = MaterializerDaemon(store, daemon_options, engine=engine, store_options=options)
+        daemon = MaterializerDaemon(store, daemon_options, table_engine=engine, store_options=options)
         view = _TerminalView() if sys.stderr.isatty() else None
         if view is not None:
             daemon.progress = view.update

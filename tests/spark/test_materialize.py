@@ -191,12 +191,27 @@ def test_daemon_with_engine_spark_publishes_under_its_lease(spark: Any, tmp_path
     b = jobs.build((tmp_path / "root").as_uri(), {}, seed=2, ops=80)
     job = statelog.open(b.root, create=False)
     try:
-        daemon = MaterializerDaemon(job.store, engine=SparkEngine(b.root, spark=spark), run_gc=False)
+        daemon = MaterializerDaemon(job.store, table_engine=SparkEngine(b.root, spark=spark), run_gc=False)
         summary = daemon.run_once(force=True)
         assert summary["action"] == "materialized", summary
         m = load_manifest(job.store, summary["materialization"]["manifest"])
         assert m.checkpoint_id == b.c4 and m.lease_generation == summary["generation"] >= 1
         assert_same_tables(job.store, materialize(job.store, job.load_checkpoint(b.c4)), m)
+    finally:
+        job.close()
+
+
+def test_daemon_option_engine_spark_uses_the_active_session(spark: Any, tmp_path: Path) -> None:
+    b = jobs.build((tmp_path / "root").as_uri(), {}, seed=6, ops=60)
+    job = statelog.open(b.root, create=False)
+    try:
+        daemon = MaterializerDaemon(job.store, engine="spark", run_gc=False, max_tail_bytes=1)
+        assert isinstance(daemon.engine, SparkEngine)
+        summary = daemon.run(once=True)
+        assert summary is not None and summary["action"] == "materialized", summary
+        assert daemon.engine.last_tasks >= 1  # the tables were written by Spark tasks
+        assert spark.sparkContext._jsc is not None  # the session it did not start is not stopped
+        assert spark.range(3).count() == 3
     finally:
         job.close()
 
@@ -221,7 +236,7 @@ def test_daemon_fenced_during_the_spark_job_publishes_nothing(spark: Any, tmp_pa
                 assert other.lease.try_acquire()
 
         a = MaterializerDaemon(job.store, owner="a", run_gc=False, lease_ttl_s=ttl, clock=FakeClock(),
-                               progress=mid_job, engine=SparkEngine(b.root, spark=spark))
+                               progress=mid_job, table_engine=SparkEngine(b.root, spark=spark))
         before = {k for k, *_ in list_manifests(job.store)}
         summary = a.run_once(force=True)
         assert fired

@@ -128,3 +128,20 @@ def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, arg
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith("statelog: error: statelog.spark needs PySpark")
     assert "pip install 'statelog[spark]'" in lines[0]
+
+
+def test_daemon_with_engine_spark_without_pyspark_names_the_extra(tmp_path: Path) -> None:
+    statelog.open(tmp_path.as_uri()).close()
+    out = _run(
+        f"""
+        from materializer.daemon import MaterializerDaemon
+        from statelog.errors import MissingDependencyError
+        from statelog.store import open_store
+        try:
+            MaterializerDaemon(open_store({tmp_path.as_uri()!r}), engine="spark")
+        except MissingDependencyError as e:
+            print(e)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'statelog[spark]'" in out.stdout
