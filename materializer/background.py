@@ -141,7 +141,7 @@ def start_background(
         JobCatalog(store).open_job(None, create=False)
         if (options is None or options.owner is None) and "owner" not in opts:
             opts["owner"] = default_owner("background")
-        daemon = MaterializerDaemon(store, options, **opts)
+        daemon = MaterializerDaemon(store, options, store_options=store_options, **opts)
     except BaseException:
         if owns:
             store.close()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from statelog.checkpoint import CheckpointMetadata
 from statelog.layout import (
@@ -23,7 +23,7 @@ from statelog.layout import (
     parse_savepoint_manifest_key,
     table_dir,
 )
-from statelog.materialization import Manifest
+from statelog.materialization import Manifest, MaterializedOperator
 from statelog.materialization_writer import (
     MaterializeOptions,
     Progress,
@@ -34,7 +34,46 @@ from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MaterializeOptions", "Materializer", "Progress", "materialize"]
+__all__ = ["InProcessEngine", "MaterializeOptions", "Materializer", "Progress", "TableEngine", "materialize"]
+
+
+class TableEngine(Protocol):
+    """Where the state tables of a materialization are written: in this process
+    (:class:`InProcessEngine`, the default) or as Spark tasks (``materializer.spark``)."""
+
+    def write_tables(
+        self,
+        store: ObjectStore,
+        meta: CheckpointMetadata,
+        dir_: str,
+        self_contained: bool,
+        stats: dict[str, Any],
+        options: MaterializeOptions,
+        progress: Progress | None,
+        manifests: dict[str, Manifest],
+    ) -> dict[str, MaterializedOperator]:
+        """Write the tables of every operator of ``meta`` below ``dir_`` (all durable when
+        this returns), add to ``stats`` and return the manifest's operators."""
+        ...
+
+
+class InProcessEngine:
+    """The tables written by this process (a thread pool uploads them)."""
+
+    def write_tables(
+        self,
+        store: ObjectStore,
+        meta: CheckpointMetadata,
+        dir_: str,
+        self_contained: bool,
+        stats: dict[str, Any],
+        options: MaterializeOptions,
+        progress: Progress | None,
+        manifests: dict[str, Manifest],
+    ) -> dict[str, MaterializedOperator]:
+        with StateTableWriter(store, options, progress, manifests) as writer:
+            return {uid: writer.write_operator(meta, uid, idx, dir_, self_contained, stats)
+                    for idx, uid in enumerate(sorted(meta.operators))}
 
 
 class Materializer:
@@ -45,10 +84,12 @@ class Materializer:
         store: ObjectStore,
         options: MaterializeOptions | None = None,
         progress: Progress | None = None,
+        engine: TableEngine | None = None,
     ) -> None:
         self.store = store
         self.options = options or MaterializeOptions()
         self.progress = progress
+        self.engine: TableEngine = engine or InProcessEngine()
         self._manifests: dict[str, Manifest] = {}
 
     def materialize(
@@ -72,10 +113,8 @@ class Materializer:
         mid = new_materialization_id(meta.checkpoint_id, lease_generation)
         key = key or manifest_key(mid)
         stats = new_stats()
-        with StateTableWriter(self.store, self.options, self.progress, self._manifests) as writer:
-            operators = {}
-            for idx, uid in enumerate(sorted(meta.operators)):
-                operators[uid] = writer.write_operator(meta, uid, idx, table_dir(mid, data_prefix), self_contained, stats)
+        operators = self.engine.write_tables(self.store, meta, table_dir(mid, data_prefix), self_contained, stats,
+                                             self.options, self.progress, self._manifests)
         stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
         manifest = Manifest(
             mid=mid,
@@ -105,6 +144,8 @@ class Materializer:
 
 
 def materialize(store: ObjectStore, meta: CheckpointMetadata, **kwargs: Any) -> Manifest:
-    """Materialize checkpoint ``meta`` with default options (see :class:`Materializer`)."""
+    """Materialize checkpoint ``meta`` (keyword ``options``: the layout, ``engine``: where
+    the tables are written; the rest as :meth:`Materializer.materialize`)."""
     options = kwargs.pop("options", None)
-    return Materializer(store, options).materialize(meta, **kwargs)
+    engine = kwargs.pop("engine", None)
+    return Materializer(store, options, engine=engine).materialize(meta, **kwargs)

@@ -34,14 +34,20 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from materializer.build import MaterializeOptions, Materializer
+from materializer.build import MaterializeOptions, Materializer, TableEngine
 from materializer.gc import collect_garbage
 from materializer.lease import LeaderLease, LeaseKeeper, current_holder
 from materializer.metrics import DaemonMetrics
-from materializer.options import REASON_FORCED, MaterializerOptions, default_owner, due
+from materializer.options import (
+    ENGINE_SPARK,
+    REASON_FORCED,
+    MaterializerOptions,
+    default_owner,
+    due,
+)
 from statelog.catalog import JobCatalog
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import (
@@ -114,7 +120,9 @@ class MaterializerDaemon:
     (seconds) of the interval trigger and of GC; ``lease_clock`` measures the lease's
     intervals (default :func:`time.monotonic`, or ``clock`` when a clock is injected).
     ``progress(what, done, total)`` is called with the cycle's phases and the
-    materialization's progress.
+    materialization's progress. ``table_engine`` writes the tables (default: per the ``engine``
+    option, in this process or, for ``"spark"``, a :class:`~materializer.spark.SparkEngine`
+    on ``store.url`` opened with ``store_options``, started at the first materialization).
     """
 
     def __init__(
@@ -126,6 +134,8 @@ class MaterializerDaemon:
         progress: Progress | None = None,
         layout: MaterializeOptions | None = None,
         lease_clock: Callable[[], float] | None = None,
+        table_engine: TableEngine | None = None,
+        store_options: Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
         settings = MaterializerOptions.from_mapping(overrides)  # unknown names and ranges: one place
@@ -145,6 +155,11 @@ class MaterializerDaemon:
         self.clock = clock
         self.progress = progress
         self.layout = layout
+        if table_engine is None and settings.engine == ENGINE_SPARK:
+            from materializer.spark import SparkEngine  # its session starts at first use
+
+            table_engine = SparkEngine(store.url, store_options, master=settings.spark_master)
+        self.engine = table_engine
         if lease_clock is None:
             lease_clock = time.monotonic if clock is time.time else clock
         self.lease = LeaderLease(store, self.owner, settings.lease_ttl_s, clock=lease_clock)
@@ -318,7 +333,7 @@ class MaterializerDaemon:
             def fence() -> None:
                 self.lease.ensure_valid(self.publish_margin_s)
 
-            materializer = Materializer(self.store, self.layout, progress)
+            materializer = Materializer(self.store, self.layout, progress, self.engine)
             materializer._manifests = self._manifests  # share the parsed-manifest cache
             try:
                 manifest = materializer.materialize(meta, lease_generation=generation, before_publish=fence)
@@ -483,6 +498,9 @@ class MaterializerDaemon:
                     self._sleep(min(self.poll_s, self.lease.renew_interval_s))
         finally:
             self.release()
+            close = getattr(self.engine, "close", None)
+            if close is not None:  # a Spark session the engine started
+                close()
             if self.metrics_server is not None:
                 self.metrics_server.close()
                 self.metrics_server = None

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from statelog import options as opt
 from statelog.checkpoint import CheckpointMetadata
+from statelog.errors import ConfigError
 from statelog.materialization import Manifest
 from statelog.metrics import check_port
 from statelog.options import Options, check_bool, non_empty_name, option
@@ -29,6 +30,17 @@ REASON_FIRST = "first"  # no materialization exists yet
 REASON_TAIL = "tail-size"  # the changelog tail reached max_tail_bytes
 REASON_INTERVAL = "interval"  # interval_s passed since the last materialization
 REASON_FORCED = "forced"  # run_once(force=True) / BackgroundMaterializer.trigger()
+
+ENGINE_IN_PROCESS = "in-process"
+ENGINE_SPARK = "spark"
+ENGINES = (ENGINE_IN_PROCESS, ENGINE_SPARK)
+
+
+def check_engine(label: str, value: object) -> str:
+    if value not in ENGINES:
+        raise ConfigError(f"{label} must be one of {', '.join(ENGINES)} (where the state tables are written), "
+                          f"got {value!r}")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,12 @@ class MaterializerOptions(Options):
     metrics_port: int | None = option(None, "serve Prometheus metrics at /metrics and a health probe at /healthz "
                                       "on this TCP port (0: any free port)", check_port, flag="--metrics-port",
                                       cli_default_text="off", metavar="PORT")
+    engine: str = option(ENGINE_IN_PROCESS, "where the state tables are written: in-process, or spark (one Spark "
+                         "task per key-group unit; needs the spark extra)", check_engine, flag="--engine",
+                         cli_default=ENGINE_IN_PROCESS, metavar="ENGINE")
+    spark_master: str | None = option(None, "the Spark master of engine spark", non_empty_name,
+                                      flag="--spark-master", cli_default_text="$STATELOG_SPARK_MASTER or local[*]",
+                                      metavar="URL")
     metrics_host: str = option("127.0.0.1", "address the metrics port listens on", non_empty_name,
                                flag="--metrics-host", cli_default="127.0.0.1", metavar="ADDR")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -183,6 +183,102 @@ def new_stats() -> dict[str, Any]:
             "changelog_records": 0, "changelog_bytes": 0, "base_rows_read": 0}
 
 
+@dataclass(frozen=True)
+class UnitWork:
+    """A piece of one operator's materialization: key groups ``key_groups`` of ``handle``.
+
+    ``infos`` are the states written for it and ``bases`` the handle's materialized parts
+    (key groups, the base manifest's operator). The in-process writer runs one per handle;
+    the Spark engine (``materializer.spark``) one per task (:func:`split_units`).
+    """
+
+    uid: str
+    op_idx: int
+    handle: SubtaskStateHandle
+    key_groups: KeyGroupRange
+    infos: tuple[StateInfo, ...]
+    bases: tuple[tuple[KeyGroupRange, MaterializedOperator], ...]
+
+
+@dataclass(frozen=True)
+class OperatorPlan:
+    """What :meth:`StateTableWriter.write_operator` writes for one operator, before writing it."""
+
+    uid: str
+    unit: int  # key groups per unit
+    infos: dict[str, StateInfo]
+    covered: dict[str, int]
+    works: tuple[UnitWork, ...]  # one per handle, in key-group order
+
+    def result(self, files: dict[str, list[TableFile]]) -> MaterializedOperator:
+        """The operator's part of the manifest, given the files written for its works."""
+        return MaterializedOperator(
+            uid=self.uid,
+            states=tuple(self.infos[n] for n in sorted(self.infos)),
+            covered=self.covered,
+            files={n: tuple(sorted(fs, key=lambda f: f.key_groups.start)) for n, fs in files.items() if fs},
+        )
+
+
+def plan_operator(
+    store: ObjectStore,
+    meta: CheckpointMetadata,
+    uid: str,
+    idx: int,
+    options: MaterializeOptions,
+    manifests: dict[str, Manifest] | None = None,
+) -> OperatorPlan:
+    """Plan operator ``uid`` of ``meta``: per handle (in key-group order) its base parts and
+    the states written for it (those of this and the earlier handles and their bases), and
+    the changelog positions the new image covers. Reads only base manifests."""
+    op = meta.operators[uid]
+    manifests = manifests if manifests is not None else {}
+    infos: dict[str, StateInfo] = {}
+    covered: dict[str, int] = {}
+    works = []
+    for h in sorted(op.subtasks, key=lambda h: h.key_groups.start):
+        for r in h.changelog:
+            covered[r.stream] = max(covered.get(r.stream, 0), r.end)
+        for info in h.states:
+            infos.setdefault(info.name, info)
+        bases = []
+        for part in h.materialization:
+            m = load_manifest(store, part, manifests, job_id=meta.job_id)
+            mop = m.operators.get(uid)
+            if mop is None:
+                continue
+            for info in mop.states:
+                infos.setdefault(info.name, info)
+            # the image includes the base's, so it covers what the base covered too (a backend
+            # that adopts it must not reference those records again)
+            for stream, end in mop.covered.items():
+                covered[stream] = max(covered.get(stream, 0), end)
+            bases.append((part.key_groups.intersect(h.key_groups), mop))
+        works.append(UnitWork(uid, idx, h, h.key_groups, tuple(info for _, info in sorted(infos.items())),
+                              tuple(bases)))
+    unit = max(1, -(-meta.max_parallelism // options.units))
+    return OperatorPlan(uid, unit, infos, covered, tuple(works))
+
+
+def split_units(work: UnitWork, unit: int) -> list[UnitWork]:
+    """``work`` cut at unit boundaries, except where a base file spans the boundary (then the
+    units on both sides stay together): each piece then decides reuse and writes files
+    exactly as the whole would, so the tables equal :meth:`StateTableWriter.write_operator`'s."""
+    kgr = work.key_groups
+    cuts = {b for b in range(kgr.start + 1, kgr.end + 1) if b % unit == 0}
+    for part_kgr, mop in work.bases:
+        for fs in mop.files.values():
+            for f in fs:
+                if not f.key_groups.intersect(part_kgr).is_empty:
+                    cuts -= set(range(f.key_groups.start + 1, f.key_groups.end + 1))
+    pieces = []
+    start = kgr.start
+    for b in sorted(cuts) + [kgr.end + 1]:
+        pieces.append(replace(work, key_groups=KeyGroupRange(start, b - 1)))
+        start = b
+    return pieces
+
+
 class StateTableWriter:
     """Writes the Parquet state tables of a checkpoint's operators: per subtask handle, its
     materialized base with its changelog ranges applied (:mod:`statelog.state.appliers`).
@@ -223,55 +319,44 @@ class StateTableWriter:
         """Write the tables of operator ``uid`` (the ``idx``-th of the checkpoint) below
         ``dir_``; files of the bases whose key groups saw no change are reused unless
         ``self_contained``. Adds to ``stats`` (:func:`new_stats`)."""
-        op = meta.operators[uid]
-        infos: dict[str, StateInfo] = {}
-        covered: dict[str, int] = {}
+        plan = plan_operator(self.store, meta, uid, idx, self.options, self._manifests)
         files: dict[str, list[TableFile]] = {}
-        unit = max(1, -(-meta.max_parallelism // self.options.units))
         futures: list[cf.Future[Any]] = []
-        handles = sorted(op.subtasks, key=lambda h: h.key_groups.start)
-        for n, h in enumerate(handles):
+        for n, work in enumerate(plan.works):
             if self.progress:
-                self.progress(f"{uid}: subtask state {n + 1}/{len(handles)}", n, len(handles))
-            for r in h.changelog:
-                covered[r.stream] = max(covered.get(r.stream, 0), r.end)
-            for info in h.states:
-                infos.setdefault(info.name, info)
-            bases = []
-            for part in h.materialization:
-                m = load_manifest(self.store, part, self._manifests, job_id=meta.job_id)
-                mop = m.operators.get(uid)
-                if mop is None:
-                    continue
-                for info in mop.states:
-                    infos.setdefault(info.name, info)
-                # the image includes the base's, so it covers what the base covered too (a backend
-                # that adopts it must not reference those records again)
-                for stream, end in mop.covered.items():
-                    covered[stream] = max(covered.get(stream, 0), end)
-                bases.append((part.key_groups.intersect(h.key_groups), mop))
-            tail = self._read_tail(h, stats)
-            for name, info in sorted(infos.items()):
-                out = files.setdefault(name, [])
-                self._state(info, h, bases, tail.get(name, []), unit, idx, dir_, self_contained,
-                            out, futures, stats)
+                self.progress(f"{uid}: subtask state {n + 1}/{len(plan.works)}", n, len(plan.works))
+            self._unit(work, plan.unit, dir_, self_contained, files, futures, stats)
         for f in futures:
             f.result()
-        for name in files:
-            files[name].sort(key=lambda f: f.key_groups.start)
-        return MaterializedOperator(
-            uid=uid,
-            states=tuple(infos[n] for n in sorted(infos)),
-            covered=covered,
-            files={n: tuple(fs) for n, fs in files.items() if fs},
-        )
+        return plan.result(files)
 
-    def _read_tail(self, h: SubtaskStateHandle, stats: dict) -> dict[str, list[pa.Table]]:
-        """The handle's change records per state as Arrow tables, in replay order."""
+    def write_unit(self, work: UnitWork, unit: int, dir_: str, self_contained: bool,
+                   stats: dict) -> dict[str, list[TableFile]]:
+        """Write the tables of one unit of work (a Spark task of ``materializer.spark``);
+        returns the files per state (written when this returns)."""
+        files: dict[str, list[TableFile]] = {}
+        futures: list[cf.Future[Any]] = []
+        self._unit(work, unit, dir_, self_contained, files, futures, stats)
+        for f in futures:
+            f.result()
+        return files
+
+    def _unit(self, work: UnitWork, unit: int, dir_: str, self_contained: bool, files: dict[str, list[TableFile]],
+              futures: list[cf.Future[Any]], stats: dict) -> None:
+        tail = self._read_tail(work.handle, work.key_groups, stats)
+        bases = [(inter, mop) for part_kgr, mop in work.bases
+                 if not (inter := part_kgr.intersect(work.key_groups)).is_empty]
+        for info in work.infos:
+            out = files.setdefault(info.name, [])
+            self._state(info, work.key_groups, bases, tail.get(info.name, []), unit, work.op_idx, dir_,
+                        self_contained, out, futures, stats)
+
+    def _read_tail(self, h: SubtaskStateHandle, kgr: KeyGroupRange, stats: dict) -> dict[str, list[pa.Table]]:
+        """The handle's change records of key groups ``kgr`` per state as Arrow tables, in replay order."""
         reader = SegmentReader(self.store)
         out: dict[str, list[pa.Table]] = {}
         for r in h.changelog:
-            sub = r.restrict(h.key_groups)
+            sub = r.restrict(kgr)
             if sub is None:
                 continue
             for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
@@ -283,7 +368,7 @@ class StateTableWriter:
     def _state(
         self,
         info: StateInfo,
-        h: SubtaskStateHandle,
+        kgr: KeyGroupRange,
         bases: list[tuple[KeyGroupRange, MaterializedOperator]],
         tail_tables: list[pa.Table],
         unit: int,
@@ -318,7 +403,7 @@ class StateTableWriter:
                     stats["rows"] += f.rows
                 else:
                     base_files.append((part_kgr, f))
-        dirty = [kg for kg in h.key_groups if kg not in reused]
+        dirty = [kg for kg in kgr if kg not in reused]
         vectorized = info.name in TIMER_STATES or info.kind not in (StateKind.LIST, StateKind.MAP)
         cache: dict[str, pa.Table] = {}
         for run in _unit_runs(dirty, unit):

@@ -24,9 +24,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from materializer.daemon import MaterializerDaemon, manifest_summary
 from materializer.lease import current_holder
-from materializer.options import MaterializerOptions
+from materializer.options import ENGINE_SPARK, MaterializerOptions
 from statelog import options as opt
 from statelog.catalog import JobCatalog
+from statelog.errors import ConfigError
 from statelog.materialization import latest_manifest_key, load_manifest
 from statelog.options import parse_duration, parse_size  # noqa: F401 - re-exported for callers
 from statelog.store import open_store
@@ -185,12 +186,28 @@ def _summary_line(s: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    stop = threading.Event()
     daemon_options = _check_run_options(args)  # before the store is opened: a usage error
+    if daemon_options.engine != ENGINE_SPARK:
+        return _run(args, options, daemon_options, None)
+    import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
+    from tools import cli_spark
+    try:
+        cli_spark.check_master(daemon_options.spark_master)
+    except ConfigError as e:  # the same check, named by this command's flag
+        raise ConfigError(str(e).replace("--master:", "--spark-master:", 1)) from None
+    with cli_spark._spark(daemon_options.spark_master, cli_spark._verbosity(args)) as spark:
+        from materializer.spark import SparkEngine
+
+        return _run(args, options, daemon_options, SparkEngine(args.root, options, spark=spark))
+
+
+def _run(args: argparse.Namespace, options: dict[str, Any], daemon_options: MaterializerOptions,
+         engine: Any) -> int:
+    stop = threading.Event()
     store = open_store(args.root, options)
     try:
         JobCatalog(store).open_job(None, create=False)  # never create a job root here
-        daemon = MaterializerDaemon(store, daemon_options)
+        daemon = MaterializerDaemon(store, daemon_options, table_engine=engine, store_options=options)
         view = _TerminalView() if sys.stderr.isatty() else None
         if view is not None:
             daemon.progress = view.update

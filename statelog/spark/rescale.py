@@ -53,6 +53,7 @@ from statelog.layout import (
 from statelog.materialization import Manifest, MaterializedOperator, TableFile
 from statelog.materialization_writer import StateTableWriter, new_stats
 from statelog.spark import options as opt
+from statelog.spark.tasks import run_tasks
 from statelog.store import open_store
 from statelog.store.options import StoreOptions, resolve_store_options
 
@@ -320,51 +321,8 @@ def restore(
 
 def _run(spark: SparkSession, root: str, store_options: Mapping[str, Any] | None, name: str,
          tasks: list[RestoreTask], progress: Progress | None) -> list[dict[str, Any]]:
-    from pyspark import InheritableThread
-
-    sc = spark.sparkContext
-    rdd = sc.parallelize(tasks, len(tasks)).map(partial(run_task, root, StoreOptions(store_options), name))
-    group = f"statelog-restore-{name}"
-    out: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            sc.setJobGroup(group, f"statelog restore -> savepoint {name}", interruptOnCancel=True)
-            out["results"] = rdd.collect()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            out["error"] = e
-
-    thread = InheritableThread(target=work, daemon=True)
-    thread.start()
-    tracker = sc.statusTracker()
-    try:
-        while thread.is_alive():
-            thread.join(0.25)
-            if progress is not None:
-                done = 0
-                for jid in tracker.getJobIdsForGroup(group):
-                    info = tracker.getJobInfo(jid)
-                    for sid in info.stageIds if info is not None else ():
-                        st = tracker.getStageInfo(sid)
-                        done += st.numCompletedTasks if st is not None else 0
-                progress(min(done, len(tasks)), len(tasks))
-    except KeyboardInterrupt:
-        sc.cancelJobGroup(group)
-        raise
-    if "error" in out:
-        raise StatelogError(f"the restore job failed in Spark: {_first_line(out['error'])}") from out["error"]
-    if progress is not None:
-        progress(len(tasks), len(tasks))
-    results = sorted(out["results"], key=lambda r: r["number"])
-    return results
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e)
-    for line in text.splitlines():
-        if "Error:" in line and "statelog" in line:
-            return line.strip()
-    return text.splitlines()[0] if text else type(e).__name__
+    fn = partial(run_task, root, StoreOptions(store_options), name)
+    return run_tasks(spark, fn, tasks, f"statelog-restore-{name}", "the restore job", progress)
 
 
 def _publish(job: StateJob, meta: CheckpointMetadata, where: str, name: str, tasks: list[RestoreTask],

@@ -104,8 +104,9 @@ def test_import_statelog_spark_names_the_extra() -> None:
         ["inspect"],
         ["inspect", "--no-count"],
         ["restore", "--checkpoint", "latest"],
+        ["materializer", "run", "ROOT", "--once", "--engine", "spark"],
     ],
-    ids=["sql", "inspect", "inspect-no-count", "restore"],
+    ids=["sql", "inspect", "inspect-no-count", "restore", "materializer-spark"],
 )
 def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, args: list[str]) -> None:
     root = tmp_path.as_uri()
@@ -115,7 +116,7 @@ def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, arg
     b.get_state(ValueStateDescriptor("count", pa.int64(), default=0)).update(1)
     job.checkpoint(sources={})
     job.close()
-    argv = [args[0], root, *args[1:]]
+    argv = [root if a == "ROOT" else a for a in args] if "ROOT" in args else [args[0], root, *args[1:]]
     out = _run(
         f"""
         from tools.cli import main
@@ -127,3 +128,20 @@ def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, arg
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith("statelog: error: statelog.spark needs PySpark")
     assert "pip install 'statelog[spark]'" in lines[0]
+
+
+def test_daemon_with_engine_spark_without_pyspark_names_the_extra(tmp_path: Path) -> None:
+    statelog.open(tmp_path.as_uri()).close()
+    out = _run(
+        f"""
+        from materializer.daemon import MaterializerDaemon
+        from statelog.errors import MissingDependencyError
+        from statelog.store import open_store
+        try:
+            MaterializerDaemon(open_store({tmp_path.as_uri()!r}), engine="spark")
+        except MissingDependencyError as e:
+            print(e)
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'statelog[spark]'" in out.stdout
