@@ -13,7 +13,6 @@ import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -79,12 +78,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        config.pluginmanager.register(_GroupCheck(), "statelog-group-check")
+
+
+class _GroupCheck:
     """Under ``--dist loadgroup`` a grouped test's id ends in ``@group``. The groups were lost
-    silently twice (this hook ran after xdist's; pytest 9.2 renamed what xdist 3.8 sets), and
-    each worker then started its own SparkSession: fail loudly instead."""
-    spark_tests = any("tests/spark/" in i for i in ids)
-    if node.config.getoption("dist", None) == "loadgroup" and spark_tests and not any("@spark" in i for i in ids):
-        pytest.exit("xdist_group is ignored by this pytest/pytest-xdist pair; "
-                        "install the versions pyproject.toml pins", returncode=4)
+    silently twice (the hook above ran after xdist's; pytest 9.2 renamed what xdist 3.8
+    sets), and each worker then started its own SparkSession: such tests now fail."""
+
+    def __init__(self) -> None:
+        self.lost: set[str] = set()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.lost = {i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid}
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if item.nodeid in self.lost:
+            pytest.fail("xdist_group is ignored by this pytest/pytest-xdist pair: install the versions "
+                        "pyproject.toml pins", pytrace=False)
