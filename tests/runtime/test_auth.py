@@ -9,11 +9,14 @@ server).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import pickle
 import socket
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 
 from runtime.auth import MAGIC, NONCE_BYTES, AuthenticationError, handshake, new_secret
 from runtime.channels import _LEN, ChannelServer, InputChannel, RemoteOutput
+from runtime.spark_cluster import accept_control
 
 CHANNEL = (7, 0, 1)
 
@@ -165,3 +169,37 @@ def test_a_sender_with_a_wrong_secret_reports_a_failed_handshake(server: Any) ->
     assert "failed the handshake" in reported[0]
     assert channel.backlog() == 0 and _wait_for(lambda: srv.refused == 1)
     out.close()
+
+
+@pytest.mark.parametrize("client", ["raw-pickle", "wrong-secret", "right-secret"])
+def test_the_control_listener_of_spark_workers_unpickles_only_after_the_handshake(
+    tmp_path: Path, client: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``accept_control`` (the job master's TCP control listener of cluster="spark")."""
+    secret = new_secret()
+    marker = tmp_path / "unpickled"
+    caplog.set_level(logging.WARNING, logger="runtime.spark_cluster")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        sock = socket.create_connection(listener.getsockname()[:2])
+        accepted, peer = listener.accept()
+        result: list[Any] = []
+        t = threading.Thread(target=lambda: result.append(accept_control(accepted, peer, secret, 4, set())))
+        t.start()
+        if client == "raw-pickle":
+            sock.sendall(_frame(CreatesFile(marker)) + _frame(("ready", 0, ("127.0.0.1", 1), CreatesFile(marker))))
+        else:
+            with contextlib.suppress(AuthenticationError):
+                handshake(sock, secret if client == "right-secret" else new_secret(), connected=True)
+            pid = 1234 if client == "right-secret" else CreatesFile(marker)
+            with contextlib.suppress(OSError):
+                Connection(os.dup(sock.fileno())).send(("ready", 2, ("127.0.0.1", 1), pid))
+        t.join(60)
+        sock.close()
+    assert not marker.exists(), "a control frame of an unauthenticated peer was unpickled"
+    if client == "right-secret":
+        index, conn, address, pid = result[0]
+        conn.close()
+        assert (index, address, pid) == (2, ("127.0.0.1", 1), 1234)
+    else:
+        assert result == [None]
+        assert "refused a control connection" in caplog.text and secret.hex() not in caplog.text
