@@ -47,6 +47,7 @@ from runtime.operators import (
 from runtime.restart import FixedDelay, NoRestart, RestartStrategy
 from runtime.sinks import Sink
 from runtime.sources import Source, WatermarkStrategy
+from runtime.spark_cluster import SparkLauncher
 from runtime.windows import WindowAssigner, WindowOperator
 from statelog import options as opt
 from statelog.descriptors import AggregateFunction
@@ -202,8 +203,6 @@ class StreamExecutionEnvironment:
         launcher = None
         config = self.config
         if cluster == "spark":
-            from runtime.spark_cluster import SparkLauncher
-
             launcher = SparkLauncher(spark, job_name)
             # executors may lack this process's AWS_* environment: they get the store options
             # it resolves (in the deploy spec, over the authenticated control connection)

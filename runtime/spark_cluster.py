@@ -46,6 +46,7 @@ from runtime.auth import AuthenticationError, handshake
 from runtime.config import JobConfig
 from runtime.errors import JobGraphError, WorkerLostError
 from runtime.launcher import Launcher, WorkerProc
+from runtime.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,6 @@ def spark_context(spark: Any) -> Any:
 def run_worker_task(index: int, host: str, control: tuple[str, int], secret: bytes) -> None:
     """Run worker ``index`` in this (executor's Python worker) process until the job master
     stops it; raises when the worker fails (the stage fails with it)."""
-    from runtime.worker import Worker  # the executor imports the runtime only here
-
     sock = socket.create_connection(control, timeout=30.0)
     try:
         handshake(sock, secret, connected=True)
