@@ -175,19 +175,18 @@ class SparkLauncher(Launcher):
         self._thread: threading.Thread | None = None
         self._group = ""
         self._error: str | None = None
-        self._done_r, self._done_w = os.pipe()  # readable once the stage ended
-        self._done_read = False
+        self._done: tuple[int, int] | None = None  # a pipe per attempt: readable once its stage ended
 
     def stage_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def waitables(self) -> list[Any]:
-        return [] if self._done_read else [self._done_r]
+        return [] if self._done is None else [self._done[0]]
 
     def failure(self) -> str | None:
         return self._error or "the barrier stage ended before the job master stopped it"
 
-    def _run_stage(self, parallelism: int, control: tuple[str, int], secret: bytes, attempt: int) -> None:
+    def _run_stage(self, parallelism: int, control: tuple[str, int], secret: bytes, attempt: int, done: int) -> None:
         try:
             self.sc.setJobGroup(self._group, f"statelog job {self.job_name!r} attempt {attempt}", interruptOnCancel=True)
             rdd = self.sc.parallelize(range(parallelism), parallelism)
@@ -196,14 +195,13 @@ class SparkLauncher(Launcher):
             text = str(e).strip().splitlines()
             self._error = f"{type(e).__name__}: {' '.join(text[:3])[:1000]}"
         finally:
-            os.write(self._done_w, b"x")
+            with contextlib.suppress(OSError):  # closed: the job master stopped waiting
+                os.write(done, b"x")
 
     def start(self, config: JobConfig, secret: bytes, log_level: int | None, attempt: int) -> list[WorkerProc]:
         p = config.parallelism
-        self._error, self._done_read = None, False
-        with contextlib.suppress(BlockingIOError):  # a previous attempt's end marker
-            os.set_blocking(self._done_r, False)
-            os.read(self._done_r, 64)
+        self._error = None
+        self._done = os.pipe()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         workers: dict[int, WorkerProc] = {}
         try:
@@ -212,7 +210,7 @@ class SparkLauncher(Launcher):
             listener.settimeout(0.5)
             control = listener.getsockname()[:2]
             self._group = f"statelog-{self.job_name}-{attempt}-{uuid.uuid4().hex[:8]}"
-            self._thread = threading.Thread(target=self._run_stage, args=(p, control, secret, attempt),
+            self._thread = threading.Thread(target=self._run_stage, args=(p, control, secret, attempt, self._done[1]),
                                             name=f"spark-stage-{attempt}", daemon=True)  # fmt: skip
             self._thread.start()
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -250,6 +248,7 @@ class SparkLauncher(Launcher):
         """The workers' connections are closed (a worker whose job master is gone exits):
         cancel the job group if the stage still runs, and wait for it to end."""
         if self._thread is None:
+            self._close_done()
             return
         if kill:
             self._cancel()
@@ -260,5 +259,13 @@ class SparkLauncher(Launcher):
             if self._thread.is_alive():
                 log.warning("the barrier stage of job group %s did not end within %.0fs", self._group,
                             2 * STAGE_END_TIMEOUT_S)  # fmt: skip
+                self._thread, self._done = None, None  # its thread still writes to the pipe at its end: not closed
+                return
         self._thread = None
-        self._done_read = True
+        self._close_done()
+
+    def _close_done(self) -> None:
+        if self._done is not None:
+            for fd in self._done:
+                os.close(fd)
+            self._done = None
