@@ -19,6 +19,7 @@ BENCHMARKS = {
     "materializer": "bench.materializer",
     "recovery": "bench.recovery",
     "runtime": "bench.runtime",
+    "scale": "bench.scale",
     "scale_materialization": "bench.scale_materialization",
     "spark": "bench.spark",
 }

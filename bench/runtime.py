@@ -83,9 +83,11 @@ def _log(progress: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def run_job(input_dir: Path, root: str, backend: str, interval_s: float | None) -> Any:
+def run_job(input_dir: Path, root: str, backend: str, interval_s: float | None, *, parallelism: int = 2,
+            cluster: str = "local", spark: Any = None) -> Any:
+    """The keyed count; ``cluster``/``spark`` as for ``env.execute`` (bench/scale.py)."""
     env = StreamExecutionEnvironment(
-        parallelism=2,
+        parallelism=parallelism,
         checkpoint_interval_s=interval_s,
         checkpoint_timeout_s=120.0,
         state_root=root,
@@ -93,14 +95,14 @@ def run_job(input_dir: Path, root: str, backend: str, interval_s: float | None) 
     )
     events = env.from_source(ParquetSource(input_dir, "input-*.parquet", columns=["key"], row="tuple"), uid="events")
     events.key_by(first).process(CountPerKey(), uid=UID).sink_to(CollectSink(), uid="out")
-    return env.execute(f"bench-{backend}")
+    return env.execute(f"bench-{backend}", cluster=cluster, spark=spark)
 
 
-def total_count(root: str, checkpoint_id: int) -> int:
+def total_count(root: str, checkpoint_id: int, parallelism: int = 2) -> int:
     with statelog.open(root, create=False) as job:
         total = 0
-        for i in range(2):
-            b = job.backend(UID, subtask=i, parallelism=2, restore=checkpoint_id, changelog=False)
+        for i in range(parallelism):
+            b = job.backend(UID, subtask=i, parallelism=parallelism, restore=checkpoint_id, changelog=False)
             b.get_state(COUNT)
             total += sum(v for _, _, v in b.entries("count"))
             b.close()

@@ -20,6 +20,7 @@ pickle (cloudpickle for lambdas and closures).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from materializer.options import MaterializerOptions
@@ -46,13 +47,14 @@ from runtime.operators import (
 from runtime.restart import FixedDelay, NoRestart, RestartStrategy
 from runtime.sinks import Sink
 from runtime.sources import Source, WatermarkStrategy
+from runtime.spark_cluster import SparkLauncher
 from runtime.windows import WindowAssigner, WindowOperator
 from statelog import options as opt
 from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
 from statelog.metrics import check_port
 from statelog.options import WriterOptions
-from statelog.store.options import StoreOptions
+from statelog.store.options import StoreOptions, resolve_store_options
 from statelog.types import PICKLE
 
 
@@ -190,16 +192,33 @@ class StreamExecutionEnvironment:
         *,
         restore: int | str | None = None,
         allow_non_restored_state: bool = False,
+        cluster: str = "local",
+        spark: Any = None,
     ) -> JobClient:
-        """Start the job in a background thread of this process; returns its client."""
+        """Start the job in a background thread of this process; returns its client.
+
+        ``cluster="local"``: worker processes on this machine; ``cluster="spark"``: the workers
+        run as the tasks of a Spark barrier stage on the cluster of ``spark`` (a SparkSession
+        or SparkContext; default: the active session), see :mod:`runtime.spark_cluster`."""
+        launcher = None
+        config = self.config
+        if cluster == "spark":
+            launcher = SparkLauncher(spark, job_name)
+            # executors may lack this process's AWS_* environment: they get the store options
+            # it resolves (in the deploy spec, over the authenticated control connection)
+            config = replace(config, store_options=resolve_store_options(config.state_root, config.store_options))
+        elif cluster != "local":
+            raise JobGraphError(f"cluster must be 'local' or 'spark', got {cluster!r}")
+        elif spark is not None:
+            raise JobGraphError("spark= is only used with cluster='spark'")
         if restore not in (None, "none") and self.config.state_backend != CHANGELOG:
             raise JobGraphError(
                 f"state_backend={self.config.state_backend!r} (a benchmark baseline) cannot restore; "
                 f"use the {CHANGELOG!r} backend"
             )
         master = JobMaster(
-            job_name, self.graph, self.config, self.restart_strategy,
-            restore=restore, allow_non_restored_state=allow_non_restored_state,
+            job_name, self.graph, config, self.restart_strategy,
+            restore=restore, allow_non_restored_state=allow_non_restored_state, launcher=launcher,
         )
         return JobClient.start(master)
 
@@ -210,6 +229,8 @@ class StreamExecutionEnvironment:
         restore: int | str | None = None,
         allow_non_restored_state: bool = False,
         timeout_s: float | None = None,
+        cluster: str = "local",
+        spark: Any = None,
     ) -> JobResult:
         """Run the job to the end of its (bounded) input; returns its result.
 
@@ -218,9 +239,10 @@ class StreamExecutionEnvironment:
         the job may have another parallelism than the one that took it. Without ``restore`` a
         state root that already has checkpoints is refused with
         :class:`~statelog.errors.RestoreRequiredError` (naming the newest one): starting empty
-        there would repeat the sinks' output.
+        there would repeat the sinks' output. ``cluster``/``spark``: see :meth:`execute_async`.
         """
-        client = self.execute_async(job_name, restore=restore, allow_non_restored_state=allow_non_restored_state)
+        client = self.execute_async(job_name, restore=restore, allow_non_restored_state=allow_non_restored_state,
+                                    cluster=cluster, spark=spark)
         return client.wait(timeout_s)
 
 

@@ -12,6 +12,10 @@ stay in line with the records before them.
   length-prefixed; on the other side a reader thread of :class:`ChannelServer` puts them
   into the :class:`InputChannel`.
 
+Every TCP connection starts with the mutual HMAC handshake of :mod:`runtime.auth` (the job
+secret): the server reads no frame, and so unpickles nothing, from a peer that failed it;
+such a connection is closed and logged, and the job goes on.
+
 **Back-pressure**: an :class:`InputChannel` holds at most ``capacity`` frames; a full one
 makes its reader thread stop reading, so TCP's window fills and the sender thread blocks;
 its queue then grows and the upstream task stops running (a task runs only while every
@@ -32,6 +36,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from runtime.auth import AuthenticationError, handshake
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +127,11 @@ class RemoteOutput:
         on_error: Callable[[str], None],
         wake: threading.Event | None = None,
         capacity: int = 0,
+        *,
+        secret: bytes,
     ) -> None:
         self.address = address
+        self._secret = secret
         self.channel_id = channel_id
         self.on_error = on_error
         # set when the queue drops below ``capacity``: a task blocked by back-pressure on
@@ -150,6 +159,13 @@ class RemoteOutput:
         except OSError as e:
             if not self.closing:
                 self.on_error(f"channel {self.channel_id}: cannot connect to {self.address}: {e}")
+            return
+        try:
+            handshake(sock, self._secret, connected=True)
+        except (AuthenticationError, OSError) as e:
+            sock.close()
+            if not self.closing:
+                self.on_error(f"channel {self.channel_id}: {self.address} failed the handshake: {e}")
             return
         try:
             hello = pickle.dumps(self.channel_id)
@@ -202,13 +218,18 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 class ChannelServer:
-    """The listening socket of a worker: accepts one connection per incoming remote channel."""
+    """The listening socket of a worker: accepts one connection per incoming remote channel.
 
-    def __init__(self, on_error: Callable[[str], None]) -> None:
+    ``secret``: the job secret every connection must prove (:mod:`runtime.auth`); ``host``:
+    the address to listen on (loopback for a job on one machine)."""
+
+    def __init__(self, on_error: Callable[[str], None], secret: bytes, host: str = "127.0.0.1") -> None:
+        self._secret = secret
+        self.refused = 0  # connections that failed the handshake (closed, nothing read)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         # set before listen: accepted connections inherit it (and the window scale it implies)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((host, 0))
         self.sock.listen()
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self.channels: dict[tuple[int, int, int], InputChannel] = {}
@@ -221,16 +242,23 @@ class ChannelServer:
     def _accept(self) -> None:
         while not self.closing:
             try:
-                conn, _ = self.sock.accept()
+                conn, peer = self.sock.accept()
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), name="channel-read", daemon=True).start()
+            threading.Thread(target=self._read, args=(conn, peer), name="channel-read", daemon=True).start()
 
-    def _read(self, conn: socket.socket) -> None:
+    def _read(self, conn: socket.socket, peer: Any = None) -> None:
         channel_id: Any = None
         try:
+            try:
+                handshake(conn, self._secret, connected=False)
+            except (AuthenticationError, OSError) as e:
+                self.refused += 1
+                if not self.closing:
+                    log.warning("refused a channel connection from %s: %s", peer, e)
+                return
             head = _recv_exact(conn, _LEN.size)
             if head is None:
                 return

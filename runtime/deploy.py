@@ -45,6 +45,7 @@ class DeployHost(TaskHost, Protocol):
     """What deploying needs from the worker process (:class:`runtime.worker.Worker`)."""
 
     index: int  # the subtask this worker runs of every vertex
+    secret: bytes  # the job secret channels authenticate with (runtime.auth)
     run_id: str
     attempt: int
     job: StateJob
@@ -130,7 +131,8 @@ def build_router(
                 outs.append(LocalOutput(local_inputs[(e.id, i)]))
             else:
                 outs.append(RemoteOutput(
-                    tuple(peers[dst]), (e.id, i, dst), host.channel_error, host.wake, capacity
+                    tuple(peers[dst]), (e.id, i, dst), host.channel_error, host.wake, capacity,
+                    secret=host.secret,
                 ))  # fmt: skip
         edges.append(EdgeOutput(e.partition, e.key_selector, outs, cfg.max_parallelism, cfg.batch_size))
     return Router(edges, capacity)

@@ -5,8 +5,11 @@ One attempt of a job:
 
 1. sinks recover (commit the pending transactions of checkpoints ``<=`` the one restored,
    abort the rest);
-2. ``parallelism`` worker processes start (``multiprocessing``, ``forkserver`` by default
-   with the runtime preloaded, or ``spawn``); each opens a listening socket and reports it;
+2. the launcher (:mod:`runtime.launcher`) starts ``parallelism`` workers: local processes
+   (``multiprocessing``, ``forkserver`` by default with the runtime preloaded, or ``spawn``)
+   or the tasks of a Spark barrier stage (:mod:`runtime.spark_cluster`); each opens a
+   listening socket and reports it. Every connection proves knowledge of the run's job
+   secret first (:mod:`runtime.auth`);
 3. every worker gets the pickled job graph, the addresses of its peers, its source splits
    with their positions (from the restored checkpoint) and the checkpoint to restore; it
    builds its tasks, restores their backends and reports running;
@@ -23,20 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing as mp
 import pickle
 import threading
 import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 import cloudpickle
 
 from materializer import BackgroundMaterializer, start_background
 from materializer.savepoint import create_savepoint
+from runtime.auth import new_secret
 from runtime.config import CHANGELOG, JobConfig
 from runtime.coordinator import CheckpointCoordinator
 from runtime.errors import (
@@ -49,9 +52,9 @@ from runtime.errors import (
 )
 from runtime.graph import JobGraph, StreamGraph
 from runtime.inflight import INFLIGHT_KEY, collect_inflight
+from runtime.launcher import Launcher, LocalLauncher, WorkerProc
 from runtime.metrics import JobMetrics
 from runtime.restart import RestartStrategy
-from runtime.worker import worker_main
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import RestoreRequiredError
 from statelog.job import StateJob
@@ -98,17 +101,6 @@ class JobResult:
         return self.attempts - 1
 
 
-@dataclass
-class _WorkerProc:
-    index: int
-    proc: Any
-    conn: Connection
-    address: tuple[str, int] | None = None
-    pid: int | None = None
-    running: bool = False
-    stopped: bool = False
-
-
 def serialize_graph(graph: JobGraph) -> bytes:
     """Pickle the job graph; lambdas and closures go through cloudpickle."""
     try:
@@ -127,8 +119,11 @@ class JobMaster:
         *,
         restore: int | str | None = None,
         allow_non_restored_state: bool = False,
+        launcher: Launcher | None = None,
     ) -> None:
         self.name = name
+        self.launcher = launcher or LocalLauncher()
+        self._secret = new_secret()  # proven on every connection of this run; never logged
         self.config = config
         self.restart_strategy = restart_strategy
         self.restore = restore
@@ -144,7 +139,7 @@ class JobMaster:
         self.vertex_names = {str(v.id): v.name for v in self.job_graph.vertices}
         self.running_attempt = 0
         self.running_changed = threading.Condition(self.lock)
-        self.workers: list[_WorkerProc] = []
+        self.workers: list[WorkerProc] = []
         self.completed: list[int] = []
         self.stats: dict[int, dict[str, Any]] = {}
         self.failures: list[str] = []
@@ -355,20 +350,11 @@ class JobMaster:
             node.sink.recover(committed_upto)
         self._uncommitted.clear()
         self._finished: set[str] = set()
-        ctx = mp.get_context(cfg.start_method)
-        if cfg.start_method == "forkserver":
-            ctx.set_forkserver_preload(["runtime.worker"])
         level = cfg.worker_log_level
         if level is None:
             level = logging.getLogger("runtime").getEffectiveLevel()
-        workers = []
         t_start = time.monotonic()
-        for i in range(cfg.parallelism):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(i, child, level), daemon=True, name=f"statelog-worker-{i}")
-            proc.start()
-            child.close()
-            workers.append(_WorkerProc(i, proc, parent))
+        workers = self.launcher.start(cfg, self._secret, level, self.attempt)
         with self.lock:
             self.workers = workers
         log.info("attempt %d: started %d workers (restore %r)", self.attempt, len(workers), restore_ref)
@@ -481,14 +467,21 @@ class JobMaster:
                 raise WorkerLostError(f"worker {w.index} (pid {w.pid}) is unreachable: {e}") from None
 
     def _poll(self, timeout: float) -> None:
-        by_obj: dict[Any, tuple[str, _WorkerProc]] = {}
+        by_obj: dict[Any, tuple[str, WorkerProc | None]] = {}
         for w in self.workers:
             by_obj[w.conn] = ("conn", w)
-            by_obj[w.proc.sentinel] = ("exit", w)
+            if w.sentinel is not None:
+                by_obj[w.sentinel] = ("exit", w)
+        for obj in self.launcher.waitables():
+            by_obj[obj] = ("launcher", None)
         ready = wait(list(by_obj), max(0.0, timeout))
         # messages first: a failing worker's report comes before its exit
         for obj in sorted(ready, key=lambda o: by_obj[o][0] != "conn"):
             kind, w = by_obj[obj]
+            if w is None:
+                for other in self.workers:  # a worker's own report or death names the cause best
+                    self._drain(other)
+                raise WorkerLostError(f"the workers' cluster side failed: {self.launcher.failure()}")
             if kind == "conn":
                 self._drain(w)
             else:
@@ -499,7 +492,7 @@ class JobMaster:
                         f"worker {w.index} (pid {w.pid}) exited with code {w.proc.exitcode}"
                     )
 
-    def _drain(self, w: _WorkerProc) -> None:
+    def _drain(self, w: WorkerProc) -> None:
         try:
             while w.conn.poll():
                 self._on_message(w, w.conn.recv())
@@ -507,7 +500,7 @@ class JobMaster:
             if not w.stopped:
                 raise WorkerLostError(f"worker {w.index} (pid {w.pid}) closed its connection") from None
 
-    def _on_message(self, w: _WorkerProc, msg: tuple[Any, ...]) -> None:
+    def _on_message(self, w: WorkerProc, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "ack":
             _, cid, task, handles, sources, stats = msg
@@ -591,6 +584,7 @@ class JobMaster:
         for w in workers:
             w.proc.join(5.0)
             w.conn.close()
+        self.launcher.finish(workers, kill)
         with self.lock:
             self.workers = []
             self.running_attempt = 0

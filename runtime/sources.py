@@ -10,9 +10,10 @@ checkpoint's ``sources``) and that restores rewind to:
   split; position ``{"next": index}``. Deterministic, so the golden output of a job is known.
 * :class:`FileSource`: one split per file (``*.jsonl`` by default, one JSON value per line)
   of a directory; append-only files; position ``{"offset": records read, "byte": byte offset}``.
-* :class:`ParquetSource`: one split per Parquet file of a directory; immutable files, read
-  one bounded batch at a time; position ``{"offset": rows read}`` (a restore skips whole row
-  groups by their footer row counts, then slices inside the row group).
+* :class:`ParquetSource`: one split per Parquet file of a directory (local, or ``s3://``
+  through the store layer: :mod:`runtime.store_files`); immutable files, read one bounded
+  batch at a time; position ``{"offset": rows read}`` (a restore skips whole row groups by
+  their footer row counts, then slices inside the row group).
 
 All accept ``records_per_s`` (per source subtask) to pace a job, e.g. in tests.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ import pyarrow.parquet as pq
 
 from runtime.errors import JobGraphError
 from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
+from runtime.store_files import StoreFile, list_names, open_store_file, source_store_options
+from statelog.store import open_store
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,11 @@ class ParquetSource(Source):
     makes each row a ``{column: value}`` dict, ``row="tuple"`` a tuple in column order (the
     fast path). The position is ``{"offset": rows read}``; a restore skips whole row groups
     by the row counts of the file's footer and slices inside the row group it lands in.
+
+    ``directory`` may be ``s3://bucket/prefix`` (the objects directly below it, read with
+    ranged GETs through statelog's store layer, so every node of a cluster reaches them);
+    ``store_options`` then configures the store (else the ``AWS_*`` environment of the
+    process that builds the source: resolved here, they travel with the pickled source).
     """
 
     def __init__(
@@ -246,6 +254,7 @@ class ParquetSource(Source):
         columns: list[str] | tuple[str, ...] | None = None,
         row: str = "dict",
         records_per_s: float | None = None,
+        store_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(directory, (str, os.PathLike)):
             raise JobGraphError(f"ParquetSource directory must be a path, got {directory!r}")
@@ -269,12 +278,31 @@ class ParquetSource(Source):
         ):
             raise JobGraphError(f"ParquetSource records_per_s must be > 0 or None (unpaced), got {records_per_s!r}")
         self.directory = str(directory)
+        self.store_options = source_store_options("ParquetSource", self.directory, store_options)
         self.pattern = pattern
         self.columns = list(columns) if columns is not None else None
         self.row = row
         self.records_per_s = records_per_s
 
+    def _file(self, name: str) -> Path | StoreFile:
+        if self.store_options is None:
+            return Path(self.directory) / name
+        return open_store_file(self.directory, self.store_options, name)
+
     def splits(self) -> list[str]:
+        if self.store_options is not None:
+            store = open_store(self.directory, self.store_options)
+            try:
+                names = list_names(store, self.pattern)
+            finally:
+                store.close()
+            for name in names:  # fail early: every file is Parquet with the columns (footers only)
+                f = self._file(name)
+                try:
+                    _select_columns(f, _open_parquet(f), self.columns)
+                finally:
+                    f.close()
+            return names
         d = Path(self.directory)
         if not d.is_dir():
             raise JobGraphError(f"ParquetSource directory {self.directory} does not exist")
@@ -289,13 +317,13 @@ class ParquetSource(Source):
 
     def reader(self, split: str, position: dict[str, Any] | None) -> SplitReader:
         offset = int((position or {}).get("offset", 0))
-        return _ParquetReader(Path(self.directory) / split, offset, self.columns, self.row)
+        return _ParquetReader(self._file(split), offset, self.columns, self.row)
 
 
 PARQUET_BATCH_ROWS = 4096  # rows decoded and converted at a time
 
 
-def _open_parquet(path: Path) -> pq.ParquetFile:
+def _open_parquet(path: Path | StoreFile) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except FileNotFoundError:
@@ -309,7 +337,7 @@ def _open_parquet(path: Path) -> pq.ParquetFile:
         ) from None
 
 
-def _select_columns(path: Path, pf: pq.ParquetFile, columns: list[str] | None) -> list[str]:
+def _select_columns(path: Path | StoreFile, pf: pq.ParquetFile, columns: list[str] | None) -> list[str]:
     names = list(pf.schema_arrow.names)
     if columns is None:
         return names
@@ -320,9 +348,14 @@ def _select_columns(path: Path, pf: pq.ParquetFile, columns: list[str] | None) -
 
 
 class _ParquetReader(SplitReader):
-    def __init__(self, path: Path, offset: int, columns: list[str] | None, row: str) -> None:
+    def __init__(self, path: Path | StoreFile, offset: int, columns: list[str] | None, row: str) -> None:
         self.path, self.offset, self.row = path, offset, row
-        self.pf = _open_parquet(path)
+        try:
+            self.pf = _open_parquet(path)
+        except BaseException:
+            if isinstance(path, StoreFile):
+                path.close()
+            raise
         try:
             self.columns = _select_columns(path, self.pf, columns)
             meta = self.pf.metadata
@@ -339,7 +372,7 @@ class _ParquetReader(SplitReader):
                 start += meta.row_group(first).num_rows
                 first += 1
         except BaseException:
-            self.pf.close()
+            self.close()
             raise
         self._skip = offset - start  # rows to drop inside the first row group read
         self._batches = (
@@ -399,6 +432,8 @@ class _ParquetReader(SplitReader):
 
     def close(self) -> None:
         self.pf.close()
+        if isinstance(self.path, StoreFile):
+            self.path.close()
 
 
 # -- the source side of a task ------------------------------------------------------------------

@@ -58,11 +58,11 @@ IDLE_WAIT_S = 0.005
 ASYNC_SWITCH_INTERVAL_S = 0.0005
 
 
-def worker_main(index: int, conn: Connection, log_level: int | None) -> None:
-    """Entry point of a worker process."""
+def worker_main(index: int, conn: Connection, log_level: int | None, secret: bytes) -> None:
+    """Entry point of a worker process (a local one: ``secret`` came with its arguments)."""
     if log_level is not None:
         logging.basicConfig(level=log_level, format=f"%(asctime)s worker-{index} %(name)s %(levelname)s %(message)s")
-    worker = Worker(index, conn)
+    worker = Worker(index, conn, secret)
     try:
         worker.main()
     except ChannelError as e:  # secondary: the job master sees the peer's death as well
@@ -80,9 +80,14 @@ def worker_main(index: int, conn: Connection, log_level: int | None) -> None:
 
 
 class Worker:
-    def __init__(self, index: int, conn: Connection) -> None:
+    """``secret``: the job secret (:mod:`runtime.auth`) its channels authenticate with;
+    ``host``: the address its channel server listens on (and peers connect to)."""
+
+    def __init__(self, index: int, conn: Connection, secret: bytes, host: str = "127.0.0.1") -> None:
         self.index = index
         self.conn = conn
+        self.secret = secret
+        self.host = host
         self._send_lock = threading.Lock()
         self.mailbox: deque[tuple[Any, ...]] = deque()
         self.wake = threading.Event()
@@ -108,7 +113,8 @@ class Worker:
                 self.mailbox.append(msg)
                 self.wake.set()
         except (EOFError, OSError):
-            os._exit(3)  # the job master is gone: nothing may continue
+            if not self.stopping:  # stopped: the job master closed the connection after "stopped"
+                os._exit(3)  # the job master is gone: nothing may continue
 
     def channel_error(self, message: str) -> None:
         if not self.stopping:
@@ -118,7 +124,7 @@ class Worker:
     # -- setup ---------------------------------------------------------------------------------
 
     def main(self) -> None:
-        self.server = ChannelServer(self.channel_error)
+        self.server = ChannelServer(self.channel_error, self.secret, self.host)
         self.send(("ready", self.index, self.server.address, os.getpid()))
         msg = self.conn.recv()
         if msg[0] == "stop":

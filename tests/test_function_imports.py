@@ -32,6 +32,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.store", "statelog.store.local"): "open_store picks the implementation; at module level the package and its module would import each other",
     ("statelog.store", "statelog.store.s3"): "minio only for s3:// roots",
     ("statelog.spark.rescale", "pyspark"): "the spark extra",
+    ("runtime.spark_cluster", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
 }
 
 

@@ -1,4 +1,4 @@
-"""A real Spark standalone cluster on loopback for tests: one master and one worker.
+"""A real Spark standalone cluster on loopback for tests: one master and ``workers`` workers (default 1).
 
 Both run from the pip ``pyspark`` package (``bin/spark-class`` with the Master and Worker
 classes; the package has no ``sbin/start-*.sh``). The worker starts with an environment
@@ -95,7 +95,8 @@ def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes], deadline: 
 
 @contextlib.contextmanager
 def start_cluster(work_dir: Path, cores: int = 2, memory: str = "1g",
-                  timeout: float = STARTUP_TIMEOUT) -> Iterator[SparkCluster]:
+                  timeout: float = STARTUP_TIMEOUT, workers: int = 1) -> Iterator[SparkCluster]:
+    """``workers`` worker processes with ``cores`` cores and ``memory`` each."""
     work_dir.mkdir(parents=True, exist_ok=True)
     env = clean_env()
     env["SPARK_DAEMON_MEMORY"] = "256m"
@@ -110,12 +111,17 @@ def start_cluster(work_dir: Path, cores: int = 2, memory: str = "1g",
                           "--webui-port", "0"], master_log, env)
         cluster.processes.append(master)
         _wait_for(master_log, r"I have been elected leader|New state: ALIVE", master, deadline)
-        worker_log = work_dir / "worker.log"
-        worker = _launch(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
-                          "--webui-port", "0", "--cores", str(cores), "--memory", memory,
-                          "--work-dir", str(work_dir / "work"), cluster.master_url], worker_log, env)
-        cluster.processes.append(worker)
-        _wait_for(worker_log, r"Successfully registered with master", worker, deadline)
+        started = []
+        for k in range(workers):  # all at once: each JVM takes seconds to start
+            worker_log = work_dir / ("worker.log" if k == 0 else f"worker-{k}.log")
+            worker = _launch(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
+                              "--webui-port", "0", "--cores", str(cores), "--memory", memory,
+                              "--work-dir", str(work_dir / f"work-{k}" if k else work_dir / "work"),
+                              cluster.master_url], worker_log, env)  # fmt: skip
+            cluster.processes.append(worker)
+            started.append((worker_log, worker))
+        for worker_log, worker in started:
+            _wait_for(worker_log, r"Successfully registered with master", worker, deadline)
         yield cluster
     finally:
         cluster.stop()

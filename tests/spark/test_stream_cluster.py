@@ -1,0 +1,85 @@
+"""A stream job on a real Spark cluster: its workers are the tasks of a barrier stage.
+
+A standalone master and two workers (2 cores each, ``tests/spark/cluster.py``) run on
+127.0.0.1; the workers, and so their executors, have no ``AWS_*`` variable. The driver
+program (``stream_driver.py``, a separate process: one SparkContext per process) runs the
+clicks job at parallelism 4 with ``cluster="spark"`` on an ``s3://`` root (SeaweedFS; the
+endpoint and credentials only in the driver's environment), SIGKILLs the Python process of
+one barrier task after a checkpoint completed, and the job master restarts the job from its
+latest checkpoint as a new barrier stage. The committed output must equal the golden output
+exactly, and the S3 secret key must appear in no log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import statelog
+from runtime import read_committed
+from tests.runtime import jobs
+from tests.s3server import S3Server
+from tests.spark import cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.fault]
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER_TIMEOUT = 600.0
+PER_SPLIT = 3000
+RATE = 500.0  # records/s per split: ~6 s of input, so the kill lands mid-run
+
+
+def test_clicks_at_parallelism_4_on_a_standalone_cluster_survive_a_killed_task(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    root = f"s3://{s3_server.bucket}/stream-cluster-{uuid.uuid4().hex}"
+    out, result_path, args = tmp_path / "out", tmp_path / "result.json", tmp_path / "args.json"
+    with cluster.start_cluster(tmp_path / "cluster", cores=2, memory="1g", workers=2) as c:
+        args.write_text(json.dumps({"master": c.master_url, "root": root, "out": str(out), "per_split": PER_SPLIT,
+                                    "rate": RATE, "parallelism": 4, "result": str(result_path)}))
+        env = cluster.clean_env()
+        env.update({
+            "AWS_ENDPOINT_URL": s3_server.endpoint,
+            "AWS_REGION": s3_server.region,
+            "AWS_ACCESS_KEY_ID": s3_server.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        })
+        driver_log = tmp_path / "driver.log"
+        with driver_log.open("wb") as log:
+            run = subprocess.run([sys.executable, "-m", "tests.spark.stream_driver", str(args)], cwd=REPO, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT, timeout=DRIVER_TIMEOUT)
+        cluster_logs = c.log_text()
+    driver_output = driver_log.read_text(errors="replace")
+    assert run.returncode == 0, driver_output[-6000:]
+    result = json.loads(result_path.read_text())
+
+    # one barrier task's Python process was killed mid-run; the job master restarted the job
+    assert "pyspark" in result["killed_cmdline"], result["killed_cmdline"]
+    assert result["killed_after_checkpoints"] >= 1
+    assert result["attempts"] >= 2, result
+    assert any("worker" in f for f in result["failures"]), result["failures"]
+    pids1, pids2 = result["pids"]["1"], result["pids"].get("2", [])
+    assert len(pids1) == 4 and len(set(pids1)) == 4
+    assert result["killed"] not in pids2
+    # the executors ran the workers: the pids belong to neither the driver nor this process
+    assert os.getpid() not in pids1
+
+    # exactly once: the committed output is the golden output
+    assert sorted(read_committed(out)) == jobs.golden_windows(PER_SPLIT)
+    with statelog.open(root, store_options=s3_server.options(), create=False) as job:
+        latest = job.catalog.latest()
+        assert latest is not None and latest.checkpoint_id >= 2
+        assert all(pos["next"] == PER_SPLIT for pos in latest.sources["clicks"].values())
+
+    # the executors really ran on the cluster's workers, and the secret key is in no log
+    assert "Launch command" in cluster_logs
+    for what, text in {"driver output": driver_output, "cluster logs": cluster_logs}.items():
+        assert s3_server.secret_key not in text, f"the S3 secret key appears in the {what}"
