@@ -1,8 +1,9 @@
 """Scale benchmark: the keyed count on a Spark cluster (barrier stage) vs the local runtime.
 
 ``python -m bench scale [--json] [--quick]`` prints one JSON object with a ``"runtime"``
-section (this module) and a ``"machine"`` section; a ``"materialization"`` section (Spark vs
-in-process materialization) is meant to be added next to them.
+section (this module), a ``"materialization"`` section (Spark vs in-process materialization
+of one 10^7-key checkpoint: :mod:`bench.scale_materialization`, run after the runtime part)
+and a ``"machine"`` section.
 
 * **Workload**: the keyed count of ``bench/runtime.py`` (``ParquetSource -> key_by(key) ->
   count``, a ``ValueState<int64>`` per key, no output), ``EVENTS`` events over ``KEYS`` keys
@@ -126,4 +127,8 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
     section["spark_p2_vs_local_p2"] = round(section["events_per_s_spark_p2"] / base, 2)
     section["spark_p4_vs_local_p2"] = round(section["events_per_s_spark_p4"] / base, 2)
     section["spark_p4_vs_spark_p2"] = round(section["events_per_s_spark_p4"] / section["events_per_s_spark_p2"], 2)
-    return {"runtime": section, "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]}}
+    from bench import scale_materialization
+
+    materialization = scale_materialization.run(quick=quick, progress=progress)
+    return {"runtime": section, "materialization": materialization,
+            "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0]}}
