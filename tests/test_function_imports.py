@@ -31,7 +31,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     # the store package chooses its implementation when a root is opened
     ("statelog.store", "statelog.store.local"): "open_store picks the implementation; at module level the package and its module would import each other",
     ("statelog.store", "statelog.store.s3"): "minio only for s3:// roots",
-    ("statelog.spark.rescale", "pyspark"): "the spark extra",
+    ("statelog.spark.tasks", "pyspark"): "the spark extra",
+    ("materializer.spark", "statelog.spark"): "the spark extra: SparkEngine fails at construction without it",
+    ("materializer.daemon", "materializer.spark"): "the spark extra: engine='spark' only",
+    ("tools.cli_materializer", "statelog.spark"): "the spark extra: --engine spark only",
+    ("tools.cli_materializer", "materializer.spark"): "the spark extra: --engine spark only",
+    ("tools.cli_materializer", "tools"): "tools.cli_spark (its session helpers) imports statelog.spark: --engine spark only",
     ("runtime.spark_cluster", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
 }
 
