@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from runtime import inflight
 from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.config import CHANGELOG, CheckpointingMode
+from runtime.debloat import Debloater
 from runtime.graph import JobGraph, JobVertex
 from runtime.operators import ChainedOutput, StreamOperator
 from runtime.router import EdgeOutput, Router
@@ -97,12 +98,15 @@ def open_inputs(host: DeployHost, graph: JobGraph) -> Inputs:
     """Create the input channels of every local task and register them with the channel
     server; returns, per vertex id, its channels and the operator input each feeds."""
     p, i = host.config.parallelism, host.index
-    capacity = host.config.channel_capacity
+    cfg = host.config
+    capacity = cfg.channel_capacity
+    target = cfg.buffer_debloat_target
     inputs: Inputs = {}
     for v in graph.vertices:
         chans, idxs = [], []
         for edge, src in graph.input_channels(v, i, p):
-            ch = InputChannel(len(chans), capacity, host.wake)
+            debloater = Debloater(target, capacity, cfg.batch_size) if target is not None else None
+            ch = InputChannel(len(chans), capacity, host.wake, debloater, label=f"{edge.id}.{src}-{i}")
             chans.append(ch)
             idxs.append(edge.input_index)
             host.server.channels[(edge.id, src, i)] = ch
@@ -121,6 +125,10 @@ def build_router(
     cfg = host.config
     p, i = cfg.parallelism, host.index
     capacity = cfg.channel_capacity
+    debloat = None
+    if cfg.buffer_debloat_target is not None:  # until the receiver reports, its ceiling
+        ceiling = Debloater(cfg.buffer_debloat_target, capacity, cfg.batch_size)
+        debloat = (ceiling.frames, ceiling.records)
     edges = []
     for e in v.outputs:
         outs: list[Any] = []
@@ -130,7 +138,7 @@ def build_router(
                 outs.append(LocalOutput(local_inputs[(e.id, i)]))
             else:
                 outs.append(RemoteOutput(
-                    tuple(peers[dst]), (e.id, i, dst), host.channel_error, host.wake, capacity
+                    tuple(peers[dst]), (e.id, i, dst), host.channel_error, host.wake, capacity, debloat
                 ))  # fmt: skip
         edges.append(EdgeOutput(e.partition, e.key_selector, outs, cfg.max_parallelism, cfg.batch_size))
     return Router(edges, capacity)

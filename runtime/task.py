@@ -100,6 +100,8 @@ class Task:
         self.source_done = False
         n = len(self.channels)
         self.unaligned = unaligned and source is None
+        # unaligned mode: barriers go out urgent (they overtake what the channels queue)
+        self.urgent_barriers = unaligned
         self.barriers: BarrierHandler = (
             BarrierUnaligner(n) if self.unaligned else BarrierAligner(n) if aligned else BarrierTracker(n)
         )
@@ -138,10 +140,16 @@ class Task:
 
     def step(self) -> bool:
         """Do a bounded amount of work; False when there was nothing to do."""
+        urgent = False
+        if self.unaligned:  # urgent barriers first, even when the outputs are full
+            for i, ch in enumerate(self.channels):
+                while ch.urgent:
+                    self._urgent_barrier(i, ch)
+                    urgent = True
         if not self.router.has_capacity():
             if self._bp_since is None:
                 self._bp_since = time.monotonic()
-            return False
+            return urgent
         if self._bp_since is not None:
             self.backpressured_s += time.monotonic() - self._bp_since
             self._bp_since = None
@@ -204,8 +212,6 @@ class Task:
         return bool(batch)
 
     def _process_frame(self, ci: int, frame: Any) -> None:
-        if isinstance(frame, bytes):
-            frame = pickle.loads(frame)
         records, event = frame
         if records:
             self.records_in += len(records)
@@ -270,7 +276,14 @@ class Task:
         if self.source is not None:
             sources = {self.source_uid: self.source.snapshot_positions(checkpoint_id)}
         pending, committables = self._snapshot_operators(checkpoint_id)
-        self.router.event((BARRIER, checkpoint_id))
+        if self.urgent_barriers and self._may_overtake():
+            # a source in unaligned mode: its records go first (they are before its positions),
+            # the barrier overtakes them at the receivers, which persist them
+            self.router.flush()
+            for edge in self.router.edges:
+                edge.urgent_event((BARRIER, checkpoint_id))
+        else:
+            self.router.event((BARRIER, checkpoint_id))
         if committables:
             self.host.send(("committables", checkpoint_id, self.key, committables))
         stats = {
@@ -285,35 +298,75 @@ class Task:
 
     # -- unaligned checkpoints -------------------------------------------------------------------
 
-    def _on_unaligned_barrier(self, ci: int, checkpoint_id: int) -> None:
+    def _may_overtake(self) -> bool:
+        """Barriers may go out urgent until the final watermark was sent: the final checkpoint
+        is taken aligned (see :meth:`runtime.barriers.BarrierUnaligner.on_barrier_unaligned`)."""
+        return not self.router.sent_final_watermark()
+
+    def _urgent_barrier(self, ci: int, channel: InputChannel) -> None:
+        """An urgent barrier on channel ``ci``: the frames queued before it are overtaken."""
+        frame, puts_at = channel.urgent.popleft()
+        _records, (kind, checkpoint_id) = frame
+        assert kind == BARRIER
+        self._on_unaligned_barrier(ci, checkpoint_id, channel.queued(puts_at - channel.polls))
+
+    def _on_unaligned_barrier(self, ci: int, checkpoint_id: int, overtaken: list[Any] | None = None) -> None:
+        """Barrier ``checkpoint_id`` on channel ``ci``; ``overtaken``: the frames of that channel
+        it overtook (urgent), in-flight input of the checkpoint when it is being recorded."""
         handler = self.barriers
         assert isinstance(handler, BarrierUnaligner)
         finished = self.channel_wm[ci] >= MAX_WATERMARK
-        for action in handler.on_barrier_unaligned(ci, checkpoint_id, finished):
+        actions = handler.on_barrier_unaligned(ci, checkpoint_id, finished)
+        record = bool(overtaken) and (
+            "start" in actions or "done" in actions or (handler.recording and handler.current == checkpoint_id)
+        )
+        for action in actions:
             if action == "abandon":
                 self._abandon()
             elif action == "start":
                 self._start_unaligned(checkpoint_id)
             elif action == "done":
+                if record:
+                    self._record_overtaken(ci, overtaken)  # type: ignore[arg-type]
+                    record = False
                 self._finish_unaligned(checkpoint_id, handler.alignment_ms())
+        if record:
+            self._record_overtaken(ci, overtaken)  # type: ignore[arg-type]
+
+    def _record_overtaken(self, ci: int, frames: list[Any]) -> None:
+        edge, idx = self.channel_edges[ci], self.channel_inputs[ci]
+        self._u_input.extend((edge, idx, v, t) for records, _event in frames for v, t in records)
 
     def _start_unaligned(self, checkpoint_id: int) -> None:
-        """First barrier: snapshot now and send the barrier ahead of the buffered output."""
+        """First barrier: snapshot now and send the barrier ahead of the buffered output.
+
+        With urgent barriers, ahead of the frames the remote outputs still queue too: they
+        are taken out of the queues, stored with the checkpoint and queued again behind the
+        barrier; what an in-process channel queues the receiving task records."""
         t0 = time.monotonic()
         pending, committables = self._snapshot_operators(checkpoint_id)
         # the output emitted before the snapshot but still buffered is overtaken by the barrier
         # (stored with the checkpoint, and still sent, right behind the barrier)
         output: list[tuple[int, Any, Any]] = []
-        overtaken = []
+        urgent = self.urgent_barriers and self._may_overtake()
         for k, edge in enumerate(self.router.edges):
-            for j, buf in enumerate(edge.buffers):
+            queued = []
+            for j, channel in enumerate(edge.channels):
+                items = channel.take_queued() if urgent else []
+                for data in items:
+                    if isinstance(data, bytes):  # a frame (not an earlier urgent barrier)
+                        output.extend((k, v, t) for v, t in pickle.loads(data)[0])
+                buf, edge.buffers[j] = edge.buffers[j], []
+                output.extend((k, v, t) for v, t in buf)
+                queued.append((channel, items, buf))
+            if urgent:
+                edge.urgent_event((BARRIER, checkpoint_id))
+            else:
+                edge.event((BARRIER, checkpoint_id))
+            for channel, items, buf in queued:
+                channel.requeue(items)
                 if buf:
-                    output.extend((k, v, t) for v, t in buf)
-                    overtaken.append((edge.channels[j], buf))
-                    edge.buffers[j] = []
-        self.router.event((BARRIER, checkpoint_id))
-        for channel, buf in overtaken:
-            channel.send((buf, None))
+                    channel.send((buf, None))
         if committables:
             self.host.send(("committables", checkpoint_id, self.key, committables))
         if pending:
