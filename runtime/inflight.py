@@ -48,6 +48,15 @@ MAGIC = b"SLIF"
 VERSION = 1
 
 
+def too_large(size: int, cap: int, where: str) -> str:
+    """The reason a checkpoint whose in-flight data exceeds ``max_inflight_bytes`` fails."""
+    return (
+        f"in-flight data of {size} bytes {where} exceeds max_inflight_bytes={cap}: lower "
+        "buffer_debloat_target (less data buffered per channel), raise max_inflight_bytes, or use "
+        "mode='exactly_once_aligned'"
+    )
+
+
 def encode(payload: dict[str, Any]) -> tuple[bytes, str]:
     """The object bytes and the payload's sha256 (hex)."""
     body = pickle.dumps(payload, protocol=5)

@@ -34,7 +34,10 @@ from runtime.router import Router
 from runtime.sources import SourceSplits
 from statelog.layout import inflight_key
 
-FRAMES_PER_STEP = 4
+FRAMES_PER_STEP = 4  # input frames (source: batches) a task handles per step at most
+# ... and it stops after this long: the tasks of a worker share its thread, so a slow operator
+# must not starve the others (with them, the back-pressure it causes)
+STEP_BUDGET_S = 0.01
 
 
 class TaskHost(Protocol):
@@ -161,6 +164,7 @@ class Task:
         progressed = False
         channels, blocked = self.channels, self.barriers.blocked
         n = len(channels)
+        t0 = time.monotonic()
         for _ in range(FRAMES_PER_STEP):
             for k in range(n):
                 i = (self._rr + k) % n
@@ -174,12 +178,23 @@ class Task:
                     break
             else:
                 break
-            if not self.router.has_capacity():
+            if not self.router.has_capacity() or time.monotonic() - t0 >= STEP_BUDGET_S:
                 break
         self.router.flush()
         return progressed
 
     def _source_step(self) -> bool:
+        t0 = time.monotonic()
+        progressed = False
+        for _ in range(FRAMES_PER_STEP):
+            if not self._source_batch():
+                break
+            progressed = True
+            if self.source_done or not self.router.has_capacity() or time.monotonic() - t0 >= STEP_BUDGET_S:
+                break
+        return progressed
+
+    def _source_batch(self) -> bool:
         if self.source_done:
             return False
         src = self.source
@@ -293,8 +308,26 @@ class Task:
             # cumulative counters of this task (the master's metrics)
             "records_in": self.source.emitted if self.source is not None else self.records_in,
             "backpressured_s": round(self.backpressured_s, 6),
+            "channels": self.channel_stats(),
         }
         self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
+
+    def channel_stats(self) -> dict[str, dict[str, float]]:
+        """Per channel (``"<edge>.<upstream subtask>-<downstream subtask>"``) what this task
+        knows of it: of its input channels the bound and what waits at this end, of its output
+        channels what is in them and how long they were full (the job master's metrics)."""
+        out: dict[str, dict[str, float]] = {}
+        for ch in self.channels:
+            frames, records, nbytes = ch.bound()
+            out[ch.label] = {"bound_frames": frames, "bound_records": records, "bound_bytes": nbytes,
+                             "queued_frames": ch.backlog(), "queued_bytes": ch.queued_bytes}  # fmt: skip
+        for edge in self.router.edges:
+            for och in edge.channels:
+                frames, records = och.buffered()
+                out.setdefault(och.label, {}).update(
+                    buffered_frames=frames, buffered_records=records, backpressured_s=round(och.backpressured_s, 6)
+                )
+        return out
 
     # -- unaligned checkpoints -------------------------------------------------------------------
 
@@ -378,7 +411,8 @@ class Task:
         """Last barrier: the in-flight data is complete; write it, then acknowledge."""
         pending, data_in, data_out = self._u_pending, self._u_input, self._u_output
         self._u_pending, self._u_input, self._u_output = [], [], []
-        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0)
+        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0, records_in=self.records_in,
+                     backpressured_s=round(self.backpressured_s, 6), channels=self.channel_stats())  # fmt: skip
         blob = None
         sources = None
         if data_in or data_out:
@@ -394,6 +428,10 @@ class Task:
                 "output": data_out,
             }
             data, digest = inflight.encode(payload)
+            cap = self.host.config.max_inflight_bytes
+            if cap is not None and len(data) > cap:
+                self._decline_inflight(checkpoint_id, pending, len(data), cap)
+                return
             key = inflight_key(checkpoint_id, self.key)
             blob = (key, data)
             sources = {inflight.INFLIGHT_KEY: {self.key: {
@@ -404,6 +442,14 @@ class Task:
             stats["inflight_bytes"] = len(data)
             stats["inflight_records"] = len(data_in) + len(data_out)
         self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
+
+    def _decline_inflight(self, checkpoint_id: int, pending: list[Any], size: int, cap: int) -> None:
+        """The in-flight data of this task alone exceeds ``max_inflight_bytes``: decline."""
+        for p in pending:
+            p.cancel()
+        if pending:
+            self.host.release_async()
+        self.host.send(("decline", checkpoint_id, self.key, inflight.too_large(size, cap, f"at task {self.key}")))
 
     def _abandon(self) -> None:
         pending, self._u_pending, self._u_input, self._u_output = self._u_pending, [], [], []

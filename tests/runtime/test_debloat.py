@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runtime import StreamExecutionEnvironment, inflight
+from runtime import (
+    CollectSink,
+    FixedDelay,
+    GeneratorSource,
+    KeyedProcessFunction,
+    StreamExecutionEnvironment,
+    inflight,
+)
 from runtime.channels import BARRIER, ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.config import JobConfig
 from runtime.debloat import FLOOR_RECORDS, PERIOD_S, Debloater
@@ -19,6 +27,7 @@ from runtime.operators import StreamOperator
 from runtime.router import EdgeOutput, Router
 from runtime.task import Task
 from statelog.errors import ConfigError
+from tests.s3server import RootSpec
 
 # -- the debloater -------------------------------------------------------------------------------
 
@@ -271,3 +280,102 @@ def test_urgent_barrier_overtakes_the_remote_senders_queue() -> None:
         out.close()
         server.close()
     assert errors == []
+
+
+# -- the in-flight size cap ------------------------------------------------------------------------
+
+
+def test_a_task_whose_inflight_data_exceeds_the_cap_declines() -> None:
+    host = _Host()
+    host.config = JobConfig(max_inflight_bytes=50)
+    a = InputChannel(0, 100, threading.Event())
+    task, _op = _task(host, [a], [LocalOutput(InputChannel(0, 100, threading.Event()))])
+    a.put(_frame(*[f"record-{i}" for i in range(20)]))
+    a.put_urgent(_frame(event=(BARRIER, 3)))
+    task.step()
+    assert host.acks == []  # not acknowledged, nothing written
+    (decline,) = [m for m in host.sent if m[0] == "decline"]
+    assert decline[1:3] == (3, "1.0")
+    assert "exceeds max_inflight_bytes=50" in decline[3] and "buffer_debloat_target" in decline[3]
+    # the next checkpoint is recorded as usual
+    host.config = JobConfig()
+    a.put_urgent(_frame(event=(BARRIER, 4)))
+    task.step()
+    assert [ack["id"] for ack in host.acks] == [4]
+
+
+def test_the_coordinator_fails_a_checkpoint_whose_inflight_data_exceeds_the_cap() -> None:
+    from runtime.coordinator import CheckpointCoordinator
+    from runtime.errors import CheckpointFailureLimitError
+
+    sent: list[Any] = []
+    coord = CheckpointCoordinator(
+        None, {"1.0", "1.1"}, interval_s=1.0, timeout_s=60.0, tolerable_failures=1, first_id=1,  # type: ignore[arg-type]
+        broadcast=sent.append, on_complete=lambda meta: None, attempt=1, mode="exactly_once_unaligned",
+        max_inflight_bytes=100,
+    )  # fmt: skip
+    coord.tick(time.monotonic() + 2)
+    assert sent == [("trigger", 1)]
+    coord.ack(1, "1.0", [], None, {"inflight_bytes": 60})
+    assert coord.pending is not None  # 60 bytes so far: within the cap
+    coord.ack(1, "1.1", [], None, {"inflight_bytes": 50})
+    assert coord.pending is None and sent[-1] == ("abort", 1) and coord.failed_total == 1
+    coord.tick(time.monotonic() + 4)
+    # a second failure in a row is more than tolerable: the job fails, saying why
+    with pytest.raises(CheckpointFailureLimitError, match=r"in-flight data of 101 bytes from 1 task\(s\) exceeds"):
+        coord.ack(2, "1.0", [], None, {"inflight_bytes": 101})
+
+
+# -- per-channel metrics ---------------------------------------------------------------------------
+
+
+def _pair(split: int, i: int) -> tuple[int, int]:
+    return (i % 50, i)
+
+
+def _first(e: tuple[int, int]) -> int:
+    return e[0]
+
+
+class _SlowCount(KeyedProcessFunction):
+    """About 1000 records per second per subtask."""
+
+    def process_element(self, e: Any, ctx: Any) -> None:
+        time.sleep(0.001)
+
+
+@pytest.mark.slow
+def test_channel_metrics_of_a_back_pressured_job(file_root: RootSpec, tmp_path: Path) -> None:
+    from tests.runtime.test_metrics import scrape
+
+    env = StreamExecutionEnvironment(
+        parallelism=2, checkpoint_interval_s=0.3, state_root=file_root.url, metrics_port=0,
+        buffer_debloat_target=0.1, restart_strategy=FixedDelay(attempts=0, delay_s=0.0),
+    )  # fmt: skip
+    src = env.from_source(GeneratorSource(_pair, 4000, splits=2), uid="pairs")
+    src.key_by(_first).process(_SlowCount(), uid="slow").sink_to(CollectSink(), uid="out")
+    client = env.execute_async("channel-metrics")
+    assert client.wait_running(1, timeout=60)
+    server = client.master.metrics_server
+    assert server is not None
+    channels: dict[str, dict[str, float]] = {}
+    deadline = time.monotonic() + 60
+    while not client.done and time.monotonic() < deadline:
+        try:
+            scraped = scrape(server.url)
+        except OSError:  # the job ended meanwhile: its server stopped
+            break
+        for (name, labels), v in scraped.items():
+            if name.startswith("statelog_job_channel_"):
+                channels.setdefault(dict(labels)["channel"], {})[name[len("statelog_job_channel_"):]] = v
+        time.sleep(0.2)
+    client.wait(60)
+    # the hash edge from the sources (edge 0) to ``slow``: 2 x 2 channels, each end reported
+    assert sorted(channels) == ["0.0-0", "0.0-1", "0.1-0", "0.1-1"], sorted(channels)
+    for values in channels.values():
+        assert {"bound_records", "bound_frames", "buffered_records", "buffered_frames",
+                "backpressured_seconds_total"} <= set(values), values  # fmt: skip
+        assert 16 <= values["bound_records"] <= 4 * 8 * 256
+    # the slow consumer takes about 500 records per second and channel: debloated to about 50
+    assert min(v["bound_records"] for v in channels.values()) < 500
+    assert sum(v["backpressured_seconds_total"] for v in channels.values()) > 0
