@@ -22,7 +22,6 @@ channel blocked by barrier alignment never stalls another channel.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import pickle
 import queue
@@ -158,7 +157,9 @@ class InputChannel:
 
     def queued(self, n: int) -> list[Any]:
         """The first ``n`` frames still queued, as ``(records, event)`` (not taken)."""
-        return [pickle.loads(f) if isinstance(f, bytes) else f for f in itertools.islice(self.q, n)]
+        q = self.q  # by index: the reader thread may append meanwhile (never pops)
+        frames = [q[i] for i in range(n)]
+        return [pickle.loads(f) if isinstance(f, bytes) else f for f in frames]
 
     def _report(self) -> None:
         d = self.debloater

@@ -9,7 +9,9 @@ computes the consumer's throughput over the *busy* part of the period (records �
 smooths it (exponential moving average) and sets the channel's **bound**:
 
 * ``records`` = throughput × ``target_s``, within ``[FLOOR_RECORDS, ceiling]`` where the
-  ceiling is ``CEILING_FRAMES_PER_CAPACITY × channel_capacity × batch_size`` records;
+  ceiling is ``ceiling_frames × batch_size`` records: ``channel_capacity`` frames for an
+  in-process channel (what it held before debloating), ``REMOTE_CEILING_FACTOR`` times that
+  for a remote one (whose queue, connection and receiver together held more);
 * ``frames`` = ``records`` ÷ the average records per frame, within ``[1, ceiling frames]``;
 * ``bytes`` = ``records`` × the average pickled bytes per record (remote channels; 0 for an
   in-process channel, whose frames are never pickled).
@@ -28,7 +30,7 @@ import time
 PERIOD_S = 0.2  # how often the bound adapts (Flink: 200 ms)
 SMOOTHING = 0.5  # weight of the newest period in the moving average
 FLOOR_RECORDS = 16  # never fewer: a channel must be able to carry a small frame
-CEILING_FRAMES_PER_CAPACITY = 4  # ceiling frames = this x channel_capacity
+REMOTE_CEILING_FACTOR = 4  # a remote channel's ceiling: this x channel_capacity frames
 MIN_BUSY_S = 0.005  # a period busier than this tells the throughput
 
 
@@ -39,9 +41,9 @@ class Debloater:
                  "rate", "bytes_per_record", "records_per_frame", "_t0", "_idle_s", "_n_records",
                  "_n_frames", "_n_bytes", "_n_bytes_records")  # fmt: skip
 
-    def __init__(self, target_s: float, channel_capacity: int, batch_size: int) -> None:
+    def __init__(self, target_s: float, ceiling_frames: int, batch_size: int) -> None:
         self.target_s = target_s
-        self.ceiling_frames = CEILING_FRAMES_PER_CAPACITY * channel_capacity
+        self.ceiling_frames = ceiling_frames
         self.ceiling_records = self.ceiling_frames * batch_size
         # the bound: until a first period is measured, the ceiling
         self.frames = self.ceiling_frames

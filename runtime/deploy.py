@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from runtime import inflight
 from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.config import CHANGELOG, CheckpointingMode
-from runtime.debloat import Debloater
+from runtime.debloat import REMOTE_CEILING_FACTOR, Debloater
 from runtime.graph import JobGraph, JobVertex
 from runtime.operators import ChainedOutput, StreamOperator
 from runtime.router import EdgeOutput, Router
@@ -105,7 +105,8 @@ def open_inputs(host: DeployHost, graph: JobGraph) -> Inputs:
     for v in graph.vertices:
         chans, idxs = [], []
         for edge, src in graph.input_channels(v, i, p):
-            debloater = Debloater(target, capacity, cfg.batch_size) if target is not None else None
+            ceiling = capacity if src == i else REMOTE_CEILING_FACTOR * capacity  # in-process or remote
+            debloater = Debloater(target, ceiling, cfg.batch_size) if target is not None else None
             ch = InputChannel(len(chans), capacity, host.wake, debloater, label=f"{edge.id}.{src}-{i}")
             chans.append(ch)
             idxs.append(edge.input_index)
@@ -127,8 +128,8 @@ def build_router(
     capacity = cfg.channel_capacity
     debloat = None
     if cfg.buffer_debloat_target is not None:  # until the receiver reports, its ceiling
-        ceiling = Debloater(cfg.buffer_debloat_target, capacity, cfg.batch_size)
-        debloat = (ceiling.frames, ceiling.records)
+        ceiling = REMOTE_CEILING_FACTOR * capacity
+        debloat = (ceiling, ceiling * cfg.batch_size)
     edges = []
     for e in v.outputs:
         outs: list[Any] = []

@@ -33,7 +33,7 @@ from tests.s3server import RootSpec
 
 
 def test_bound_follows_the_consumers_busy_throughput() -> None:
-    d = Debloater(target_s=0.5, channel_capacity=8, batch_size=100)
+    d = Debloater(target_s=0.5, ceiling_frames=32, batch_size=100)
     assert (d.frames, d.records) == (32, 3200)  # the ceiling until measured
     t = d._t0
     # 1000 records in 0.25 s of which 0.05 s idle: 5000 records per busy second
@@ -57,11 +57,11 @@ def test_bound_follows_the_consumers_busy_throughput() -> None:
 
 
 def test_bound_stays_within_floor_and_ceiling_and_idle_periods_say_nothing() -> None:
-    d = Debloater(target_s=0.001, channel_capacity=2, batch_size=256)
+    d = Debloater(target_s=0.001, ceiling_frames=8, batch_size=256)
     t = d._t0
     d.consumed(10, 0, t + 1.0)  # 10 records per second x 1 ms
     assert d.records == FLOOR_RECORDS and d.frames == 1
-    fast = Debloater(target_s=10.0, channel_capacity=2, batch_size=256)
+    fast = Debloater(target_s=10.0, ceiling_frames=8, batch_size=256)
     t = fast._t0
     fast.consumed(256, 0, t + 0.001)
     fast.consumed(256, 0, t + PERIOD_S + 0.01)
@@ -75,7 +75,7 @@ def test_bound_stays_within_floor_and_ceiling_and_idle_periods_say_nothing() -> 
 
 
 def test_in_process_channel_room_follows_the_bound() -> None:
-    d = Debloater(target_s=0.1, channel_capacity=8, batch_size=10)
+    d = Debloater(target_s=0.1, ceiling_frames=32, batch_size=10)
     ch = InputChannel(0, 8, threading.Event(), d)
     out = LocalOutput(ch)
     d.records, d.frames = 25, 3
@@ -97,7 +97,7 @@ def test_remote_channel_counts_the_queue_and_the_connection() -> None:
     sent and the receiver did not take yet, whatever sits in its queue or the TCP buffers."""
     errors: list[str] = []
     server = ChannelServer(errors.append)
-    d = Debloater(target_s=1.0, channel_capacity=1, batch_size=4)
+    d = Debloater(target_s=1.0, ceiling_frames=4, batch_size=4)
     ch = InputChannel(0, 1000, threading.Event(), d)
     server.channels[(0, 0, 1)] = ch
     server.ready.set()
@@ -375,7 +375,7 @@ def test_channel_metrics_of_a_back_pressured_job(file_root: RootSpec, tmp_path: 
     for values in channels.values():
         assert {"bound_records", "bound_frames", "buffered_records", "buffered_frames",
                 "backpressured_seconds_total"} <= set(values), values  # fmt: skip
-        assert 16 <= values["bound_records"] <= 4 * 8 * 256
+        assert 16 <= values["bound_records"] <= 4 * 8 * 256  # the remote ceiling
     # the slow consumer takes about 500 records per second and channel: debloated to about 50
     assert min(v["bound_records"] for v in channels.values()) < 500
     assert sum(v["backpressured_seconds_total"] for v in channels.values()) > 0
