@@ -193,19 +193,21 @@ def build_tasks(
             restored = host.restore_meta is not None and node.uid in host.restore_meta.sources
             splits = node.source.open_splits(assignments.get(node.id, {}), node.watermarks,
                                              subtask=i, parallelism=p, restored=restored)  # fmt: skip
-            task = Task(host, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned)
+            task = Task(host, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned,
+                        unaligned=unaligned)  # fmt: skip
         else:
             chans, idxs = inputs[v.id]
             chan_edges = [e.id for e, _src in graph.input_channels(v, i, p)]
             task = Task(host, key, v.id, ops, router, channels=chans, channel_inputs=idxs, aligned=aligned,
                         unaligned=unaligned, channel_edges=chan_edges)  # fmt: skip
-            if host.restore_meta is not None:
-                # in-flight data of an unaligned checkpoint (whatever this run's mode)
-                data_in, data_out = inflight.replay_for(
-                    host.job.store, host.restore_meta.sources, v.id, i, p, cfg.max_parallelism,
-                    {e.id: e for e in v.inputs},
-                )
-                if data_in or data_out:
-                    task.replay = (data_in, data_out)
+        if host.restore_meta is not None:
+            # in-flight data of an unaligned checkpoint (whatever this run's mode; a source
+            # task has output only: what its barrier overtook)
+            data_in, data_out = inflight.replay_for(
+                host.job.store, host.restore_meta.sources, v.id, i, p, cfg.max_parallelism,
+                {e.id: e for e in v.inputs},
+            )
+            if data_in or data_out:
+                task.replay = (data_in, data_out)
         tasks.append(task)
     return tasks

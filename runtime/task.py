@@ -156,11 +156,11 @@ class Task:
         if self._bp_since is not None:
             self.backpressured_s += time.monotonic() - self._bp_since
             self._bp_since = None
-        if self.source is not None:
-            return self._source_step()
         if self.replay is not None:
             self._replay()
             return True
+        if self.source is not None:
+            return self._source_step()
         progressed = False
         channels, blocked = self.channels, self.barriers.blocked
         n = len(channels)
@@ -291,14 +291,9 @@ class Task:
         if self.source is not None:
             sources = {self.source_uid: self.source.snapshot_positions(checkpoint_id)}
         pending, committables = self._snapshot_operators(checkpoint_id)
-        if self.urgent_barriers and self._may_overtake():
-            # a source in unaligned mode: its records go first (they are before its positions),
-            # the barrier overtakes them at the receivers, which persist them
-            self.router.flush()
-            for edge in self.router.edges:
-                edge.urgent_event((BARRIER, checkpoint_id))
-        else:
-            self.router.event((BARRIER, checkpoint_id))
+        # a source in unaligned mode: its barrier overtakes the records it still buffers or
+        # queues (they are before its positions: stored with the checkpoint as output)
+        output = self._overtake_outputs(checkpoint_id, self.urgent_barriers and self._may_overtake())
         if committables:
             self.host.send(("committables", checkpoint_id, self.key, committables))
         stats = {
@@ -310,7 +305,14 @@ class Task:
             "backpressured_s": round(self.backpressured_s, 6),
             "channels": self.channel_stats(),
         }
-        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
+        blob = None
+        if output:
+            ref = self._inflight(checkpoint_id, [], output, pending, stats, held=False)
+            if ref is None:
+                return  # declined: too large
+            blob, inflight_sources = ref
+            sources = dict(sources or {}, **inflight_sources)
+        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob)
 
     def channel_stats(self) -> dict[str, dict[str, float]]:
         """Per channel (``"<edge>.<upstream subtask>-<downstream subtask>"``) what this task
@@ -378,10 +380,22 @@ class Task:
         barrier; what an in-process channel queues the receiving task records."""
         t0 = time.monotonic()
         pending, committables = self._snapshot_operators(checkpoint_id)
-        # the output emitted before the snapshot but still buffered is overtaken by the barrier
-        # (stored with the checkpoint, and still sent, right behind the barrier)
+        output = self._overtake_outputs(checkpoint_id, self.urgent_barriers and self._may_overtake())
+        if committables:
+            self.host.send(("committables", checkpoint_id, self.key, committables))
+        if pending:
+            self.host.hold_async()
+        self._u_pending, self._u_input, self._u_output = pending, [], output
+        self._u_sync = {"sync_ms": (time.monotonic() - t0) * 1000}
+
+    def _overtake_outputs(self, checkpoint_id: int, urgent: bool) -> list[tuple[int, Any, Any]]:
+        """Send barrier ``checkpoint_id`` ahead of the output buffers and, ``urgent``, of what
+        the remote outputs still queue; returns those records (``(edge index, value, ts)``),
+        sent again right behind the barrier. Not urgent and without buffers: in line."""
         output: list[tuple[int, Any, Any]] = []
-        urgent = self.urgent_barriers and self._may_overtake()
+        if not urgent and self.source is not None:
+            self.router.event((BARRIER, checkpoint_id))  # behind the buffered records
+            return output
         for k, edge in enumerate(self.router.edges):
             queued = []
             for j, channel in enumerate(edge.channels):
@@ -400,12 +414,7 @@ class Task:
                 channel.requeue(items)
                 if buf:
                     channel.send((buf, None))
-        if committables:
-            self.host.send(("committables", checkpoint_id, self.key, committables))
-        if pending:
-            self.host.hold_async()
-        self._u_pending, self._u_input, self._u_output = pending, [], output
-        self._u_sync = {"sync_ms": (time.monotonic() - t0) * 1000}
+        return output
 
     def _finish_unaligned(self, checkpoint_id: int, alignment_ms: float) -> None:
         """Last barrier: the in-flight data is complete; write it, then acknowledge."""
@@ -413,41 +422,49 @@ class Task:
         self._u_pending, self._u_input, self._u_output = [], [], []
         stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0, records_in=self.records_in,
                      backpressured_s=round(self.backpressured_s, 6), channels=self.channel_stats())  # fmt: skip
-        blob = None
-        sources = None
+        blob = sources = None
         if data_in or data_out:
-            vertex, subtask = self.key.split(".")
-            payload = {
-                "version": inflight.VERSION,
-                "checkpoint": checkpoint_id,
-                "task": self.key,
-                "vertex": int(vertex),
-                "subtask": int(subtask),
-                "parallelism": self.host.config.parallelism,
-                "input": data_in,
-                "output": data_out,
-            }
-            data, digest = inflight.encode(payload)
-            cap = self.host.config.max_inflight_bytes
-            if cap is not None and len(data) > cap:
-                self._decline_inflight(checkpoint_id, pending, len(data), cap)
-                return
-            key = inflight_key(checkpoint_id, self.key)
-            blob = (key, data)
-            sources = {inflight.INFLIGHT_KEY: {self.key: {
-                "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
-                "parallelism": self.host.config.parallelism,
-                "input": len(data_in), "output": len(data_out),
-            }}}
-            stats["inflight_bytes"] = len(data)
-            stats["inflight_records"] = len(data_in) + len(data_out)
+            ref = self._inflight(checkpoint_id, data_in, data_out, pending, stats, held=True)
+            if ref is None:
+                return  # declined: too large
+            blob, sources = ref
         self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
 
-    def _decline_inflight(self, checkpoint_id: int, pending: list[Any], size: int, cap: int) -> None:
+    def _inflight(self, checkpoint_id: int, data_in: list[Any], data_out: list[Any], pending: list[Any],
+                  stats: dict[str, Any], *, held: bool) -> tuple[tuple[str, bytes], dict[str, Any]] | None:  # fmt: skip
+        """The in-flight object of this task and checkpoint and its reference for ``sources``
+        (``stats`` get its size); None when it exceeds ``max_inflight_bytes`` (declined)."""
+        vertex, subtask = self.key.split(".")
+        payload = {
+            "version": inflight.VERSION,
+            "checkpoint": checkpoint_id,
+            "task": self.key,
+            "vertex": int(vertex),
+            "subtask": int(subtask),
+            "parallelism": self.host.config.parallelism,
+            "input": data_in,
+            "output": data_out,
+        }
+        data, digest = inflight.encode(payload)
+        cap = self.host.config.max_inflight_bytes
+        if cap is not None and len(data) > cap:
+            self._decline_inflight(checkpoint_id, pending, len(data), cap, held)
+            return None
+        key = inflight_key(checkpoint_id, self.key)
+        sources = {inflight.INFLIGHT_KEY: {self.key: {
+            "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
+            "parallelism": self.host.config.parallelism,
+            "input": len(data_in), "output": len(data_out),
+        }}}
+        stats["inflight_bytes"] = len(data)
+        stats["inflight_records"] = len(data_in) + len(data_out)
+        return (key, data), sources
+
+    def _decline_inflight(self, checkpoint_id: int, pending: list[Any], size: int, cap: int, held: bool) -> None:
         """The in-flight data of this task alone exceeds ``max_inflight_bytes``: decline."""
         for p in pending:
             p.cancel()
-        if pending:
+        if pending and held:
             self.host.release_async()
         self.host.send(("decline", checkpoint_id, self.key, inflight.too_large(size, cap, f"at task {self.key}")))
 
@@ -472,12 +489,11 @@ class Task:
         edges = self.router.edges
         for k, v, t in data_out:
             edges[k].emit(v, t)
-        head = self.ops[0]
         for _edge, idx, v, t in data_in:
             if idx == 0:
                 self.head.emit(v, t)
             else:
-                head.process(v, t, idx)
+                self.ops[0].process(v, t, idx)
         self.records_in += len(data_in)
         self.router.flush()
 

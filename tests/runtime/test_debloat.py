@@ -234,6 +234,27 @@ def test_frames_behind_an_urgent_barrier_wait_for_it() -> None:
     assert ch.poll() == _frame(2)
 
 
+def _receive(recv: InputChannel, records: int, checkpoint_id: int) -> tuple[list[Any], int]:
+    """Take ``records`` records from ``recv`` as a task would; returns them and how many came
+    before the urgent barrier ``checkpoint_id``."""
+    received: list[Any] = []
+    barrier_at = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (barrier_at is None or len(received) < records):
+        if recv.urgent and barrier_at is None and recv.polls >= recv.urgent[0][1]:
+            frame, _puts_at = recv.urgent.popleft()
+            assert frame == _frame(event=(BARRIER, checkpoint_id))
+            barrier_at = len(received)
+            continue
+        frame = recv.poll()
+        if frame is None:
+            time.sleep(0.001)
+            continue
+        received.extend(v for v, _t in frame[0])
+    assert barrier_at is not None and len(received) == records
+    return received, barrier_at
+
+
 def test_urgent_barrier_overtakes_the_remote_senders_queue() -> None:
     """The frames still in a remote output's queue go behind the barrier and into the
     checkpoint as output; everything the receiver got before the barrier was sent before it."""
@@ -257,25 +278,67 @@ def test_urgent_barrier_overtakes_the_remote_senders_queue() -> None:
         (ack,) = host.acks  # one channel: first and last barrier at once
         output = [v for _k, v, _t in _payload(ack)["output"]]
         assert output, "nothing was left in the sender's queue: the test did not exercise overtaking"
-        received: list[Any] = []
-        barrier_at = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (barrier_at is None or len(received) < len(values) + 1):
-            if recv.urgent and barrier_at is None and recv.polls >= recv.urgent[0][1]:
-                frame, puts_at = recv.urgent.popleft()
-                assert frame == _frame(event=(BARRIER, 5))
-                barrier_at = len(received)
-                continue
-            frame = recv.poll()
-            if frame is None:
-                time.sleep(0.001)
-                continue
-            received.extend(v for v, _t in frame[0])
-        assert barrier_at is not None
+        received, barrier_at = _receive(recv, len(values) + 1, 5)
         # the receiver got the sent frames in order, minus the overtaken ones before the barrier,
         # then the overtaken ones (exactly the persisted output), then the task's later output
         assert received[:barrier_at] + output == values
         assert received[barrier_at:] == output + ["late"]
+    finally:
+        out.close()
+        server.close()
+    assert errors == []
+
+
+def test_a_sources_urgent_barrier_overtakes_its_queue_and_stores_it_as_output() -> None:
+    """A source task in unaligned mode: the records it read before its positions but still
+    queues go behind the barrier and into the checkpoint; a restore re-emits them first."""
+    errors: list[str] = []
+    server = ChannelServer(errors.append)
+    recv = InputChannel(0, 1, threading.Event())
+    server.channels[(0, 0, 1)] = recv
+    server.ready.set()
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, None, 10_000)
+    host = _Host()
+    splits = GeneratorSource(_pair, 100_000, splits=1).open_splits({"0000": None}, None)
+    router = Router([EdgeOutput(FORWARD, None, [out], 128, batch_size=256)], 8)
+    task = Task(host, "0.0", 0, [], router, source=splits, source_uid="pairs", unaligned=True)
+    try:
+        while splits.emitted < 20_000:
+            task.step()
+        task.checkpoint(2)
+        (ack,) = host.acks
+        position = ack["sources"]["pairs"]["0000"]["next"]
+        output = [v for _k, v, _t in _payload(ack)["output"]]
+        assert output, "nothing was left in the source's queue: the test did not exercise overtaking"
+        assert ack["sources"][inflight.INFLIGHT_KEY]["0.0"]["output"] == len(output)
+        values = [_pair(0, i) for i in range(position)]
+        received, barrier_at = _receive(recv, position, 2)
+        assert received[:barrier_at] + output == values  # before the barrier: all but the overtaken
+        assert received[barrier_at:] == output  # then exactly the stored ones
+        # restored from it, a source task re-emits the stored output before it reads on
+        host2 = _Host()
+        collected: list[Any] = []
+
+        class _Out:
+            label, backpressured_s = "x", 0.0
+
+            def send(self, frame: Any) -> None:
+                collected.extend(v for v, _t in frame[0])
+
+            def has_room(self) -> bool:
+                return True
+
+            def frame_limit(self, batch_size: int) -> int:
+                return batch_size
+
+        splits2 = GeneratorSource(_pair, 100_000, splits=1).open_splits({"0000": {"next": position}}, None)
+        router2 = Router([EdgeOutput(FORWARD, None, [_Out()], 128, batch_size=256)], 8)  # type: ignore[list-item]
+        task2 = Task(host2, "0.0", 0, [], router2, source=splits2, source_uid="pairs", unaligned=True)
+        task2.replay = ([], _payload(ack)["output"])
+        task2.step()
+        assert collected == output
+        task2.step()
+        assert collected[len(output)] == _pair(0, position)
     finally:
         out.close()
         server.close()
