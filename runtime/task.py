@@ -291,9 +291,13 @@ class Task:
         if self.source is not None:
             sources = {self.source_uid: self.source.snapshot_positions(checkpoint_id)}
         pending, committables = self._snapshot_operators(checkpoint_id)
-        # a source in unaligned mode: its barrier overtakes the records it still buffers or
-        # queues (they are before its positions: stored with the checkpoint as output)
-        output = self._overtake_outputs(checkpoint_id, self.urgent_barriers and self._may_overtake())
+        output: list[tuple[int, Any, Any]] = []
+        if self.urgent_barriers and self._may_overtake():
+            # a source in unaligned mode: its barrier overtakes the records it still buffers or
+            # queues (they are before its positions: stored with the checkpoint as output)
+            output = self._overtake_outputs(checkpoint_id, True)
+        else:
+            self.router.event((BARRIER, checkpoint_id))  # in line, behind the buffered records
         if committables:
             self.host.send(("committables", checkpoint_id, self.key, committables))
         stats = {
@@ -391,11 +395,8 @@ class Task:
     def _overtake_outputs(self, checkpoint_id: int, urgent: bool) -> list[tuple[int, Any, Any]]:
         """Send barrier ``checkpoint_id`` ahead of the output buffers and, ``urgent``, of what
         the remote outputs still queue; returns those records (``(edge index, value, ts)``),
-        sent again right behind the barrier. Not urgent and without buffers: in line."""
+        sent again right behind the barrier."""
         output: list[tuple[int, Any, Any]] = []
-        if not urgent and self.source is not None:
-            self.router.event((BARRIER, checkpoint_id))  # behind the buffered records
-            return output
         for k, edge in enumerate(self.router.edges):
             queued = []
             for j, channel in enumerate(edge.channels):
