@@ -61,7 +61,7 @@ class InputChannel:
     consumption to the sender of a remote channel (``feedback``: its connection)."""
 
     __slots__ = ("index", "label", "capacity", "q", "cond", "waiting", "wake", "closed", "debloater",
-                 "feedback", "queued_records", "queued_bytes", "consumed_frames", "consumed_records",
+                 "feedback", "queued_records", "bytes_in", "bytes_out", "consumed_frames", "consumed_records",
                  "puts", "polls", "urgent", "_empty_since")  # fmt: skip
 
     def __init__(self, index: int, capacity: int, wake: threading.Event, debloater: Debloater | None = None,
@@ -77,7 +77,8 @@ class InputChannel:
         self.debloater = debloater
         self.feedback: socket.socket | None = None
         self.queued_records = 0  # of in-process frames (remote ones are pickled)
-        self.queued_bytes = 0  # of remote frames
+        # pickled bytes of remote frames put (reader thread) and taken (task thread): one writer each
+        self.bytes_in = self.bytes_out = 0
         self.consumed_frames = 0
         self.consumed_records = 0
         self.puts = 0  # frames ever appended to ``q``
@@ -114,7 +115,7 @@ class InputChannel:
                 while len(self.q) >= self.capacity and not self.closed:
                     self.cond.wait(0.05)
                 self.waiting = False
-        self.queued_bytes += len(frame)
+        self.bytes_in += len(frame)
         self.q.append(frame)
         self.puts += 1
         self._arrived()
@@ -141,7 +142,7 @@ class InputChannel:
         nbytes = 0
         if isinstance(frame, bytes):
             nbytes = len(frame)
-            self.queued_bytes -= nbytes
+            self.bytes_out += nbytes
             frame = pickle.loads(frame)
             records = len(frame[0])
         else:
@@ -168,6 +169,10 @@ class InputChannel:
             self.feedback.sendall(_CREDIT.pack(self.consumed_frames, self.consumed_records, frames, records))  # type: ignore[union-attr]
         except OSError:
             self.feedback = None  # the sender is gone: the job master handles it
+
+    @property
+    def queued_bytes(self) -> int:
+        return self.bytes_in - self.bytes_out
 
     def bound(self) -> tuple[int, int, int]:
         """What the channel may hold now: (frames, records, bytes); records 0: no record bound."""

@@ -57,7 +57,9 @@ class Debloater:
         self._n_records = self._n_frames = self._n_bytes = self._n_bytes_records = 0
 
     def idle(self, seconds: float) -> None:
-        """The channel was empty for ``seconds`` (its consumer waited for input)."""
+        """The channel was empty for ``seconds`` (its consumer waited for input). Called by
+        whoever puts the next frame (a remote channel's reader thread): an update lost to the
+        task thread's :meth:`adapt` only skews one period's throughput."""
         self._idle_s += seconds
 
     def consumed(self, records: int, nbytes: int, now: float) -> bool:
