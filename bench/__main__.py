@@ -13,6 +13,7 @@ import sys
 
 BENCHMARKS = {
     "backend": "bench.backend",
+    "backpressure": "bench.backpressure",
     "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
     "large": "bench.large",

@@ -77,6 +77,8 @@ class StreamExecutionEnvironment:
         writer_options: Mapping[str, Any] | WriterOptions | None = None,
         batch_size: int = 256,
         channel_capacity: int = 8,
+        buffer_debloat_target: float | str | None = 1.0,
+        max_inflight_bytes: int | str | None = None,
         start_method: str = "forkserver",
         materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
         state_backend: str = "changelog",
@@ -110,6 +112,10 @@ class StreamExecutionEnvironment:
         retain_checkpoints = opt.RETAIN.check(retain_checkpoints)
         batch_size = opt.BATCH_SIZE.check(batch_size)
         channel_capacity = opt.CHANNEL_CAPACITY.check(channel_capacity)
+        if buffer_debloat_target is not None:  # None: debloating off
+            buffer_debloat_target = opt.BUFFER_DEBLOAT_TARGET.check(buffer_debloat_target)
+        if max_inflight_bytes is not None:  # None: no limit
+            max_inflight_bytes = opt.MAX_INFLIGHT_BYTES.check(max_inflight_bytes)
         writer_options = WriterOptions.from_mapping(writer_options)
         if start_method not in ("spawn", "forkserver"):
             raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
@@ -157,6 +163,8 @@ class StreamExecutionEnvironment:
             tolerable_failed_checkpoints=tolerable_failed_checkpoints,
             batch_size=batch_size,
             channel_capacity=channel_capacity,
+            buffer_debloat_target=buffer_debloat_target,
+            max_inflight_bytes=max_inflight_bytes,
             start_method=start_method,
             materializer=materializer,
             state_backend=state_backend,

@@ -38,12 +38,18 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.auth import AuthenticationError, handshake
+from runtime.debloat import Debloater
 
 log = logging.getLogger(__name__)
 
 WATERMARK = "wm"
 BARRIER = "barrier"
 _LEN = struct.Struct("!I")
+# a frame whose length has this bit set is an urgent barrier: it overtakes the queued frames
+URGENT = 1 << 31
+# receiver -> sender on a remote channel's connection, after every frame the receiver took:
+# frames and records consumed so far, the channel's bound in frames and records (0: none)
+_CREDIT = struct.Struct("!QQII")
 CONNECT_TIMEOUT_S = 30.0
 # Kernel buffers of a channel's TCP connection. Loopback autotuning grows them to megabytes,
 # i.e. hundreds of frames (a second of records) between two tasks, which barriers queue behind
@@ -52,22 +58,59 @@ SOCKET_BUFFER_BYTES = 64 << 10
 
 
 class InputChannel:
-    """Frames of one channel waiting for the downstream task."""
+    """Frames of one channel waiting for the downstream task.
 
-    __slots__ = ("index", "capacity", "q", "cond", "waiting", "wake", "closed")
+    ``debloater`` (None: debloating off) bounds the channel by its consumer's throughput
+    (:mod:`runtime.debloat`); off, the bound is ``capacity`` frames. The task thread takes
+    frames with :meth:`poll` (remote frames are unpickled there), which also reports the
+    consumption to the sender of a remote channel (``feedback``: its connection)."""
 
-    def __init__(self, index: int, capacity: int, wake: threading.Event) -> None:
+    __slots__ = ("index", "label", "capacity", "q", "cond", "waiting", "wake", "closed", "debloater",
+                 "feedback", "queued_records", "bytes_in", "bytes_out", "consumed_frames", "consumed_records",
+                 "puts", "polls", "urgent", "_empty_since")  # fmt: skip
+
+    def __init__(self, index: int, capacity: int, wake: threading.Event, debloater: Debloater | None = None,
+                 label: str = "") -> None:  # fmt: skip
         self.index = index
+        self.label = label  # "<edge>.<upstream subtask>-<downstream subtask>" (metrics)
         self.capacity = capacity
         self.q: deque[Any] = deque()
         self.cond = threading.Condition()
         self.waiting = False
         self.wake = wake
         self.closed = False
+        self.debloater = debloater
+        self.feedback: socket.socket | None = None
+        self.queued_records = 0  # of in-process frames (remote ones are pickled)
+        # pickled bytes of remote frames put (reader thread) and taken (task thread): one writer each
+        self.bytes_in = self.bytes_out = 0
+        self.consumed_frames = 0
+        self.consumed_records = 0
+        self.puts = 0  # frames ever appended to ``q``
+        self.polls = 0  # frames ever taken from ``q``
+        # priority barriers (unaligned mode): (frame, ``puts`` when it arrived), ahead of ``q``
+        self.urgent: deque[tuple[Any, int]] = deque()
+        self._empty_since: float | None = time.monotonic()
+
+    def _arrived(self) -> None:
+        since = self._empty_since
+        if since is not None:
+            self._empty_since = None
+            if self.debloater is not None:
+                self.debloater.idle(time.monotonic() - since)
 
     def put(self, frame: Any) -> None:
         """From the task thread of the same worker (never blocks)."""
+        self.queued_records += len(frame[0])
         self.q.append(frame)
+        self.puts += 1
+        self._arrived()
+
+    def put_urgent(self, frame: Any) -> None:
+        """A barrier that overtakes the frames queued so far (unaligned mode)."""
+        self.urgent.append((frame, self.puts))
+        self._arrived()
+        self.wake.set()
 
     def put_blocking(self, frame: Any) -> None:
         """From a reader thread: waits while the channel is full (back-pressure)."""
@@ -77,18 +120,78 @@ class InputChannel:
                 while len(self.q) >= self.capacity and not self.closed:
                     self.cond.wait(0.05)
                 self.waiting = False
+        self.bytes_in += len(frame)
         self.q.append(frame)
+        self.puts += 1
+        self._arrived()
         self.wake.set()
 
+    def attach(self, conn: socket.socket) -> None:
+        """The connection of a remote channel: :meth:`poll` reports consumption on it."""
+        self.feedback = conn
+
     def poll(self) -> Any:
+        """The next frame as ``(records, event)``, or None."""
         q = self.q
+        if self.urgent and self.polls >= self.urgent[0][1]:
+            return None  # the frames behind an urgent barrier wait until the task handled it
         if not q:
+            if self._empty_since is None:
+                self._empty_since = time.monotonic()
             return None
         frame = q.popleft()
+        self.polls += 1
         if self.waiting:
             with self.cond:
                 self.cond.notify()
+        nbytes = 0
+        if isinstance(frame, bytes):
+            nbytes = len(frame)
+            self.bytes_out += nbytes
+            frame = pickle.loads(frame)
+            records = len(frame[0])
+        else:
+            records = len(frame[0])
+            self.queued_records -= records
+        self.consumed_frames += 1
+        self.consumed_records += records
+        if self.debloater is not None:
+            self.debloater.consumed(records, nbytes, time.monotonic())
+        if self.feedback is not None:
+            self._report()
         return frame
+
+    def queued(self, n: int) -> list[Any]:
+        """The first ``n`` frames still queued, as ``(records, event)`` (not taken)."""
+        q = self.q  # by index: the reader thread may append meanwhile (never pops)
+        frames = [q[i] for i in range(n)]
+        return [pickle.loads(f) if isinstance(f, bytes) else f for f in frames]
+
+    def _report(self) -> None:
+        d = self.debloater
+        frames, records = (d.frames, d.records) if d is not None else (self.capacity, 0)
+        try:
+            self.feedback.sendall(_CREDIT.pack(self.consumed_frames, self.consumed_records, frames, records))  # type: ignore[union-attr]
+        except OSError:
+            self.feedback = None  # the sender is gone: the job master handles it
+
+    @property
+    def queued_bytes(self) -> int:
+        return self.bytes_in - self.bytes_out
+
+    def bound(self) -> tuple[int, int, int]:
+        """What the channel may hold now: (frames, records, bytes); records 0: no record bound."""
+        d = self.debloater
+        if d is None:
+            return self.capacity, 0, 0
+        return d.frames, d.records, d.bytes
+
+    def has_room(self) -> bool:
+        """For an in-process sender: room for another frame."""
+        d = self.debloater
+        if d is None:
+            return len(self.q) < self.capacity
+        return len(self.q) < d.frames and self.queued_records < d.records
 
     def backlog(self) -> int:
         return len(self.q)
@@ -99,16 +202,59 @@ class InputChannel:
             self.cond.notify_all()
 
 
-class LocalOutput:
+class _Pressure:
+    """Seconds a sender found its channel full (``backpressured_s``), from :meth:`_room`."""
+
+    __slots__ = ()
+    backpressured_s: float
+    _bp_since: float | None
+
+    def _room(self, room: bool) -> bool:
+        if room:
+            if self._bp_since is not None:
+                self.backpressured_s += time.monotonic() - self._bp_since
+                self._bp_since = None
+        elif self._bp_since is None:
+            self._bp_since = time.monotonic()
+        return room
+
+
+class LocalOutput(_Pressure):
     """Upstream end of a channel inside one worker."""
 
-    __slots__ = ("target",)
+    __slots__ = ("target", "backpressured_s", "_bp_since")
 
     def __init__(self, target: InputChannel) -> None:
         self.target = target
+        self.backpressured_s = 0.0
+        self._bp_since: float | None = None
+
+    @property
+    def label(self) -> str:
+        return self.target.label
 
     def send(self, frame: tuple[list[Any], Any]) -> None:
         self.target.put(frame)
+
+    def send_urgent(self, frame: tuple[list[Any], Any]) -> None:
+        self.target.put_urgent(frame)
+
+    def take_queued(self) -> list[Any]:
+        return []  # the receiver's queue: the downstream task records what its barrier overtook
+
+    def requeue(self, items: list[Any]) -> None:
+        pass
+
+    def has_room(self) -> bool:
+        return self._room(self.target.has_room())
+
+    def frame_limit(self, batch_size: int) -> int:
+        d = self.target.debloater
+        return batch_size if d is None else max(1, min(batch_size, d.records // 2))
+
+    def buffered(self) -> tuple[int, int]:
+        """(frames, records) in the channel."""
+        return len(self.target.q), self.target.queued_records
 
     def backlog(self) -> int:
         return self.target.backlog()
@@ -117,8 +263,13 @@ class LocalOutput:
         pass
 
 
-class RemoteOutput:
-    """Upstream end of a channel to another worker: a queue and a sender thread."""
+class RemoteOutput(_Pressure):
+    """Upstream end of a channel to another worker: a queue and a sender thread.
+
+    With debloating (``debloat``) the room in the channel is the receiver's bound minus
+    what this end sent or queued and the receiver has not taken yet (its reports arrive on
+    the same connection, read by a second thread): the queue, the TCP buffers and the
+    receiver's queue all count. Without, the queue holds up to ``capacity`` frames."""
 
     def __init__(
         self,
@@ -127,24 +278,71 @@ class RemoteOutput:
         on_error: Callable[[str], None],
         wake: threading.Event | None = None,
         capacity: int = 0,
+        debloat: tuple[int, int] | None = None,
         *,
         secret: bytes,
     ) -> None:
         self.address = address
         self._secret = secret
         self.channel_id = channel_id
+        self.label = f"{channel_id[0]}.{channel_id[1]}-{channel_id[2]}"
         self.on_error = on_error
         # set when the queue drops below ``capacity``: a task blocked by back-pressure on
         # this channel runs again at once instead of after its idle wait
         self.wake = wake
         self.capacity = capacity
-        self.q: queue.Queue[bytes | None] = queue.Queue()
+        self.debloat = debloat is not None
+        # the receiver's bound (frames, records): the ceiling until its first report
+        self.bound_frames, self.bound_records = debloat or (capacity, 0)
+        self.sent_frames = self.sent_records = 0  # queued or sent so far
+        self.consumed_frames = self.consumed_records = 0  # as the receiver last reported
+        self.backpressured_s = 0.0
+        self._bp_since: float | None = None
+        self.q: queue.Queue[Any] = queue.Queue()  # pickled frames, (urgent frame,), None: close
         self.closing = False
         self.thread = threading.Thread(target=self._run, name=f"send-{channel_id}", daemon=True)
         self.thread.start()
 
     def send(self, frame: tuple[list[Any], Any]) -> None:
+        self.sent_frames += 1
+        self.sent_records += len(frame[0])
         self.q.put(pickle.dumps(frame, protocol=5))
+
+    def send_urgent(self, frame: tuple[list[Any], Any]) -> None:
+        """A barrier frame (no records) marked to overtake the receiver's queue."""
+        self.q.put((pickle.dumps(frame, protocol=5),))  # not counted: the receiver does not poll it
+
+    def take_queued(self) -> list[Any]:
+        """Take what is not yet handed to the connection out of the queue, in order, for
+        :meth:`requeue` (still counted as sent)."""
+        out = []
+        while True:
+            try:
+                data = self.q.get_nowait()
+            except queue.Empty:
+                break
+            if data is None:
+                self.q.put(None)
+                break
+            out.append(data)
+        return out
+
+    def requeue(self, items: list[Any]) -> None:
+        for data in items:
+            self.q.put(data)
+
+    def has_room(self) -> bool:
+        if not self.debloat:
+            return self._room(self.q.qsize() < self.capacity)
+        return self._room(self.sent_frames - self.consumed_frames < self.bound_frames
+                          and self.sent_records - self.consumed_records < self.bound_records)  # fmt: skip
+
+    def frame_limit(self, batch_size: int) -> int:
+        return max(1, min(batch_size, self.bound_records // 2)) if self.debloat else batch_size
+
+    def buffered(self) -> tuple[int, int]:
+        """(frames, records) queued, in the connection or at the receiver (as last reported)."""
+        return self.sent_frames - self.consumed_frames, self.sent_records - self.consumed_records
 
     def backlog(self) -> int:
         return self.q.qsize()
@@ -152,6 +350,22 @@ class RemoteOutput:
     def close(self) -> None:
         self.closing = True
         self.q.put(None)
+
+    def _credits(self, sock: socket.socket) -> None:
+        """Read the receiver's consumption reports; wake the task when there is room again."""
+        try:
+            while True:
+                data = _recv_exact(sock, _CREDIT.size)
+                if data is None:
+                    return
+                frames, records, self.bound_frames, bound_records = _CREDIT.unpack(data)
+                if bound_records:
+                    self.bound_records = bound_records
+                self.consumed_records, self.consumed_frames = records, frames
+                if self.wake is not None and self.debloat and self.sent_frames - frames < self.bound_frames:
+                    self.wake.set()
+        except OSError:
+            return  # the sender thread reports a broken connection
 
     def _run(self) -> None:
         try:
@@ -170,12 +384,17 @@ class RemoteOutput:
         try:
             hello = pickle.dumps(self.channel_id)
             sock.sendall(_LEN.pack(len(hello)) + hello)
+            threading.Thread(target=self._credits, args=(sock,), name=f"credit-{self.channel_id}",
+                             daemon=True).start()  # fmt: skip
             while True:
                 data = self.q.get()
                 if data is None:
                     break
                 if self.wake is not None and self.q.qsize() < self.capacity:
                     self.wake.set()
+                if isinstance(data, tuple):  # an urgent barrier
+                    sock.sendall(_LEN.pack(len(data[0]) | URGENT) + data[0])
+                    continue
                 sock.sendall(_LEN.pack(len(data)))
                 sock.sendall(data)
         except OSError as e:
@@ -271,14 +490,19 @@ class ChannelServer:
             if channel is None:
                 self.on_error(f"connection for unknown channel {channel_id}")
                 return
+            channel.attach(conn)
             while True:
                 head = _recv_exact(conn, _LEN.size)
                 if head is None:
                     return  # the upstream worker stopped or died: the job master handles it
-                data = _recv_exact(conn, _LEN.unpack(head)[0])
+                n = _LEN.unpack(head)[0]
+                data = _recv_exact(conn, n & ~URGENT)
                 if data is None:
                     return
-                channel.put_blocking(data)
+                if n & URGENT:
+                    channel.put_urgent(pickle.loads(data))
+                else:
+                    channel.put_blocking(data)
         except OSError as e:
             if not self.closing:
                 log.debug("channel %s: read failed: %s", channel_id, e)

@@ -53,6 +53,11 @@ class JobConfig:
     tolerable_failed_checkpoints: int = 0
     batch_size: int = 256
     channel_capacity: int = 8  # frames queued per channel before back-pressure
+    # buffer debloating (runtime/debloat.py): a channel holds what its consumer takes in this
+    # many seconds (None: off, channels hold channel_capacity frames plus the TCP buffers)
+    buffer_debloat_target: float | None = 1.0
+    # the most in-flight data (bytes) one unaligned checkpoint may persist (None: no limit)
+    max_inflight_bytes: int | None = None
     start_method: str = "forkserver"
     worker_log_level: int | None = None
     # options of a background materializer run by the job master (None: none runs)

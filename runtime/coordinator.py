@@ -24,6 +24,7 @@ from typing import Any
 
 from runtime.config import CHANGELOG
 from runtime.errors import CheckpointFailureLimitError
+from runtime.inflight import too_large
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
 from statelog.errors import StatelogError
 from statelog.job import StateJob
@@ -68,6 +69,7 @@ class CheckpointCoordinator:
         mode: str,
         state_backend: str = CHANGELOG,
         previous: CheckpointMetadata | None = None,
+        max_inflight_bytes: int | None = None,
     ) -> None:
         self.job = job
         self.tasks = tasks
@@ -80,6 +82,7 @@ class CheckpointCoordinator:
         self.attempt = attempt
         self.mode = mode
         self.state_backend = state_backend
+        self.max_inflight_bytes = max_inflight_bytes  # per checkpoint, all tasks together
         # not published: the state-dump baseline has nothing restorable
         self.publish = state_backend == CHANGELOG
         self.pending: PendingCheckpoint | None = None
@@ -152,6 +155,12 @@ class CheckpointCoordinator:
         for uid, positions in (sources or {}).items():
             p.sources.setdefault(uid, {}).update(positions)
         p.task_stats.append(stats)
+        cap = self.max_inflight_bytes
+        if cap is not None:
+            size = sum(s.get("inflight_bytes", 0) for s in p.task_stats)
+            if size > cap:
+                self._fail(p, too_large(size, cap, f"from {len(p.task_stats)} task(s)"))
+                return
         if not p.waiting:
             self._complete(p)
 

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from runtime import inflight
 from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.config import CHANGELOG, CheckpointingMode
+from runtime.debloat import REMOTE_CEILING_FACTOR, Debloater
 from runtime.graph import JobGraph, JobVertex
 from runtime.operators import ChainedOutput, StreamOperator
 from runtime.router import EdgeOutput, Router
@@ -98,12 +99,16 @@ def open_inputs(host: DeployHost, graph: JobGraph) -> Inputs:
     """Create the input channels of every local task and register them with the channel
     server; returns, per vertex id, its channels and the operator input each feeds."""
     p, i = host.config.parallelism, host.index
-    capacity = host.config.channel_capacity
+    cfg = host.config
+    capacity = cfg.channel_capacity
+    target = cfg.buffer_debloat_target
     inputs: Inputs = {}
     for v in graph.vertices:
         chans, idxs = [], []
         for edge, src in graph.input_channels(v, i, p):
-            ch = InputChannel(len(chans), capacity, host.wake)
+            ceiling = capacity if src == i else REMOTE_CEILING_FACTOR * capacity  # in-process or remote
+            debloater = Debloater(target, ceiling, cfg.batch_size) if target is not None else None
+            ch = InputChannel(len(chans), capacity, host.wake, debloater, label=f"{edge.id}.{src}-{i}")
             chans.append(ch)
             idxs.append(edge.input_index)
             host.server.channels[(edge.id, src, i)] = ch
@@ -122,6 +127,10 @@ def build_router(
     cfg = host.config
     p, i = cfg.parallelism, host.index
     capacity = cfg.channel_capacity
+    debloat = None
+    if cfg.buffer_debloat_target is not None:  # until the receiver reports, its ceiling
+        ceiling = REMOTE_CEILING_FACTOR * capacity
+        debloat = (ceiling, ceiling * cfg.batch_size)
     edges = []
     for e in v.outputs:
         outs: list[Any] = []
@@ -131,7 +140,7 @@ def build_router(
                 outs.append(LocalOutput(local_inputs[(e.id, i)]))
             else:
                 outs.append(RemoteOutput(
-                    tuple(peers[dst]), (e.id, i, dst), host.channel_error, host.wake, capacity,
+                    tuple(peers[dst]), (e.id, i, dst), host.channel_error, host.wake, capacity, debloat,
                     secret=host.secret,
                 ))  # fmt: skip
         edges.append(EdgeOutput(e.partition, e.key_selector, outs, cfg.max_parallelism, cfg.batch_size))
@@ -186,19 +195,21 @@ def build_tasks(
             restored = host.restore_meta is not None and node.uid in host.restore_meta.sources
             splits = node.source.open_splits(assignments.get(node.id, {}), node.watermarks,
                                              subtask=i, parallelism=p, restored=restored)  # fmt: skip
-            task = Task(host, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned)
+            task = Task(host, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned,
+                        unaligned=unaligned)  # fmt: skip
         else:
             chans, idxs = inputs[v.id]
             chan_edges = [e.id for e, _src in graph.input_channels(v, i, p)]
             task = Task(host, key, v.id, ops, router, channels=chans, channel_inputs=idxs, aligned=aligned,
                         unaligned=unaligned, channel_edges=chan_edges)  # fmt: skip
-            if host.restore_meta is not None:
-                # in-flight data of an unaligned checkpoint (whatever this run's mode)
-                data_in, data_out = inflight.replay_for(
-                    host.job.store, host.restore_meta.sources, v.id, i, p, cfg.max_parallelism,
-                    {e.id: e for e in v.inputs},
-                )
-                if data_in or data_out:
-                    task.replay = (data_in, data_out)
+        if host.restore_meta is not None:
+            # in-flight data of an unaligned checkpoint (whatever this run's mode; a source
+            # task has output only: what its barrier overtook)
+            data_in, data_out = inflight.replay_for(
+                host.job.store, host.restore_meta.sources, v.id, i, p, cfg.max_parallelism,
+                {e.id: e for e in v.inputs},
+            )
+            if data_in or data_out:
+                task.replay = (data_in, data_out)
         tasks.append(task)
     return tasks

@@ -394,6 +394,7 @@ class JobMaster:
             state_backend=cfg.state_backend,
             mode=cfg.mode.value,
             previous=meta,
+            max_inflight_bytes=cfg.max_inflight_bytes,
         )
         if self._finished >= self.source_task_keys:
             self.coordinator.request_final()

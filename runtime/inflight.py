@@ -4,9 +4,11 @@ In ``exactly_once_unaligned`` mode a task snapshots at the *first* barrier ``n``
 and forwards it at once; the records that barrier overtook are part of checkpoint ``n``:
 
 * **input**: records that arrive on the task's other channels before their barrier ``n``
-  (they are processed, but after the snapshot, and the sources resume after them);
+  (they are processed, but after the snapshot, and the sources resume after them), and the
+  frames queued in a channel when its urgent barrier overtook them;
 * **output**: records the task had emitted before the snapshot that were still in its
-  output buffers (the barrier goes out ahead of them).
+  output buffers or its remote outputs' queues (the barrier goes out ahead of them; a
+  source task's object has output only).
 
 The task writes them as one object per task and checkpoint, **before it acknowledges**:
 
@@ -46,6 +48,15 @@ log = logging.getLogger(__name__)
 INFLIGHT_KEY = "__runtime.inflight__"
 MAGIC = b"SLIF"
 VERSION = 1
+
+
+def too_large(size: int, cap: int, where: str) -> str:
+    """The reason a checkpoint whose in-flight data exceeds ``max_inflight_bytes`` fails."""
+    return (
+        f"in-flight data of {size} bytes {where} exceeds max_inflight_bytes={cap}: lower "
+        "buffer_debloat_target (less data buffered per channel), raise max_inflight_bytes, or use "
+        "mode='exactly_once_aligned'"
+    )
 
 
 def encode(payload: dict[str, Any]) -> tuple[bytes, str]:

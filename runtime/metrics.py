@@ -38,6 +38,8 @@ class JobMetrics(Collector):
         self.registry.register(self)
         self.last: dict[str, Any] = {}  # the newest completed checkpoint: id, stats, changelog bytes
         self.tasks: dict[str, dict[str, float]] = {}  # task key -> its newest reported counters
+        # channel "<edge>.<upstream subtask>-<downstream subtask>" -> what its two ends reported last
+        self.channels: dict[str, dict[str, float]] = {}
 
     def observe_checkpoint(self, checkpoint_id: int, stats: dict[str, Any], changelog_bytes: int,
                            metadata_bytes: int | None = None) -> None:  # fmt: skip
@@ -47,6 +49,8 @@ class JobMetrics(Collector):
 
     def observe_task(self, task: str, stats: dict[str, Any]) -> None:
         self.tasks[task] = {k: float(stats[k]) for k in ("records_in", "backpressured_s") if k in stats}
+        for label, values in (stats.get("channels") or {}).items():
+            self.channels.setdefault(label, {}).update(values)
 
     def collect(self) -> Iterator[Metric]:
         m = self.master
@@ -98,3 +102,33 @@ class JobMetrics(Collector):
                 bp.add_metric(labels, values["backpressured_s"])
         yield rin
         yield bp
+        yield from self._channel_metrics()
+
+    def _channel_metrics(self) -> Iterator[Metric]:
+        """Per channel, as of the newest acknowledgements of its two tasks (sender and receiver)."""
+        job = self.master.name
+        families = []
+        for key, name, doc, kind in _CHANNEL_METRICS:
+            family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+                PREFIX + name, doc, labels=["job", "channel"])  # fmt: skip
+            for label, values in sorted(self.channels.items()):
+                if key in values:
+                    family.add_metric([job, label], float(values[key]))
+            families.append(family)
+        return iter(families)
+
+
+# (reported key, metric name, help, type) of the per-channel metrics
+_CHANNEL_METRICS = (
+    ("buffered_records", "channel_buffered_records", "records in the channel (sender queue, connection, receiver "
+     "queue), as its sender counts them", "gauge"),
+    ("buffered_frames", "channel_buffered_frames", "frames in the channel, as its sender counts them", "gauge"),
+    ("queued_bytes", "channel_buffered_bytes", "pickled bytes waiting in the receiver's queue (remote channels)",
+     "gauge"),
+    ("bound_records", "channel_bound_records", "records the channel may hold (buffer debloating; 0: no record "
+     "bound)", "gauge"),
+    ("bound_frames", "channel_bound_frames", "frames the channel may hold", "gauge"),
+    ("bound_bytes", "channel_bound_bytes", "bytes the bound corresponds to (remote channels with debloating)",
+     "gauge"),
+    ("backpressured_s", "channel_backpressured_seconds", "seconds the sender found the channel full", "counter"),
+)  # fmt: skip

@@ -13,12 +13,28 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from runtime.functions import MAX_WATERMARK
 from runtime.graph import FORWARD
 from statelog.keys import key_group_of, subtask_for_key_group
 
 
 class ChannelOutput(Protocol):
+    label: str
+    backpressured_s: float
+
     def send(self, frame: tuple[list[Any], Any]) -> None: ...
+
+    def send_urgent(self, frame: tuple[list[Any], Any]) -> None: ...
+
+    def take_queued(self) -> list[Any]: ...
+
+    def requeue(self, items: list[Any]) -> None: ...
+
+    def has_room(self) -> bool: ...
+
+    def frame_limit(self, batch_size: int) -> int: ...
+
+    def buffered(self) -> tuple[int, int]: ...
 
     def backlog(self) -> int: ...
 
@@ -37,6 +53,9 @@ class EdgeOutput:
         self.channels = list(channels)
         self.buffers: list[list[tuple[Any, int | None]]] = [[] for _ in self.channels]
         self.batch_size = batch_size
+        # records per frame, per channel: ``batch_size``, less on a debloated channel whose
+        # bound is smaller (refreshed by :meth:`has_room`)
+        self.limits = [batch_size] * len(self.channels)
         self.forward = partition == FORWARD
         self.key_selector = key_selector
         self.max_parallelism = max_parallelism
@@ -58,7 +77,7 @@ class EdgeOutput:
                 i = subtask_for_key_group(self.max_parallelism, len(self.channels), key_group_of(key, self.max_parallelism))
         buf = self.buffers[i]
         buf.append((value, ts))
-        if len(buf) >= self.batch_size:
+        if len(buf) >= self.limits[i]:
             self.channels[i].send((buf, None))
             self.buffers[i] = []
 
@@ -72,6 +91,21 @@ class EdgeOutput:
             if buf:
                 self.channels[i].send((buf, None))
                 self.buffers[i] = []
+
+    def urgent_event(self, event: tuple[str, int]) -> None:
+        """Send an event marked to overtake what the receivers queue (the caller decides
+        where the buffered records go)."""
+        for ch in self.channels:
+            ch.send_urgent(([], event))
+
+    def has_room(self) -> bool:
+        room = True
+        limits, bs = self.limits, self.batch_size
+        for i, ch in enumerate(self.channels):
+            limits[i] = ch.frame_limit(bs)
+            if not ch.has_room():
+                room = False
+        return room
 
     def backlog(self) -> int:
         return max((ch.backlog() for ch in self.channels), default=0)
@@ -100,13 +134,19 @@ class Router:
         for e in self.edges:
             e.event(event)
 
+    def sent_final_watermark(self) -> bool:
+        return self._wm is not None and self._wm >= MAX_WATERMARK
+
     def flush(self) -> None:
         for e in self.edges:
             e.flush()
 
     def has_capacity(self) -> bool:
-        cap = self.capacity
-        return all(e.backlog() < cap for e in self.edges)
+        room = True
+        for e in self.edges:
+            if not e.has_room():
+                room = False  # every channel still measures its back-pressured time
+        return room
 
     def close(self) -> None:
         for e in self.edges:

@@ -34,7 +34,10 @@ from runtime.router import Router
 from runtime.sources import SourceSplits
 from statelog.layout import inflight_key
 
-FRAMES_PER_STEP = 4
+FRAMES_PER_STEP = 4  # input frames (source: batches) a task handles per step at most
+# ... and it stops after this long: the tasks of a worker share its thread, so a slow operator
+# must not starve the others (with them, the back-pressure it causes)
+STEP_BUDGET_S = 0.01
 
 
 class TaskHost(Protocol):
@@ -100,6 +103,8 @@ class Task:
         self.source_done = False
         n = len(self.channels)
         self.unaligned = unaligned and source is None
+        # unaligned mode: barriers go out urgent (they overtake what the channels queue)
+        self.urgent_barriers = unaligned
         self.barriers: BarrierHandler = (
             BarrierUnaligner(n) if self.unaligned else BarrierAligner(n) if aligned else BarrierTracker(n)
         )
@@ -138,21 +143,28 @@ class Task:
 
     def step(self) -> bool:
         """Do a bounded amount of work; False when there was nothing to do."""
+        urgent = False
+        if self.unaligned:  # urgent barriers first, even when the outputs are full
+            for i, ch in enumerate(self.channels):
+                while ch.urgent:
+                    self._urgent_barrier(i, ch)
+                    urgent = True
         if not self.router.has_capacity():
             if self._bp_since is None:
                 self._bp_since = time.monotonic()
-            return False
+            return urgent
         if self._bp_since is not None:
             self.backpressured_s += time.monotonic() - self._bp_since
             self._bp_since = None
-        if self.source is not None:
-            return self._source_step()
         if self.replay is not None:
             self._replay()
             return True
+        if self.source is not None:
+            return self._source_step()
         progressed = False
         channels, blocked = self.channels, self.barriers.blocked
         n = len(channels)
+        t0 = time.monotonic()
         for _ in range(FRAMES_PER_STEP):
             for k in range(n):
                 i = (self._rr + k) % n
@@ -166,12 +178,23 @@ class Task:
                     break
             else:
                 break
-            if not self.router.has_capacity():
+            if not self.router.has_capacity() or time.monotonic() - t0 >= STEP_BUDGET_S:
                 break
         self.router.flush()
         return progressed
 
     def _source_step(self) -> bool:
+        t0 = time.monotonic()
+        progressed = False
+        for _ in range(FRAMES_PER_STEP):
+            if not self._source_batch():
+                break
+            progressed = True
+            if self.source_done or not self.router.has_capacity() or time.monotonic() - t0 >= STEP_BUDGET_S:
+                break
+        return progressed
+
+    def _source_batch(self) -> bool:
         if self.source_done:
             return False
         src = self.source
@@ -204,8 +227,6 @@ class Task:
         return bool(batch)
 
     def _process_frame(self, ci: int, frame: Any) -> None:
-        if isinstance(frame, bytes):
-            frame = pickle.loads(frame)
         records, event = frame
         if records:
             self.records_in += len(records)
@@ -270,7 +291,13 @@ class Task:
         if self.source is not None:
             sources = {self.source_uid: self.source.snapshot_positions(checkpoint_id)}
         pending, committables = self._snapshot_operators(checkpoint_id)
-        self.router.event((BARRIER, checkpoint_id))
+        output: list[tuple[int, Any, Any]] = []
+        if self.urgent_barriers and self._may_overtake():
+            # a source in unaligned mode: its barrier overtakes the records it still buffers or
+            # queues (they are before its positions: stored with the checkpoint as output)
+            output = self._overtake_outputs(checkpoint_id, True)
+        else:
+            self.router.event((BARRIER, checkpoint_id))  # in line, behind the buffered records
         if committables:
             self.host.send(("committables", checkpoint_id, self.key, committables))
         stats = {
@@ -280,40 +307,84 @@ class Task:
             # cumulative counters of this task (the master's metrics)
             "records_in": self.source.emitted if self.source is not None else self.records_in,
             "backpressured_s": round(self.backpressured_s, 6),
+            "channels": self.channel_stats(),
         }
-        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats)
+        blob = None
+        if output:
+            ref = self._inflight(checkpoint_id, [], output, pending, stats, held=False)
+            if ref is None:
+                return  # declined: too large
+            blob, inflight_sources = ref
+            sources = dict(sources or {}, **inflight_sources)
+        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob)
+
+    def channel_stats(self) -> dict[str, dict[str, float]]:
+        """Per channel (``"<edge>.<upstream subtask>-<downstream subtask>"``) what this task
+        knows of it: of its input channels the bound and what waits at this end, of its output
+        channels what is in them and how long they were full (the job master's metrics)."""
+        out: dict[str, dict[str, float]] = {}
+        for ch in self.channels:
+            frames, records, nbytes = ch.bound()
+            out[ch.label] = {"bound_frames": frames, "bound_records": records, "bound_bytes": nbytes,
+                             "queued_frames": ch.backlog(), "queued_bytes": ch.queued_bytes}  # fmt: skip
+        for edge in self.router.edges:
+            for och in edge.channels:
+                frames, records = och.buffered()
+                out.setdefault(och.label, {}).update(
+                    buffered_frames=frames, buffered_records=records, backpressured_s=round(och.backpressured_s, 6)
+                )
+        return out
 
     # -- unaligned checkpoints -------------------------------------------------------------------
 
-    def _on_unaligned_barrier(self, ci: int, checkpoint_id: int) -> None:
+    def _may_overtake(self) -> bool:
+        """Barriers may go out urgent until the final watermark was sent: the final checkpoint
+        is taken aligned (see :meth:`runtime.barriers.BarrierUnaligner.on_barrier_unaligned`)."""
+        return not self.router.sent_final_watermark()
+
+    def _urgent_barrier(self, ci: int, channel: InputChannel) -> None:
+        """An urgent barrier on channel ``ci``: the frames queued before it are overtaken."""
+        frame, puts_at = channel.urgent.popleft()
+        _records, (kind, checkpoint_id) = frame
+        assert kind == BARRIER
+        self._on_unaligned_barrier(ci, checkpoint_id, channel.queued(puts_at - channel.polls))
+
+    def _on_unaligned_barrier(self, ci: int, checkpoint_id: int, overtaken: list[Any] | None = None) -> None:
+        """Barrier ``checkpoint_id`` on channel ``ci``; ``overtaken``: the frames of that channel
+        it overtook (urgent), in-flight input of the checkpoint when it is being recorded."""
         handler = self.barriers
         assert isinstance(handler, BarrierUnaligner)
         finished = self.channel_wm[ci] >= MAX_WATERMARK
-        for action in handler.on_barrier_unaligned(ci, checkpoint_id, finished):
+        actions = handler.on_barrier_unaligned(ci, checkpoint_id, finished)
+        record = bool(overtaken) and (
+            "start" in actions or "done" in actions or (handler.recording and handler.current == checkpoint_id)
+        )
+        for action in actions:
             if action == "abandon":
                 self._abandon()
             elif action == "start":
                 self._start_unaligned(checkpoint_id)
             elif action == "done":
+                if record:
+                    self._record_overtaken(ci, overtaken)  # type: ignore[arg-type]
+                    record = False
                 self._finish_unaligned(checkpoint_id, handler.alignment_ms())
+        if record:
+            self._record_overtaken(ci, overtaken)  # type: ignore[arg-type]
+
+    def _record_overtaken(self, ci: int, frames: list[Any]) -> None:
+        edge, idx = self.channel_edges[ci], self.channel_inputs[ci]
+        self._u_input.extend((edge, idx, v, t) for records, _event in frames for v, t in records)
 
     def _start_unaligned(self, checkpoint_id: int) -> None:
-        """First barrier: snapshot now and send the barrier ahead of the buffered output."""
+        """First barrier: snapshot now and send the barrier ahead of the buffered output.
+
+        With urgent barriers, ahead of the frames the remote outputs still queue too: they
+        are taken out of the queues, stored with the checkpoint and queued again behind the
+        barrier; what an in-process channel queues the receiving task records."""
         t0 = time.monotonic()
         pending, committables = self._snapshot_operators(checkpoint_id)
-        # the output emitted before the snapshot but still buffered is overtaken by the barrier
-        # (stored with the checkpoint, and still sent, right behind the barrier)
-        output: list[tuple[int, Any, Any]] = []
-        overtaken = []
-        for k, edge in enumerate(self.router.edges):
-            for j, buf in enumerate(edge.buffers):
-                if buf:
-                    output.extend((k, v, t) for v, t in buf)
-                    overtaken.append((edge.channels[j], buf))
-                    edge.buffers[j] = []
-        self.router.event((BARRIER, checkpoint_id))
-        for channel, buf in overtaken:
-            channel.send((buf, None))
+        output = self._overtake_outputs(checkpoint_id, self.urgent_barriers and self._may_overtake())
         if committables:
             self.host.send(("committables", checkpoint_id, self.key, committables))
         if pending:
@@ -321,36 +392,82 @@ class Task:
         self._u_pending, self._u_input, self._u_output = pending, [], output
         self._u_sync = {"sync_ms": (time.monotonic() - t0) * 1000}
 
+    def _overtake_outputs(self, checkpoint_id: int, urgent: bool) -> list[tuple[int, Any, Any]]:
+        """Send barrier ``checkpoint_id`` ahead of the output buffers and, ``urgent``, of what
+        the remote outputs still queue; returns those records (``(edge index, value, ts)``),
+        sent again right behind the barrier."""
+        output: list[tuple[int, Any, Any]] = []
+        for k, edge in enumerate(self.router.edges):
+            queued = []
+            for j, channel in enumerate(edge.channels):
+                items = channel.take_queued() if urgent else []
+                for data in items:
+                    if isinstance(data, bytes):  # a frame (not an earlier urgent barrier)
+                        output.extend((k, v, t) for v, t in pickle.loads(data)[0])
+                buf, edge.buffers[j] = edge.buffers[j], []
+                output.extend((k, v, t) for v, t in buf)
+                queued.append((channel, items, buf))
+            if urgent:
+                edge.urgent_event((BARRIER, checkpoint_id))
+            else:
+                edge.event((BARRIER, checkpoint_id))
+            for channel, items, buf in queued:
+                channel.requeue(items)
+                if buf:
+                    channel.send((buf, None))
+        return output
+
     def _finish_unaligned(self, checkpoint_id: int, alignment_ms: float) -> None:
         """Last barrier: the in-flight data is complete; write it, then acknowledge."""
         pending, data_in, data_out = self._u_pending, self._u_input, self._u_output
         self._u_pending, self._u_input, self._u_output = [], [], []
-        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0)
-        blob = None
-        sources = None
+        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0, records_in=self.records_in,
+                     backpressured_s=round(self.backpressured_s, 6), channels=self.channel_stats())  # fmt: skip
+        blob = sources = None
         if data_in or data_out:
-            vertex, subtask = self.key.split(".")
-            payload = {
-                "version": inflight.VERSION,
-                "checkpoint": checkpoint_id,
-                "task": self.key,
-                "vertex": int(vertex),
-                "subtask": int(subtask),
-                "parallelism": self.host.config.parallelism,
-                "input": data_in,
-                "output": data_out,
-            }
-            data, digest = inflight.encode(payload)
-            key = inflight_key(checkpoint_id, self.key)
-            blob = (key, data)
-            sources = {inflight.INFLIGHT_KEY: {self.key: {
-                "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
-                "parallelism": self.host.config.parallelism,
-                "input": len(data_in), "output": len(data_out),
-            }}}
-            stats["inflight_bytes"] = len(data)
-            stats["inflight_records"] = len(data_in) + len(data_out)
+            ref = self._inflight(checkpoint_id, data_in, data_out, pending, stats, held=True)
+            if ref is None:
+                return  # declined: too large
+            blob, sources = ref
         self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
+
+    def _inflight(self, checkpoint_id: int, data_in: list[Any], data_out: list[Any], pending: list[Any],
+                  stats: dict[str, Any], *, held: bool) -> tuple[tuple[str, bytes], dict[str, Any]] | None:  # fmt: skip
+        """The in-flight object of this task and checkpoint and its reference for ``sources``
+        (``stats`` get its size); None when it exceeds ``max_inflight_bytes`` (declined)."""
+        vertex, subtask = self.key.split(".")
+        payload = {
+            "version": inflight.VERSION,
+            "checkpoint": checkpoint_id,
+            "task": self.key,
+            "vertex": int(vertex),
+            "subtask": int(subtask),
+            "parallelism": self.host.config.parallelism,
+            "input": data_in,
+            "output": data_out,
+        }
+        data, digest = inflight.encode(payload)
+        cap = self.host.config.max_inflight_bytes
+        if cap is not None and len(data) > cap:
+            self._decline_inflight(checkpoint_id, pending, len(data), cap, held)
+            return None
+        key = inflight_key(checkpoint_id, self.key)
+        sources = {inflight.INFLIGHT_KEY: {self.key: {
+            "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
+            "parallelism": self.host.config.parallelism,
+            "input": len(data_in), "output": len(data_out),
+        }}}
+        stats["inflight_bytes"] = len(data)
+        stats["inflight_records"] = len(data_in) + len(data_out)
+        return (key, data), sources
+
+    def _decline_inflight(self, checkpoint_id: int, pending: list[Any], size: int, cap: int, held: bool) -> None:
+        """The in-flight data of this task alone exceeds ``max_inflight_bytes``: decline."""
+        for p in pending:
+            p.cancel()
+        if pending and held:
+            self.host.release_async()
+        self.host.send(("decline", checkpoint_id, self.key, inflight.too_large(size, cap, f"at task {self.key}")))
 
     def _abandon(self) -> None:
         pending, self._u_pending, self._u_input, self._u_output = self._u_pending, [], [], []
@@ -373,12 +490,11 @@ class Task:
         edges = self.router.edges
         for k, v, t in data_out:
             edges[k].emit(v, t)
-        head = self.ops[0]
         for _edge, idx, v, t in data_in:
             if idx == 0:
                 self.head.emit(v, t)
             else:
-                head.process(v, t, idx)
+                self.ops[0].process(v, t, idx)
         self.records_in += len(data_in)
         self.router.flush()
 

@@ -300,6 +300,8 @@ CHECKPOINT_TIMEOUT = Duration("checkpoint_timeout_s", 1 * MS, DAY)
 TOLERABLE_FAILED_CHECKPOINTS = Count("tolerable_failed_checkpoints", 0, 1_000_000)
 BATCH_SIZE = Count("batch_size", 1, 1 << 20)
 CHANNEL_CAPACITY = Count("channel_capacity", 1, 1 << 16)
+BUFFER_DEBLOAT_TARGET = Duration("buffer_debloat_target", 1 * MS, 60.0)
+MAX_INFLIGHT_BYTES = Size("max_inflight_bytes", 1, 1 << 40)
 
 _HINTS = {
     "lease_ttl_s": "the holder renews every third of the ttl, so a shorter one only floods the store "

@@ -65,9 +65,11 @@ def apply_inflight(root: RootSpec, meta: Any, state: tuple[dict[str, list[Any]],
 @pytest.mark.parametrize("mode", ["exactly_once_aligned", "exactly_once_unaligned", "at_least_once"])
 def test_alignment_with_one_input_slowed(file_root: RootSpec, tmp_path: Path, mode: str) -> None:
     env = make_env(file_root, mode=mode, checkpoint_interval_s=0.1, retain_checkpoints=50)
-    jobs.build_join(env, tmp_path / "join", 1200, order_rate=3000, slow_payments=True)
+    # 4800 orders per split: the job spans several checkpoints (since a slow task no longer
+    # holds its whole worker, with 1200 it sometimes ended after two)
+    jobs.build_join(env, tmp_path / "join", 4800, order_rate=3000, slow_payments=True)
     result = env.execute("slow", timeout_s=120)
-    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(1200)
+    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(4800)
     assert len(result.completed_checkpoints) >= 3
     alignment = [s["alignment_ms"] for s in result.checkpoint_stats.values()]
     assert max(alignment) > 0

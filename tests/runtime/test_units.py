@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -228,16 +229,20 @@ def test_hash_routing_follows_key_groups_and_events_follow_records() -> None:
 def test_input_channel_back_pressure() -> None:
     import threading
 
+    def frame(n: int) -> bytes:
+        return pickle.dumps(([(n, None)], None))
+
     ch = InputChannel(0, 2, threading.Event())
-    ch.put_blocking(b"1")
-    ch.put_blocking(b"2")
-    t = threading.Thread(target=ch.put_blocking, args=(b"3",))
+    ch.put_blocking(frame(1))
+    ch.put_blocking(frame(2))
+    t = threading.Thread(target=ch.put_blocking, args=(frame(3),))
     t.start()
     t.join(0.2)
     assert t.is_alive() and ch.backlog() == 2  # blocked: full
-    assert ch.poll() == b"1"
+    assert ch.poll() == ([(1, None)], None)  # remote frames come out unpickled
     t.join(5)
-    assert not t.is_alive() and [ch.poll(), ch.poll(), ch.poll()] == [b"2", b"3", None]
+    assert not t.is_alive()
+    assert [ch.poll(), ch.poll(), ch.poll()] == [([(2, None)], None), ([(3, None)], None), None]
 
 
 # -- file sink -----------------------------------------------------------------------------------
