@@ -135,6 +135,38 @@ def test_the_secret_is_in_no_rendering_but_travels_in_the_pickle(s3_server: S3Se
     assert dict(clone.store_options) == dict(sink.store_options or {})  # workers open the same store
 
 
+@pytest.mark.s3
+def test_credentials_from_the_aws_environment_travel_with_the_pickled_sink(
+    s3_server: S3Server, s3_root: RootSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var, value in (("AWS_ENDPOINT_URL", s3_server.endpoint), ("AWS_REGION", s3_server.region),
+                       ("AWS_ACCESS_KEY_ID", s3_server.access_key),
+                       ("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)):  # fmt: skip
+        monkeypatch.setenv(var, value)
+    sink = FileSink(s3_root.url)  # resolved here, from this process's environment
+    assert s3_server.secret_key not in repr(sink)
+    for var in ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    clone = pickle.loads(pickle.dumps(sink))  # a worker without that environment
+    assert clone.store_options is not None
+    op = ObjectSinkOperator("out", s3_root.url, clone.store_options, json.dumps)
+    op.setup(_Ctx(), None)  # type: ignore[arg-type]
+    op.open()
+    op.process("x", None, 0)
+    op.snapshot(1)
+    op.checkpoint_complete(1)
+    op.close()
+    assert read_committed(s3_root.url, store_options=s3_root.options) == ["x"]
+
+
+def test_a_committed_object_that_is_not_json_lines_is_reported(store_root: RootSpec) -> None:
+    with open_store(store_root.url, store_root.options) as store:
+        store.put(PART_PREFIX + object_name(1, 0, "abcdef01-a1", 0), b'[1]\n{"broken\n')
+        store.put(PART_PREFIX + "notes.txt", b"not a sink object: ignored")
+    with pytest.raises(ValueError, match=r"part-0000000001-0000-abcdef01-a1-0000\.jsonl line 2 is not JSON"):
+        read_committed(store_root.url, store_options=store_root.options)
+
+
 @pytest.mark.parametrize(
     ("target", "options", "match"),
     [
