@@ -35,14 +35,12 @@ from runtime.errors import JobGraphError
 from runtime.object_sink import (
     ObjectSinkOperator,
     committed_objects,
-    is_store_url,
     read_committed_objects,
     recover_objects,
     sink_store_options,
 )
 from runtime.operators import OperatorSnapshot, StreamOperator
 from statelog.store import open_store, redact_url
-from statelog.store.options import resolve_store_options
 
 PENDING_DIR = ".pending"
 INPROGRESS_DIR = ".inprogress"
@@ -97,8 +95,8 @@ class FileSink(Sink):
         self.store_options = sink_store_options("FileSink", self.directory, store_options)
 
     def __repr__(self) -> str:
-        if self.store_options is None:
-            return f"FileSink({self.directory!r})"
+        if not self.store_options:
+            return f"FileSink({redact_url(self.directory)!r})"
         return f"FileSink({redact_url(self.directory)!r}, store_options={self.store_options!r})"
 
     def create_operator(self, uid: str) -> StreamOperator:
@@ -148,9 +146,10 @@ def committed_files(
 
     For a store URL (``s3://``, ``file://``) the committed objects' URLs.
     """
-    if is_store_url(str(directory)):
-        url = str(directory)
-        with open_store(url, resolve_store_options(url, store_options)) as store:
+    url = str(directory)
+    options = sink_store_options("committed_files", url, store_options)
+    if options is not None:
+        with open_store(url, options) as store:
             return [f"{url.rstrip('/')}/{key}" for key in committed_objects(store, upto_checkpoint)]
     out = []
     d = Path(directory)
@@ -168,9 +167,10 @@ def read_committed(
 ) -> list[Any]:
     """The records of the committed files (JSON lines), optionally up to a checkpoint; a store
     URL (``s3://``, ``file://``) with its ``store_options`` reads the committed objects."""
-    if is_store_url(str(directory)):
-        url = str(directory)
-        with open_store(url, resolve_store_options(url, store_options)) as store:
+    url = str(directory)
+    options = sink_store_options("read_committed", url, store_options)
+    if options is not None:
+        with open_store(url, options) as store:
             return list(read_committed_objects(store, upto_checkpoint))
     out = []
     for p in committed_files(directory, upto_checkpoint):
