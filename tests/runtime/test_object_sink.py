@@ -122,6 +122,16 @@ def test_large_transactions_are_put_in_chunks_cut_at_line_ends(s3_root: RootSpec
             assert len(data) <= 100 and data.endswith(b"\n"), (key, data)
     op.checkpoint_complete(1)
     assert read_committed(s3_root.url, store_options=s3_root.options) == records
+    op.snapshot(2)  # an empty transaction puts nothing
+    op.process("y" * 300, None, 0)  # a line longer than a chunk is a chunk of its own
+    op.process("z", None, 0)
+    op.snapshot(3)
+    assert [k.rsplit("-", 1)[-1] for k in keys(s3_root, PENDING_PREFIX)] == ["0000.jsonl", "0001.jsonl"]
+    op.checkpoint_complete(3)
+    assert read_committed(s3_root.url, upto_checkpoint=3, store_options=s3_root.options)[len(records):] == [
+        "y" * 300, "z"
+    ]
+    assert keys(s3_root, PENDING_PREFIX) == []
     op.close()
 
 
