@@ -10,6 +10,8 @@ one (their checkpoint completed, the notification may have been lost) and delete
 pending and in-progress files (their records will be produced again). Commit is a rename of
 a deterministic name, so it is idempotent. ``<tag>`` names the run and attempt, so names
 never collide across attempts. Readers take ``part-*`` files only (:func:`read_committed`).
+On a store URL (``s3://bucket/prefix``, ``file://``) the same protocol runs on objects:
+:mod:`runtime.object_sink`.
 
 **CollectSink** hands each transaction to the coordinator with the checkpoint (as
 "committables"); the job master releases them into ``JobResult.collected[uid]`` when a
@@ -25,11 +27,20 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from runtime.errors import JobGraphError
+from runtime.object_sink import (
+    ObjectSinkOperator,
+    committed_objects,
+    read_committed_objects,
+    recover_objects,
+    sink_store_options,
+)
 from runtime.operators import OperatorSnapshot, StreamOperator
+from statelog.store import open_store, redact_url
 
 PENDING_DIR = ".pending"
 INPROGRESS_DIR = ".inprogress"
@@ -60,16 +71,45 @@ def _default_serializer(value: Any) -> str:
 
 
 class FileSink(Sink):
-    """Exactly-once JSON lines files below ``directory`` (see the module docstring)."""
+    """Exactly-once JSON lines files below ``directory`` (see the module docstring).
 
-    def __init__(self, directory: str | os.PathLike[str], serializer: Callable[[Any], str] | None = None) -> None:
+    ``directory`` may be a store URL, ``s3://bucket/prefix`` or ``file:///abs/path``: the
+    same protocol on objects through statelog's store layer (:mod:`runtime.object_sink`), so
+    every node of a cluster reaches the output; ``store_options`` then configures the store
+    (else the ``AWS_*`` environment of the process that builds the sink: resolved here, they
+    travel with the pickled sink, never shown by its ``repr``).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        serializer: Callable[[Any], str] | None = None,
+        store_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+            raise JobGraphError(f"FileSink needs a directory path or an s3:// URL, got {directory!r}")
+        if serializer is not None and not callable(serializer):
+            raise JobGraphError(f"FileSink serializer must be a callable value -> str or None, got {serializer!r}")
         self.directory = str(directory)
         self.serializer = serializer
+        self.store_options = sink_store_options("FileSink", self.directory, store_options)
+
+    def __repr__(self) -> str:
+        if not self.store_options:
+            return f"FileSink({redact_url(self.directory)!r})"
+        return f"FileSink({redact_url(self.directory)!r}, store_options={self.store_options!r})"
 
     def create_operator(self, uid: str) -> StreamOperator:
-        return FileSinkOperator(uid, Path(self.directory), self.serializer or _default_serializer)
+        serializer = self.serializer or _default_serializer
+        if self.store_options is not None:
+            return ObjectSinkOperator(uid, self.directory, self.store_options, serializer)
+        return FileSinkOperator(uid, Path(self.directory), serializer)
 
     def recover(self, committed_upto: int | None) -> None:
+        if self.store_options is not None:
+            with open_store(self.directory, self.store_options) as store:
+                recover_objects(store, committed_upto)
+            return
         d = Path(self.directory)
         pending = d / PENDING_DIR
         if pending.is_dir():
@@ -99,8 +139,18 @@ def commit_pending(directory: Path, name: str) -> None:
     _fsync_dir(directory)
 
 
-def committed_files(directory: str | os.PathLike[str], upto_checkpoint: int | None = None) -> list[Path]:
-    """The committed files of a file sink, in checkpoint order (optionally ``<=`` a checkpoint)."""
+def committed_files(
+    directory: str | os.PathLike[str], upto_checkpoint: int | None = None, store_options: Mapping[str, Any] | None = None
+) -> list[Path] | list[str]:
+    """The committed files of a file sink, in checkpoint order (optionally ``<=`` a checkpoint).
+
+    For a store URL (``s3://``, ``file://``) the committed objects' URLs.
+    """
+    url = str(directory)
+    options = sink_store_options("committed_files", url, store_options)
+    if options is not None:
+        with open_store(url, options) as store:
+            return [f"{url.rstrip('/')}/{key}" for key in committed_objects(store, upto_checkpoint)]
     out = []
     d = Path(directory)
     if not d.is_dir():
@@ -112,8 +162,16 @@ def committed_files(directory: str | os.PathLike[str], upto_checkpoint: int | No
     return out
 
 
-def read_committed(directory: str | os.PathLike[str], upto_checkpoint: int | None = None) -> list[Any]:
-    """The records of the committed files (JSON lines), optionally up to a checkpoint."""
+def read_committed(
+    directory: str | os.PathLike[str], upto_checkpoint: int | None = None, store_options: Mapping[str, Any] | None = None
+) -> list[Any]:
+    """The records of the committed files (JSON lines), optionally up to a checkpoint; a store
+    URL (``s3://``, ``file://``) with its ``store_options`` reads the committed objects."""
+    url = str(directory)
+    options = sink_store_options("read_committed", url, store_options)
+    if options is not None:
+        with open_store(url, options) as store:
+            return list(read_committed_objects(store, upto_checkpoint))
     out = []
     for p in committed_files(directory, upto_checkpoint):
         with open(p, "rb") as f:

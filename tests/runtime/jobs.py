@@ -24,6 +24,7 @@ from runtime import (
     GeneratorSource,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
+    Sink,
     SlidingEventTimeWindows,
     StreamExecutionEnvironment,
     TumblingEventTimeWindows,
@@ -166,7 +167,7 @@ class Deliver(KeyedProcessFunction):
 
 def build_clicks(
     env: StreamExecutionEnvironment,
-    out: Path,
+    out: Path | Sink,
     per_split: int,
     rate: float | None = None,
     sliding: bool = False,
@@ -182,7 +183,7 @@ def build_clicks(
         clicks.key_by(click_user)
         .window(assigner)
         .aggregate(CountAgg(), uid=uid, window_function=window_row)
-        .sink_to(FileSink(out), uid="windows-out")
+        .sink_to(out if isinstance(out, Sink) else FileSink(out), uid="windows-out")
     )
 
 
