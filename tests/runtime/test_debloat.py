@@ -19,6 +19,7 @@ from runtime import (
     StreamExecutionEnvironment,
     inflight,
 )
+from runtime.auth import new_secret
 from runtime.channels import BARRIER, ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.config import JobConfig
 from runtime.debloat import FLOOR_RECORDS, PERIOD_S, Debloater
@@ -28,6 +29,8 @@ from runtime.router import EdgeOutput, Router
 from runtime.task import Task
 from statelog.errors import ConfigError
 from tests.s3server import RootSpec
+
+SECRET = new_secret()  # the channels' job secret (runtime.auth)
 
 # -- the debloater -------------------------------------------------------------------------------
 
@@ -96,12 +99,13 @@ def test_remote_channel_counts_the_queue_and_the_connection() -> None:
     """Over a real loopback connection: the sender's room is the receiver's bound minus what it
     sent and the receiver did not take yet, whatever sits in its queue or the TCP buffers."""
     errors: list[str] = []
-    server = ChannelServer(errors.append)
+    server = ChannelServer(errors.append, SECRET)
     d = Debloater(target_s=1.0, ceiling_frames=4, batch_size=4)
     ch = InputChannel(0, 1000, threading.Event(), d)
     server.channels[(0, 0, 1)] = ch
     server.ready.set()
-    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, (d.frames, d.records))
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, (d.frames, d.records),
+                       secret=SECRET)
     try:
         sent = 0
         while out.has_room():
@@ -259,11 +263,11 @@ def test_urgent_barrier_overtakes_the_remote_senders_queue() -> None:
     """The frames still in a remote output's queue go behind the barrier and into the
     checkpoint as output; everything the receiver got before the barrier was sent before it."""
     errors: list[str] = []
-    server = ChannelServer(errors.append)
+    server = ChannelServer(errors.append, SECRET)
     recv = InputChannel(0, 1, threading.Event())  # a slow receiver: 1 frame, then TCP fills up
     server.channels[(3, 0, 1)] = recv
     server.ready.set()
-    out = RemoteOutput(server.address, (3, 0, 1), errors.append, None, 10_000)
+    out = RemoteOutput(server.address, (3, 0, 1), errors.append, None, 10_000, secret=SECRET)
     host = _Host()
     a = InputChannel(0, 100, threading.Event())
     task, _op = _task(host, [a], [out])
@@ -293,11 +297,11 @@ def test_a_sources_urgent_barrier_overtakes_its_queue_and_stores_it_as_output() 
     """A source task in unaligned mode: the records it read before its positions but still
     queues go behind the barrier and into the checkpoint; a restore re-emits them first."""
     errors: list[str] = []
-    server = ChannelServer(errors.append)
+    server = ChannelServer(errors.append, SECRET)
     recv = InputChannel(0, 1, threading.Event())
     server.channels[(0, 0, 1)] = recv
     server.ready.set()
-    out = RemoteOutput(server.address, (0, 0, 1), errors.append, None, 10_000)
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, None, 10_000, secret=SECRET)
     host = _Host()
     splits = GeneratorSource(_pair, 100_000, splits=1).open_splits({"0000": None}, None)
     router = Router([EdgeOutput(FORWARD, None, [out], 128, batch_size=256)], 8)
