@@ -67,7 +67,8 @@ class InputChannel:
 
     __slots__ = ("index", "label", "capacity", "q", "cond", "waiting", "wake", "closed", "debloater",
                  "feedback", "queued_records", "bytes_in", "bytes_out", "consumed_frames", "consumed_records",
-                 "puts", "polls", "urgent", "_empty_since", "_reported")  # fmt: skip
+                 "puts", "polls", "urgent", "_empty_since", "_reported",
+                 "_reported_records")  # fmt: skip
 
     def __init__(self, index: int, capacity: int, wake: threading.Event, debloater: Debloater | None = None,
                  label: str = "") -> None:  # fmt: skip
@@ -91,7 +92,8 @@ class InputChannel:
         # priority barriers (unaligned mode): (frame, ``puts`` when it arrived), ahead of ``q``
         self.urgent: deque[tuple[Any, int]] = deque()
         self._empty_since: float | None = time.monotonic()
-        self._reported = 0  # consumed_frames in the last report to a remote sender
+        # consumed_frames and consumed_records in the last report to a remote sender
+        self._reported = self._reported_records = 0
 
     def _arrived(self) -> None:
         since = self._empty_since
@@ -159,13 +161,18 @@ class InputChannel:
         d = self.debloater
         if d is not None:
             changed = d.consumed(records, nbytes, time.monotonic())
-            # report to a remote sender when the bound changed, and otherwise every quarter of
-            # the bound: a report is a send on the task thread, and each one hands the GIL to
-            # the other threads (per frame, that cost ~9 % of the task thread's time). The
-            # sender sees less room than there is by less than a quarter of the bound, so it
-            # blocks only with three quarters of the bound unconsumed, whose consumption
-            # reports again: never a stall
-            if self.feedback is not None and (changed or self.consumed_frames - self._reported >= d.frames >> 2):
+            # report to a remote sender when the bound changed, and otherwise once a quarter of
+            # the bound (frames or records) was taken since the last report: a report is a send
+            # on the task thread, and each one hands the GIL to the other threads (per frame,
+            # that cost ~9 % of the task thread's time). The sender sees less room than there
+            # is by less than a quarter of the bound, so it blocks only with more than three
+            # quarters of the bound still to be taken here, whose taking reports again: it
+            # never waits for a report that does not come
+            if self.feedback is not None and (
+                changed
+                or self.consumed_frames - self._reported >= d.frames >> 2
+                or self.consumed_records - self._reported_records >= d.records >> 2
+            ):
                 self._report()
         return frame
 
@@ -176,7 +183,7 @@ class InputChannel:
         return [pickle.loads(f) if isinstance(f, bytes) else f for f in frames]
 
     def _report(self) -> None:
-        self._reported = self.consumed_frames
+        self._reported, self._reported_records = self.consumed_frames, self.consumed_records
         d = self.debloater
         frames, records = (d.frames, d.records) if d is not None else (self.capacity, 0)
         try:

@@ -126,6 +126,48 @@ def test_remote_channel_counts_the_queue_and_the_connection() -> None:
     assert errors == []
 
 
+@pytest.mark.parametrize(
+    "records_per_frame, blocked_after",
+    [(1, 16), (30, 3)],  # the frames bound binds (16 frames); the records bound binds (64 records)
+    ids=["frames-bound", "records-bound"],
+)
+def test_a_blocked_remote_sender_gets_room_once_the_receiver_took_its_frames(
+    records_per_frame: int, blocked_after: int
+) -> None:
+    """The receiver reports consumption every quarter of the bound, not after every frame; a
+    sender blocked by either bound still learns that everything it sent was taken."""
+    errors: list[str] = []
+    server = ChannelServer(errors.append, SECRET)
+    d = Debloater(target_s=1.0, ceiling_frames=16, batch_size=4)  # bound: 16 frames, 64 records
+    ch = InputChannel(0, 1000, threading.Event(), d)
+    server.channels[(0, 0, 1)] = ch
+    server.ready.set()
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, (d.frames, d.records),
+                       secret=SECRET)  # fmt: skip
+    try:
+        sent = 0
+        while out.has_room():
+            out.send(([(sent, None)] * records_per_frame, None))
+            sent += 1
+        assert sent == blocked_after
+        deadline = time.monotonic() + 10
+        taken = 0
+        while taken < sent and time.monotonic() < deadline:
+            if ch.poll() is not None:
+                taken += 1
+            else:
+                time.sleep(0.005)
+        assert taken == sent
+        while not out.has_room() and time.monotonic() < deadline:
+            time.sleep(0.01)  # no more frames come: the reports already sent must free the room
+        assert out.has_room(), f"sender still blocked: {out.buffered()} unconsumed as far as it knows"
+        assert out.consumed_frames >= 1
+    finally:
+        out.close()
+        server.close()
+    assert errors == []
+
+
 def test_buffer_debloat_target_is_validated(tmp_path: Any) -> None:
     root = (tmp_path / "root").as_uri()
     assert StreamExecutionEnvironment(state_root=root).config.buffer_debloat_target == 1.0
