@@ -173,7 +173,7 @@ class InputChannel:
                 or self.consumed_frames - self._reported >= d.frames >> 2
                 or self.consumed_records - self._reported_records >= d.records >> 2
             ):
-                self._report()
+                self._report(d)
         return frame
 
     def queued(self, n: int) -> list[Any]:
@@ -182,12 +182,11 @@ class InputChannel:
         frames = [q[i] for i in range(n)]
         return [pickle.loads(f) if isinstance(f, bytes) else f for f in frames]
 
-    def _report(self) -> None:
+    def _report(self, d: Debloater) -> None:
+        """Tell the remote sender what was taken and the bound (debloating only)."""
         self._reported, self._reported_records = self.consumed_frames, self.consumed_records
-        d = self.debloater
-        frames, records = (d.frames, d.records) if d is not None else (self.capacity, 0)
         try:
-            self.feedback.sendall(_CREDIT.pack(self.consumed_frames, self.consumed_records, frames, records))  # type: ignore[union-attr]
+            self.feedback.sendall(_CREDIT.pack(self.consumed_frames, self.consumed_records, d.frames, d.records))  # type: ignore[union-attr]
         except OSError:
             self.feedback = None  # the sender is gone: the job master handles it
 
