@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
+# a worker's channel error names a dead peer as the cause if one is seen dead within this long
+PEER_DEATH_GRACE_S = 1.0
 
 
 @dataclass
@@ -526,11 +528,18 @@ class JobMaster:
             w.running = True
         elif kind == "failed":
             if str(msg[2]).startswith("ChannelError"):  # usually secondary: name the dead worker
-                for other in self.workers:
-                    if other is not w and not other.proc.is_alive():
-                        raise WorkerLostError(
-                            f"worker {other.index} (pid {other.pid}) exited with code {other.proc.exitcode}"
-                        )
+                # its peer's death may not be visible yet (a forkserver child's exit reaches its
+                # Popen after the forkserver reaped it): wait a little for it
+                deadline = time.monotonic() + PEER_DEATH_GRACE_S
+                while True:
+                    for other in self.workers:
+                        if other is not w and not other.proc.is_alive():
+                            raise WorkerLostError(
+                                f"worker {other.index} (pid {other.pid}) exited with code {other.proc.exitcode}"
+                            )
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.02)
             raise TaskFailedError(f"worker {w.index} (pid {w.pid}) failed:\n{msg[2]}")
         elif kind == "restored":
             stats = self.restore_stats.setdefault(self.attempt, {"workers": 0, "on_demand": self.config.on_demand_restore})

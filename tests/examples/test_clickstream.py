@@ -49,7 +49,7 @@ def test_clickstream_demo_kills_a_worker_and_verifies_exactly_once(demo: dict[st
     r = demo["result"]
     assert demo["returncode"] == 0 and r["passed"], json.dumps({k: v for k, v in r.items() if k != "checkpoints_list"}, indent=1)
     assert r["kill"]["happened"] and r["kill"]["covered"] >= 0.5
-    assert r["attempts"] == 2 and any("WorkerLostError" in f for f in r["failures"])
+    assert r["attempts"] == 2 and any("WorkerLostError" in f for f in r["failures"]), r["failures"]
     for out in r["outputs"]:
         assert out["records"] == out["expected"] > 0
         assert out["duplicates"] == out["missing"] == out["unexpected"] == 0
