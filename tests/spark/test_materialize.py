@@ -179,8 +179,9 @@ def test_property_spark_materialization_equals_in_process(spark: Any, tmp_path_f
     SparkScenario(root, {}, "eager").run(flatten(steps))
 
 
-def test_property_variant_compared_something() -> None:
-    """Runs after the property test (file order): it must have compared materializations."""
+def test_property_variant_compared_something(spark: Any) -> None:
+    """Runs after the property test (file order; the ``spark`` fixture puts both in the same
+    xdist group, so on the same worker): it must have compared materializations."""
     if SparkScenario.spark is None:
         pytest.skip("the property test did not run (deselected)")
     print(f"\nSpark materializations compared with in-process ones: {SparkScenario.compared}")  # shown with -s
