@@ -528,18 +528,9 @@ class JobMaster:
             w.running = True
         elif kind == "failed":
             if str(msg[2]).startswith("ChannelError"):  # usually secondary: name the dead worker
-                # its peer's death may not be visible yet (a forkserver child's exit reaches its
-                # Popen after the forkserver reaped it): wait a little for it
-                deadline = time.monotonic() + PEER_DEATH_GRACE_S
-                while True:
-                    for other in self.workers:
-                        if other is not w and not other.proc.is_alive():
-                            raise WorkerLostError(
-                                f"worker {other.index} (pid {other.pid}) exited with code {other.proc.exitcode}"
-                            )
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.02)
+                dead = self._dead_peer(w)
+                if dead is not None:
+                    raise WorkerLostError(f"worker {dead.index} (pid {dead.pid}) exited with code {dead.proc.exitcode}")
             raise TaskFailedError(f"worker {w.index} (pid {w.pid}) failed:\n{msg[2]}")
         elif kind == "restored":
             stats = self.restore_stats.setdefault(self.attempt, {"workers": 0, "on_demand": self.config.on_demand_restore})
@@ -550,6 +541,16 @@ class JobMaster:
             w.stopped = True
         else:
             log.warning("unknown message from worker %d: %r", w.index, kind)
+
+    def _dead_peer(self, w: WorkerProc) -> WorkerProc | None:
+        """A worker other than ``w`` seen dead within ``PEER_DEATH_GRACE_S`` (a forkserver
+        child's exit reaches its Popen only after the forkserver reaped it), or None."""
+        deadline = time.monotonic() + PEER_DEATH_GRACE_S
+        while True:
+            dead = next((o for o in self.workers if o is not w and not o.proc.is_alive()), None)
+            if dead is not None or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.02)
 
     def _on_complete(self, meta: CheckpointMetadata) -> None:
         cid = meta.checkpoint_id
