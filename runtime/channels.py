@@ -130,8 +130,12 @@ class InputChannel:
         self.wake.set()
 
     def attach(self, conn: socket.socket) -> None:
-        """The connection of a remote channel: :meth:`poll` reports consumption on it."""
+        """The connection of a remote channel: :meth:`poll` reports consumption on it (and
+        the bound at once if it is below the ceiling the sender starts from)."""
         self.feedback = conn
+        d = self.debloater
+        if d is not None and d.below_ceiling():
+            self._report(d)
 
     def poll(self) -> Any:
         """The next frame as ``(records, event)``, or None."""
@@ -168,11 +172,13 @@ class InputChannel:
             # is by less than a quarter of the bound, so it blocks only with more than three
             # quarters of the bound still to be taken here, whose taking reports again: it
             # never waits for a report that does not come
+            # At the ceiling (no back-pressure: the bound is what the channel held before
+            # debloating) the sender goes by its queue alone and only a change is reported
             if self.feedback is not None and (
                 changed
-                or self.consumed_frames - self._reported >= d.frames >> 2
-                or self.consumed_records - self._reported_records >= d.records >> 2
-            ):
+                or (d.below_ceiling() and (self.consumed_frames - self._reported >= d.frames >> 2
+                                           or self.consumed_records - self._reported_records >= d.records >> 2))
+            ):  # fmt: skip
                 self._report(d)
         return frame
 
@@ -281,10 +287,11 @@ class LocalOutput(_Pressure):
 class RemoteOutput(_Pressure):
     """Upstream end of a channel to another worker: a queue and a sender thread.
 
-    With debloating (``debloat``) the room in the channel is the receiver's bound minus
-    what this end sent or queued and the receiver has not taken yet (its reports arrive on
-    the same connection, read by a second thread): the queue, the TCP buffers and the
-    receiver's queue all count. Without, the queue holds up to ``capacity`` frames."""
+    With debloating (``debloat``: the ceiling) and the receiver's bound below the ceiling,
+    the room in the channel is that bound minus what this end sent or queued and the
+    receiver has not taken yet (its reports arrive on the same connection, read by a second
+    thread): the queue, the TCP buffers and the receiver's queue all count. Without, or at
+    the ceiling, the queue holds up to ``capacity`` frames."""
 
     def __init__(
         self,
@@ -308,7 +315,8 @@ class RemoteOutput(_Pressure):
         self.capacity = capacity
         self.debloat = debloat is not None
         # the receiver's bound (frames, records): the ceiling until its first report
-        self.bound_frames, self.bound_records = debloat or (capacity, 0)
+        self.ceiling_frames, self.ceiling_records = debloat or (capacity, 0)
+        self.bound_frames, self.bound_records = self.ceiling_frames, self.ceiling_records
         self.sent_frames = self.sent_records = 0  # queued or sent so far
         self.consumed_frames = self.consumed_records = 0  # as the receiver last reported
         self.backpressured_s = 0.0
@@ -347,7 +355,9 @@ class RemoteOutput(_Pressure):
             self.q.put(data)
 
     def has_room(self) -> bool:
-        if not self.debloat:
+        if not self.debloat or (self.bound_frames >= self.ceiling_frames and self.bound_records >= self.ceiling_records):
+            # at the ceiling (the receiver is not back-pressured), the queue alone counts, as
+            # without debloating: the receiver then reports only a change of its bound
             return self._room(self.q.qsize() < self.capacity)
         return self._room(self.sent_frames - self.consumed_frames < self.bound_frames
                           and self.sent_records - self.consumed_records < self.bound_records)  # fmt: skip

@@ -16,10 +16,12 @@ smooths it (exponential moving average) and sets the channel's **bound**:
 * ``bytes`` = ``records`` × the average pickled bytes per record (remote channels; 0 for an
   in-process channel, whose frames are never pickled).
 
-The bound limits everything in the channel: the sender's queue, the TCP connection's
-buffers and the receiver's queue together (:class:`~runtime.channels.RemoteOutput` counts
-what it queued and sent against what the receiver reports consumed). So a barrier waits
-behind at most about ``target_s`` of its consumer's work per exchange.
+Below the ceiling, the bound limits everything in the channel: the sender's queue, the TCP
+connection's buffers and the receiver's queue together (:class:`~runtime.channels.RemoteOutput`
+counts what it queued and sent against what the receiver reports consumed). So a barrier
+waits behind at most about ``target_s`` of its consumer's work per exchange. At the ceiling
+(the consumer keeps up) a remote channel holds what it held without debloating (the sender
+goes by its queue) and no consumption is reported.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class Debloater:
             return False
         self.adapt(now)
         return True
+
+    def below_ceiling(self) -> bool:
+        """The bound is below the ceiling (the consumer cannot take a ceiling's worth per target)."""
+        return self.frames < self.ceiling_frames or self.records < self.ceiling_records
 
     def adapt(self, now: float) -> None:
         """End the current period: update the throughput and the bound."""

@@ -95,18 +95,70 @@ def test_in_process_channel_room_follows_the_bound() -> None:
     assert out.buffered() == (2, 20)
 
 
-def test_remote_channel_counts_the_queue_and_the_connection() -> None:
-    """Over a real loopback connection: the sender's room is the receiver's bound minus what it
-    sent and the receiver did not take yet, whatever sits in its queue or the TCP buffers."""
+def _learns_the_bound(out: RemoteOutput, bound: tuple[int, int]) -> None:
+    """Wait for the receiver's first report (sent when the connection is attached)."""
+    deadline = time.monotonic() + 10
+    while (out.bound_frames, out.bound_records) != bound and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (out.bound_frames, out.bound_records) == bound
+
+
+def test_a_remote_channel_at_its_ceiling_goes_by_the_sender_queue_and_reports_only_changes() -> None:
+    """Without back-pressure the bound stays at the ceiling: the sender counts its own queue
+    (``capacity`` frames), as without debloating, and the receiver reports no consumption
+    (only a change of its bound), so no report crosses the connection per frame."""
     errors: list[str] = []
     server = ChannelServer(errors.append, SECRET)
     d = Debloater(target_s=1.0, ceiling_frames=4, batch_size=4)
     ch = InputChannel(0, 1000, threading.Event(), d)
     server.channels[(0, 0, 1)] = ch
     server.ready.set()
-    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, (d.frames, d.records),
-                       secret=SECRET)
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 2, (d.frames, d.records),
+                       secret=SECRET)  # fmt: skip
     try:
+        deadline = time.monotonic() + 10
+        for i in range(12):  # 12 frames > the ceiling of 4: the queue drains into the connection
+            while not out.has_room() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert out.has_room()
+            out.send(([(i, None)], None))
+        taken = []
+        while len(taken) < 12 and time.monotonic() < deadline:
+            f = ch.poll()
+            if f is None:
+                time.sleep(0.005)
+            else:
+                taken.append(f[0][0][0])
+        assert taken == list(range(12))
+        time.sleep(0.1)
+        assert out.consumed_frames == 0  # no consumption report: the bound did not change
+        d._t0 -= 1.0  # a period ends at the next frame: the bound is measured and reported
+        out.send(([(12, None)], None))
+        while ch.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        while out.consumed_frames != 13 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert out.consumed_frames == 13
+    finally:
+        out.close()
+        server.close()
+    assert errors == []
+
+
+def test_remote_channel_counts_the_queue_and_the_connection() -> None:
+    """Over a real loopback connection: the sender's room is the receiver's bound minus what it
+    sent and the receiver did not take yet, whatever sits in its queue or the TCP buffers."""
+    errors: list[str] = []
+    server = ChannelServer(errors.append, SECRET)
+    d = Debloater(target_s=1.0, ceiling_frames=8, batch_size=4)
+    ceiling = (d.frames, d.records)
+    d.frames, d.records = 4, 16  # back-pressured: below the ceiling
+    ch = InputChannel(0, 1000, threading.Event(), d)
+    server.channels[(0, 0, 1)] = ch
+    server.ready.set()
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, ceiling, secret=SECRET)
+    try:
+        _learns_the_bound(out, (4, 16))
         sent = 0
         while out.has_room():
             out.send(([(sent, None)], None))
@@ -138,13 +190,15 @@ def test_a_blocked_remote_sender_gets_room_once_the_receiver_took_its_frames(
     sender blocked by either bound still learns that everything it sent was taken."""
     errors: list[str] = []
     server = ChannelServer(errors.append, SECRET)
-    d = Debloater(target_s=1.0, ceiling_frames=16, batch_size=4)  # bound: 16 frames, 64 records
+    d = Debloater(target_s=1.0, ceiling_frames=32, batch_size=4)
+    ceiling = (d.frames, d.records)
+    d.frames, d.records = 16, 64  # back-pressured: below the ceiling
     ch = InputChannel(0, 1000, threading.Event(), d)
     server.channels[(0, 0, 1)] = ch
     server.ready.set()
-    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, (d.frames, d.records),
-                       secret=SECRET)  # fmt: skip
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, ceiling, secret=SECRET)
     try:
+        _learns_the_bound(out, (16, 64))
         sent = 0
         while out.has_room():
             out.send(([(sent, None)] * records_per_frame, None))
