@@ -207,12 +207,13 @@ class InputChannel:
             return self.capacity, 0, 0
         return d.frames, d.records, d.bytes
 
-    def has_room(self) -> bool:
-        """For an in-process sender: room for another frame."""
+    def has_room(self, frame_records: int = 1) -> bool:
+        """For an in-process sender: room for another frame of up to ``frame_records`` records
+        (with debloating the records then queued stay within the bound)."""
         d = self.debloater
         if d is None:
             return len(self.q) < self.capacity
-        return len(self.q) < d.frames and self.queued_records < d.records
+        return len(self.q) < d.frames and self.queued_records + frame_records <= d.records
 
     def backlog(self) -> int:
         return len(self.q)
@@ -266,8 +267,8 @@ class LocalOutput(_Pressure):
     def requeue(self, items: list[Any]) -> None:
         pass
 
-    def has_room(self) -> bool:
-        return self._room(self.target.has_room())
+    def has_room(self, frame_records: int = 1) -> bool:
+        return self._room(self.target.has_room(frame_records))
 
     def frame_limit(self, batch_size: int) -> int:
         d = self.target.debloater
@@ -354,13 +355,14 @@ class RemoteOutput(_Pressure):
         for data in items:
             self.q.put(data)
 
-    def has_room(self) -> bool:
+    def has_room(self, frame_records: int = 1) -> bool:
+        """Room for another frame of up to ``frame_records`` records."""
         if not self.debloat or (self.bound_frames >= self.ceiling_frames and self.bound_records >= self.ceiling_records):
             # at the ceiling (the receiver is not back-pressured), the queue alone counts, as
             # without debloating: the receiver then reports only a change of its bound
             return self._room(self.q.qsize() < self.capacity)
         return self._room(self.sent_frames - self.consumed_frames < self.bound_frames
-                          and self.sent_records - self.consumed_records < self.bound_records)  # fmt: skip
+                          and self.sent_records - self.consumed_records + frame_records <= self.bound_records)  # fmt: skip
 
     def frame_limit(self, batch_size: int) -> int:
         return max(1, min(batch_size, self.bound_records // 2)) if self.debloat else batch_size

@@ -30,7 +30,7 @@ class ChannelOutput(Protocol):
 
     def requeue(self, items: list[Any]) -> None: ...
 
-    def has_room(self) -> bool: ...
+    def has_room(self, frame_records: int = 1) -> bool: ...
 
     def frame_limit(self, batch_size: int) -> int: ...
 
@@ -102,8 +102,8 @@ class EdgeOutput:
         room = True
         limits, bs = self.limits, self.batch_size
         for i, ch in enumerate(self.channels):
-            limits[i] = ch.frame_limit(bs)
-            if not ch.has_room():
+            limits[i] = limit = ch.frame_limit(bs)
+            if not ch.has_room(limit):  # room for a whole frame: the bound is never exceeded
                 room = False
         return room
 

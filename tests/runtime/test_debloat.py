@@ -145,6 +145,28 @@ def test_a_remote_channel_at_its_ceiling_goes_by_the_sender_queue_and_reports_on
     assert errors == []
 
 
+def test_a_router_never_fills_a_debloated_channel_beyond_its_bound() -> None:
+    """The router asks for room for a whole frame (up to half the records bound), so what a
+    channel holds stays within the bound instead of passing it by up to a frame."""
+    d = Debloater(target_s=0.1, ceiling_frames=32, batch_size=10)
+    ch = InputChannel(0, 8, threading.Event(), d)
+    d.records, d.frames = 25, 8
+    edge = EdgeOutput(FORWARD, None, [LocalOutput(ch)], 128, batch_size=10)
+    router = Router([edge], 8)
+    sent = 0
+    for i in range(200):
+        if not router.has_capacity():
+            break
+        edge.emit(i, None)
+        sent += 1
+        assert ch.queued_records <= d.records
+    assert edge.limits == [10]  # frames of at most 25 // 2 = 12 records, cut at the batch size
+    assert ch.queued_records == 20 and sent == 20  # a third frame could pass 25: no room
+    assert not router.has_capacity()
+    ch.poll()
+    assert router.has_capacity()  # 10 queued + a frame of 10 <= 25
+
+
 def test_remote_channel_counts_the_queue_and_the_connection() -> None:
     """Over a real loopback connection: the sender's room is the receiver's bound minus what it
     sent and the receiver did not take yet, whatever sits in its queue or the TCP buffers."""
@@ -425,7 +447,7 @@ def test_a_sources_urgent_barrier_overtakes_its_queue_and_stores_it_as_output() 
             def send(self, frame: Any) -> None:
                 collected.extend(v for v, _t in frame[0])
 
-            def has_room(self) -> bool:
+            def has_room(self, frame_records: int = 1) -> bool:
                 return True
 
             def frame_limit(self, batch_size: int) -> int:
