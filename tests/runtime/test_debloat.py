@@ -95,12 +95,27 @@ def test_in_process_channel_room_follows_the_bound() -> None:
     assert out.buffered() == (2, 20)
 
 
-def _learns_the_bound(out: RemoteOutput, bound: tuple[int, int]) -> None:
-    """Wait for the receiver's first report (sent when the connection is attached)."""
+def _back_pressured_channel(ceiling_frames: int, bound: tuple[int, int]) -> tuple[ChannelServer, InputChannel, RemoteOutput, list[str]]:  # fmt: skip
+    """A remote channel over a real connection whose receiver's bound (frames, records) is
+    below its ceiling; returned once the sender learned the bound (the receiver reports it
+    when the connection is attached)."""
+    errors: list[str] = []
+    server = ChannelServer(errors.append, SECRET)
+    d = Debloater(target_s=1.0, ceiling_frames=ceiling_frames, batch_size=4)
+    ceiling = (d.frames, d.records)
+    d.frames, d.records = bound
+    ch = InputChannel(0, 1000, threading.Event(), d)
+    server.channels[(0, 0, 1)] = ch
+    server.ready.set()
+    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, ceiling, secret=SECRET)
     deadline = time.monotonic() + 10
     while (out.bound_frames, out.bound_records) != bound and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert (out.bound_frames, out.bound_records) == bound
+    if (out.bound_frames, out.bound_records) != bound:
+        out.close()
+        server.close()
+        raise AssertionError(f"the sender did not learn the bound {bound}: {errors}")
+    return server, ch, out, errors
 
 
 def test_a_remote_channel_at_its_ceiling_goes_by_the_sender_queue_and_reports_only_changes() -> None:
@@ -170,22 +185,13 @@ def test_a_router_never_fills_a_debloated_channel_beyond_its_bound() -> None:
 def test_remote_channel_counts_the_queue_and_the_connection() -> None:
     """Over a real loopback connection: the sender's room is the receiver's bound minus what it
     sent and the receiver did not take yet, whatever sits in its queue or the TCP buffers."""
-    errors: list[str] = []
-    server = ChannelServer(errors.append, SECRET)
-    d = Debloater(target_s=1.0, ceiling_frames=8, batch_size=4)
-    ceiling = (d.frames, d.records)
-    d.frames, d.records = 4, 16  # back-pressured: below the ceiling
-    ch = InputChannel(0, 1000, threading.Event(), d)
-    server.channels[(0, 0, 1)] = ch
-    server.ready.set()
-    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, ceiling, secret=SECRET)
+    server, ch, out, errors = _back_pressured_channel(8, (4, 16))
     try:
-        _learns_the_bound(out, (4, 16))
         sent = 0
         while out.has_room():
             out.send(([(sent, None)], None))
             sent += 1
-        assert sent == 4  # the ceiling: 4 frames (16 records) in the queue, the connection, the receiver
+        assert sent == 4  # the bound: 4 frames (16 records) in the queue, the connection, the receiver
         deadline = time.monotonic() + 10
         while ch.backlog() < 4 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -210,17 +216,8 @@ def test_a_blocked_remote_sender_gets_room_once_the_receiver_took_its_frames(
 ) -> None:
     """The receiver reports consumption every quarter of the bound, not after every frame; a
     sender blocked by either bound still learns that everything it sent was taken."""
-    errors: list[str] = []
-    server = ChannelServer(errors.append, SECRET)
-    d = Debloater(target_s=1.0, ceiling_frames=32, batch_size=4)
-    ceiling = (d.frames, d.records)
-    d.frames, d.records = 16, 64  # back-pressured: below the ceiling
-    ch = InputChannel(0, 1000, threading.Event(), d)
-    server.channels[(0, 0, 1)] = ch
-    server.ready.set()
-    out = RemoteOutput(server.address, (0, 0, 1), errors.append, threading.Event(), 1, ceiling, secret=SECRET)
+    server, ch, out, errors = _back_pressured_channel(32, (16, 64))
     try:
-        _learns_the_bound(out, (16, 64))
         sent = 0
         while out.has_room():
             out.send(([(sent, None)] * records_per_frame, None))
