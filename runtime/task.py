@@ -40,8 +40,8 @@ FRAMES_PER_STEP = 4  # input frames a task handles per step at most
 STEP_BUDGET_S = 0.01
 # A source reads one batch per step: the downstream tasks of its worker take up to
 # FRAMES_PER_STEP frames per step, so without back-pressure the channels stay short and a
-# barrier waits behind little (bench runtime, 10^6 keys: alignment p99 ~60 ms with four
-# batches per step, ~20 ms with one, the same throughput); back-pressure still builds
+# barrier waits behind little (bench runtime, 10^6 keys: alignment median 55 ms with four
+# batches per step, 15 ms with one, the same throughput); back-pressure still builds
 # behind a slow operator, whose steps end after STEP_BUDGET_S.
 SOURCE_BATCHES_PER_STEP = 1
 
