@@ -165,15 +165,14 @@ class InputChannel:
         d = self.debloater
         if d is not None:
             changed = d.consumed(records, nbytes, time.monotonic())
-            # report to a remote sender when the bound changed, and otherwise once a quarter of
-            # the bound (frames or records) was taken since the last report: a report is a send
-            # on the task thread, and each one hands the GIL to the other threads (per frame,
-            # that cost ~9 % of the task thread's time). The sender sees less room than there
-            # is by less than a quarter of the bound, so it blocks only with more than three
-            # quarters of the bound still to be taken here, whose taking reports again: it
-            # never waits for a report that does not come
-            # At the ceiling (no back-pressure: the bound is what the channel held before
-            # debloating) the sender goes by its queue alone and only a change is reported
+            # Report to a remote sender when the bound changed and, below the ceiling, once a
+            # quarter of the bound (frames or records) was taken since the last report (at the
+            # ceiling the sender goes by its queue alone). A report is a send on the task
+            # thread, and each one hands the GIL to the other threads (per frame, that cost ~9 %
+            # of the task thread's time). The sender sees less room than there is by less than
+            # a quarter of the bound, so it blocks only with more than a quarter of the bound
+            # still to be taken here, whose taking reports again: it never waits for a report
+            # that does not come
             if self.feedback is not None and (
                 changed
                 or (d.below_ceiling() and (self.consumed_frames - self._reported >= d.frames >> 2

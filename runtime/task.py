@@ -38,12 +38,11 @@ FRAMES_PER_STEP = 4  # input frames a task handles per step at most
 # ... and it stops after this long: the tasks of a worker share its thread, so a slow operator
 # must not starve the others (with them, the back-pressure it causes)
 STEP_BUDGET_S = 0.01
-# A source reads one batch per step: the downstream tasks of its worker take up to
-# FRAMES_PER_STEP frames per step, so without back-pressure the channels stay short and a
-# barrier waits behind little (bench runtime, 10^6 keys: alignment median 55 ms with four
-# batches per step, 15 ms with one, the same throughput); back-pressure still builds
-# behind a slow operator, whose steps end after STEP_BUDGET_S.
-SOURCE_BATCHES_PER_STEP = 1
+# A source task reads one batch per step (Task._source_step): the downstream tasks of its
+# worker take up to FRAMES_PER_STEP frames per step, so without back-pressure the channels
+# stay short and a barrier waits behind little (bench runtime, 10^6 keys: alignment median
+# 55 ms with four batches per step, 15 ms with one, the same throughput); back-pressure
+# still builds behind a slow operator, whose steps end after STEP_BUDGET_S.
 
 
 class TaskHost(Protocol):
@@ -190,17 +189,7 @@ class Task:
         return progressed
 
     def _source_step(self) -> bool:
-        t0 = time.monotonic()
-        progressed = False
-        for _ in range(SOURCE_BATCHES_PER_STEP):
-            if not self._source_batch():
-                break
-            progressed = True
-            if self.source_done or not self.router.has_capacity() or time.monotonic() - t0 >= STEP_BUDGET_S:
-                break
-        return progressed
-
-    def _source_batch(self) -> bool:
+        """Read one batch (see the comment at STEP_BUDGET_S: why not more)."""
         if self.source_done:
             return False
         src = self.source
