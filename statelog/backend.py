@@ -370,18 +370,16 @@ class KeyedStateBackend:
 
     # -- on-demand restore (statelog/ondemand.py) ----------------------------------------------
 
-    def _load_key_group(self, kg: int | None, run: bool = False) -> None:
-        """Install what the loader prepared, and key group ``kg`` (preparing it if needed;
-        with ``run`` together with the rest of its run, see :meth:`KeyGroupLoader.take_run`)."""
+    def _load_key_group(self, kg: int | None) -> None:
+        """Install what the loader prepared, and key group ``kg`` (preparing it if needed)."""
         loader = self._loader
         assert loader is not None
         for p in loader.take_ready():
             self._install(p)
         if kg is not None:
-            taken = loader.take_run(kg) if run else [p for p in [loader.take(kg)] if p is not None]
-            for p in taken:
+            p = loader.take(kg)
+            if p is not None:
                 self._install(p)
-            if taken:
                 self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
         if loader.done:
             self._loaded()
@@ -442,9 +440,12 @@ class KeyedStateBackend:
 
     def wait_loaded(self) -> None:
         """Load every key group not loaded yet (on-demand restore); at once otherwise."""
-        while self._loader is not None:
-            left = self._loader.remaining()
-            self._load_key_group(left[0] if left else None, run=True)
+        loader = self._loader
+        if loader is None:
+            return
+        for p in loader.take_all():
+            self._install(p)
+        self._loaded()
 
     def _restore_timers(self) -> None:
         for d, name in enumerate(TIMER_STATES):

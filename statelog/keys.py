@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -55,6 +56,7 @@ _unpack_u64 = struct.Struct(">Q").unpack_from
 _pack_f64 = struct.Struct(">d").pack
 _unpack_f64 = struct.Struct(">d").unpack_from
 _SIGN = 1 << 63
+_INT64_KEY = np.dtype([("tag", "u1"), ("value", ">u8")])  # an encoded int64 key: tag, biased value
 
 _INT_FALSE = bytes((TAG_INT64,)) + _pack_u64(_SIGN)
 _INT_TRUE = bytes((TAG_INT64,)) + _pack_u64(_SIGN + 1)
@@ -278,8 +280,9 @@ def _decode_key_chunk(arr: Any) -> list[Any]:
             (first,) = struct.unpack_from("<i", offsets, arr.offset * 4)
             data = memoryview(arr.buffers()[2])[first : first + 9 * n]
             if data[::9].tobytes().count(TAG_INT64) == n:
-                sign = _SIGN
-                return [v - sign for (v,) in struct.iter_unpack(">xQ", data)]
+                # big-endian value + 2^63: flipping the top bit gives the two's complement
+                biased = np.frombuffer(data, dtype=_INT64_KEY)["value"].astype("<u8")
+                return (biased ^ np.uint64(_SIGN)).view("<i8").tolist()
         tags = pc.binary_slice(arr, 0, 1)
         tag = tags[0].as_py()[0] if pc.count_distinct(tags).as_py() == 1 else None
         if tag == TAG_STR and hi <= 129:  # one-byte varint length: the rest is the string

@@ -13,8 +13,12 @@ may pass a timer). Everything else is loaded per key group by a :class:`KeyGroup
   restore needs beyond the loaded state is bounded by that and by the table files being
   decoded);
 * only the task thread writes the states' tables: it installs what the background thread
-  prepared whenever it passes a key it has not seen yet, at every snapshot, and when asked to
-  finish (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`).
+  prepared whenever it passes a key it has not seen yet and at every snapshot;
+* a task thread that waits for the whole state
+  (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`)
+  stops the background thread and loads the rest as an eager restore does
+  (:meth:`KeyGroupLoader.take_all`): files decoded by a pool ahead of it, keys and entries
+  built a run of key groups at a time, with no hand-over between threads.
 
 Preparing a key group reads the state-table files that hold it (each file fetched and
 verified against the size and CRC-32 its manifest recorded once, its bytes kept until its
@@ -32,9 +36,11 @@ adopts a materialization, which it does only once fully loaded.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures as cf
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +51,7 @@ import pyarrow.compute as pc
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange
+from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
 from statelog.materialization import decode_table_file, fetch_table_file
 from statelog.restore import BaseFile, base_entries
@@ -53,6 +60,7 @@ from statelog.store.base import ObjectStore
 __all__ = ["KeyGroupLoader", "PreparedKeyGroup", "split_timers"]
 
 DEFAULT_READ_AHEAD = 8  # key groups prepared ahead of the task thread's installations
+DECODE_AHEAD = 2  # runs fetched and decoded ahead when the task thread loads the rest (take_all)
 
 _UNLOADED, _PREPARING, _READY, _TAKEN = range(4)
 
@@ -154,7 +162,6 @@ class KeyGroupLoader:
         self._tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] | None = None
         self._tail_lock = threading.Lock()
         self._tail_alone: set[int] = set()  # key groups whose records were read alone
-        self._run_index: dict[int, list[int]] | None = None
         self._stop = False
         self.error: BaseException | None = None
         self.check_keys: Callable[[str, Any], None] = lambda _state, _keys: None
@@ -209,40 +216,6 @@ class KeyGroupLoader:
             self._cond.notify_all()
         return prepared
 
-    def take_run(self, kg: int) -> list[PreparedKeyGroup]:
-        """Key group ``kg`` and, if nobody prepares it yet, every key group of its run (the key
-        groups held by the same table files) not claimed yet, prepared together in this thread:
-        one decoding per file and run, as the background thread does. For a task thread that
-        waits for the whole state anyway (:meth:`KeyedStateBackend.wait_loaded`)."""
-        with self._cond:
-            while True:
-                self._raise_error()
-                st = self._state[kg]
-                if st == _TAKEN:
-                    return []
-                if st == _READY:
-                    self._state[kg] = _TAKEN
-                    self._taken += 1
-                    self._cond.notify_all()
-                    return [self._ready.pop(kg)]
-                if st == _UNLOADED:
-                    claimed = [k for k in self._run_of(kg) if self._state[k] == _UNLOADED]
-                    for k in claimed:
-                        self._state[k] = _PREPARING
-                    break
-                self._cond.wait(0.05)  # the background thread is preparing it
-        try:
-            prepared = self._prepare_many(claimed)
-        except BaseException as e:
-            self._fail(e)
-            raise
-        with self._cond:
-            for k in claimed:
-                self._state[k] = _TAKEN
-            self._taken += len(claimed)
-            self._cond.notify_all()
-        return prepared
-
     def take_ready(self) -> list[PreparedKeyGroup]:
         """Every key group the background thread prepared since the last call."""
         with self._cond:
@@ -257,10 +230,53 @@ class KeyGroupLoader:
             self._cond.notify_all()  # room for the read-ahead
             return out
 
-    def remaining(self) -> list[int]:
-        """Key groups not handed out yet, in order."""
+    def take_all(self) -> Iterator[PreparedKeyGroup]:
+        """Every key group not handed out yet, for a task thread that waits for all of them
+        (:meth:`KeyedStateBackend.wait_loaded`): the background thread is stopped, then the
+        rest is loaded as an eager restore loads it, a run at a time: table files fetched and
+        decoded by a pool (outside the GIL) up to ``DECODE_AHEAD`` runs ahead of this thread,
+        which builds the keys and entries of a whole run at once (one part per run and
+        state, not one per key group) while the tail is read here if it was not yet."""
         with self._cond:
-            return [kg for kg, st in self._state.items() if st != _TAKEN]
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        yield from self.take_ready()
+        runs: list[list[int]] = []
+        with self._cond:
+            self._raise_error()
+            for run in self._runs():
+                claimed = [kg for kg in run if self._state[kg] == _UNLOADED]
+                for kg in claimed:
+                    self._state[kg] = _PREPARING
+                if claimed:
+                    runs.append(claimed)
+        if not runs:
+            return
+        pool = cf.ThreadPoolExecutor(min(DECODE_AHEAD, len(runs)), thread_name_prefix="statelog-ondemand-decode")
+        try:
+            ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
+            with self._tail_lock:
+                need_tail = self._tail is None
+            if need_tail:  # no background thread: read the tail while the pool decodes
+                self._read_whole_tail()
+            for i, run in enumerate(runs):
+                decoded = ahead.popleft().result()
+                if i + DECODE_AHEAD < len(runs):
+                    ahead.append(pool.submit(self._decode, runs[i + DECODE_AHEAD]))
+                prepared = self._entries(run, decoded) if self._raw_keys else [self._whole_run(run, decoded)]
+                del decoded
+                with self._cond:
+                    for kg in run:
+                        self._state[kg] = _TAKEN
+                    self._taken += len(run)
+                yield from prepared
+        except BaseException as e:
+            self._fail(e)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         with self._cond:
@@ -312,11 +328,6 @@ class KeyGroupLoader:
                     self._state[p.key_group] = _READY
                 self._cond.notify_all()
 
-    def _run_of(self, kg: int) -> list[int]:
-        if self._run_index is None:
-            self._run_index = {k: run for run in self._runs() for k in run}
-        return self._run_index[kg]
-
     def _runs(self) -> list[list[int]]:
         """The key groups in order, cut where the set of table files holding them changes."""
         runs: list[list[int]] = []
@@ -336,7 +347,12 @@ class KeyGroupLoader:
 
     def _prepare_many(self, kgs: list[int]) -> list[PreparedKeyGroup]:
         """Prepare key groups held by the same table files (one key group, or a run's)."""
-        out = {kg: PreparedKeyGroup(kg) for kg in kgs}
+        return self._entries(kgs, self._decode(kgs))
+
+    def _decode(self, kgs: list[int]) -> list[tuple[StateInfo, pa.Table]]:
+        """The Arrow rows of ``kgs`` (held by the same table files) per file: fetching,
+        verifying and Parquet decoding, which run mostly outside the GIL."""
+        out = []
         for (info, f, _mine), entry in self._files_of.get(kgs[0], ()):
             with entry.lock:
                 if entry.data is None:
@@ -350,6 +366,14 @@ class KeyGroupLoader:
             rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info)
             if len(kgs) > 1 and kgs[-1] - kgs[0] + 1 != len(kgs):  # a run with holes: only its own
                 rows = rows.filter(pc.is_in(rows.column("key_group"), pa.array(kgs, rows.column("key_group").type)))
+            out.append((info, rows))
+        return out
+
+    def _entries(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> list[PreparedKeyGroup]:
+        """Keys, namespaces and entries of the decoded rows of ``kgs``, per key group, with their
+        share of the tail."""
+        out = {kg: PreparedKeyGroup(kg) for kg in kgs}
+        for info, rows in decoded:
             for table, counts in _split(rows, kgs):
                 if not table.num_rows:
                     continue
@@ -368,6 +392,23 @@ class KeyGroupLoader:
             self.rows += p.rows
             self.records += sum(len(r) for r in p.records.values())
         return [out[kg] for kg in kgs]
+
+    def _whole_run(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> PreparedKeyGroup:
+        """A run's key groups as one part (for a working set in memory, which does not need
+        them apart): keys and entries of each decoded table, the tail records in key-group
+        order (a key's records stay in their order: a key is in one key group)."""
+        p = PreparedKeyGroup(kgs[0])
+        for info, rows in decoded:
+            if rows.num_rows:
+                self.check_keys(info.name, rows.column("key"))
+                p.base.setdefault(info.name, []).append(base_entries(info, rows))
+                p.rows += rows.num_rows
+        for tail in self._tails_of(kgs).values():
+            for name, records in tail.items():
+                p.records.setdefault(name, []).extend(records)
+        self.rows += p.rows
+        self.records += sum(len(r) for r in p.records.values())
+        return p
 
     def _tails_of(self, kgs: list[int]) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
         """The change records of key groups ``kgs``: from the whole tail once it was read (the

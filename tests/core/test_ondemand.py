@@ -118,6 +118,47 @@ def test_background_loading_equals_eager_and_frees_the_loader(built) -> None:
         assert _view(b) == want
 
 
+def test_wait_loaded_after_touches_and_background_progress_equals_eager_and_stops_the_loader(built) -> None:
+    """wait_loaded() takes over from the background thread (which it stops) and loads the
+    rest itself: key groups touched, prepared in the background and left over all end up
+    as in an eager restore, with the tail applied once."""
+    root, info = built
+    want = _eager(root, info["c2"])
+    with _open(root, background=True) as job:
+        b = job.backend("op", restore=info["c2"])
+        v = b.get_state(V)
+        loader = b._loader
+        assert loader is not None
+        for key in (5, 1234, 2999):
+            b.set_current_key(key)
+            v.update(v.value() + 0)  # a touch that writes the value it read
+        deadline = time.monotonic() + 60
+        while loader._taken < 8 and time.monotonic() < deadline:  # some prepared in the background
+            b.poll_loading()
+            time.sleep(0.001)
+        assert 3 <= loader._taken < MAXP  # some loaded before, the rest by wait_loaded
+        b.wait_loaded()
+        assert not b.loading and loader.done and not loader._thread.is_alive()
+        assert b.restore_stats["rows"] == loader.rows > N
+        assert _view(b) == want
+
+
+def test_wait_loaded_names_a_corrupt_table_it_decodes_and_stays_failed(built) -> None:
+    root, info = built
+    bad, _kg = _corrupt_file_of_unloaded_key_group(root, info["manifest"])
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])
+        b.get_state(V)
+        with pytest.raises(CorruptionError) as exc:  # decoded by wait_loaded's pool
+            b.wait_loaded()
+        assert bad in str(exc.value)
+        with pytest.raises(CorruptionError) as exc:
+            b.wait_loaded()
+        assert bad in str(exc.value) and b.loading
+        with pytest.raises(CorruptionError):
+            job.checkpoint()
+
+
 def test_a_state_registered_after_key_groups_loaded_gets_their_entries(built) -> None:
     root, info = built
     want = _eager(root, info["c2"])
