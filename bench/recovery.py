@@ -1,6 +1,6 @@
 """Recovery: eager vs on-demand restore, time to the first record, to fully loaded, and memory.
 
-``python -m bench recovery --json [--sizes 1000000,10000000] [--rounds 2] [--no-s3]``
+``python -m bench recovery --json [--sizes 1000000,10000000] [--rounds 5] [--no-s3]``
 
 For each store (a ``file://`` root and a SeaweedFS ``s3://`` root started here) and each state
 size, a ``ValueState<int64>`` of N int keys is written, checkpointed, materialized, and 1 % of
@@ -139,7 +139,7 @@ def _median(xs: list[float]) -> dict[str, float]:
 
 
 def run(quick: bool = False, root: str | None = None, progress: bool = True, sizes: tuple[int, ...] | None = None,
-        rounds: int = 2, s3: bool = True) -> dict[str, Any]:  # fmt: skip
+        rounds: int = 5, s3: bool = True) -> dict[str, Any]:  # fmt: skip
     import statelog
 
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
         return 0
     p = argparse.ArgumentParser(prog="python -m bench.recovery")
     p.add_argument("--sizes", default=None, help="comma-separated key counts (default 1000000,10000000)")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")

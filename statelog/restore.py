@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
@@ -86,7 +87,7 @@ def base_entries(info: StateInfo, table: pa.Table, raw_keys: bool = False) -> tu
     """Keys, namespaces and in-memory entries (TTL: ``[value, expires]``) of a state table;
     ``raw_keys``: the keys' bytes instead of the decoded keys (a disk-backed working set)."""
     keys = table.column("key").to_pylist() if raw_keys else decode_key_array(table.column("key"))
-    nss = table.column("namespace").to_pylist()
+    nss = _namespaces(table.column("namespace"))
     values = decode_values(info, table)
     if info.ttl is not None:
         exps = table.column("expires_ms").to_pylist()
@@ -100,6 +101,17 @@ def base_entries(info: StateInfo, table: pa.Table, raw_keys: bool = False) -> tu
         else:
             values = [[v, x] for v, x in zip(values, exps, strict=True)]
     return keys, nss, values
+
+
+def _namespaces(col: pa.ChunkedArray) -> list[bytes]:
+    """The namespace of each row; one shared ``bytes`` object when every row has the same one
+    (as in a state without namespaces: no object per row)."""
+    n = len(col)
+    if n and col.null_count == 0:
+        first = col[0]
+        if pc.all(pc.equal(col, first)).as_py():
+            return [first.as_py()] * n
+    return col.to_pylist()
 
 
 class RestoredChanges:
