@@ -166,12 +166,19 @@ class KeyGroupLoader:
         self.error: BaseException | None = None
         self.check_keys: Callable[[str, Any], None] = lambda _state, _keys: None
         # figures for logs and stats
-        self.bytes_read = 0
+        self._file_bytes = 0
+        # one reader for the whole tail and the tails read alone: segment footers read once
+        self._reader = SegmentReader(store)
         self.files_fetched = 0
         self.rows = 0
         self.records = 0
         self.started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="statelog-ondemand-restore", daemon=True)
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of table files and changelog segments read so far."""
+        return self._file_bytes + self._reader.bytes_read
 
     def start(self, check_keys: Callable[[str, Any], None]) -> None:
         """Start the background thread; ``check_keys(state, key_array)`` raises on keys the
@@ -237,14 +244,10 @@ class KeyGroupLoader:
         decoded by a pool (outside the GIL) up to ``DECODE_AHEAD`` runs ahead of this thread,
         which builds the keys and entries of a whole run at once (one part per run and
         state, not one per key group) while the tail is read here if it was not yet."""
-        with self._cond:
+        runs: list[list[int]] = []
+        with self._cond:  # the background thread claims nothing more; what it prepares is taken below
             self._stop = True
             self._cond.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        yield from self.take_ready()
-        runs: list[list[int]] = []
-        with self._cond:
             self._raise_error()
             for run in self._runs():
                 claimed = [kg for kg in run if self._state[kg] == _UNLOADED]
@@ -252,14 +255,16 @@ class KeyGroupLoader:
                     self._state[kg] = _PREPARING
                 if claimed:
                     runs.append(claimed)
-        if not runs:
-            return
-        pool = cf.ThreadPoolExecutor(min(DECODE_AHEAD, len(runs)), thread_name_prefix="statelog-ondemand-decode")
+        pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs))), thread_name_prefix="statelog-ondemand-decode")
         try:
+            # the pool decodes the first runs while the background thread finishes its run
             ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
+            if self._thread.is_alive() and self._thread is not threading.current_thread():
+                self._thread.join()
+            yield from self.take_ready()
             with self._tail_lock:
                 need_tail = self._tail is None
-            if need_tail:  # no background thread: read the tail while the pool decodes
+            if need_tail and runs:  # no background thread: read the tail while the pool decodes
                 self._read_whole_tail()
             for i, run in enumerate(runs):
                 decoded = ahead.popleft().result()
@@ -357,7 +362,7 @@ class KeyGroupLoader:
             with entry.lock:
                 if entry.data is None:
                     entry.data = fetch_table_file(self.store, f)
-                    self.bytes_read += f.bytes
+                    self._file_bytes += f.bytes
                     self.files_fetched += 1
                 data = entry.data
                 entry.left -= len(kgs)
@@ -428,7 +433,7 @@ class KeyGroupLoader:
             self._tail = tail
 
     def _read_tail(self, kgr: KeyGroupRange) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
-        reader = SegmentReader(self.store)
+        reader = self._reader
         tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] = {}
         for r in self._ranges:
             sub = r.restrict(kgr)
@@ -437,5 +442,4 @@ class KeyGroupLoader:
             for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
                 for _seq, kg, op, kb, nsb, ukey, value, exp in batch.rows():
                     tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))
-        self.bytes_read += reader.bytes_read
         return tail
