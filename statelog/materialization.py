@@ -15,6 +15,7 @@ files of its base by their original path.
 
 from __future__ import annotations
 
+import bisect
 import io
 import pickle
 import zlib
@@ -22,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -445,19 +447,50 @@ def decode_values(info: StateInfo, table: pa.Table) -> list[Any]:
     return vs
 
 
+MIN_ROW_GROUP_ROWS = 4_096  # row groups end at a key group's end once they hold this many rows
+
+
+def row_group_bounds(key_groups: np.ndarray, max_rows: int, min_rows: int = MIN_ROW_GROUP_ROWS) -> list[tuple[int, int]]:
+    """``[start, end)`` row ranges of the row groups of a table sorted by key group: a row
+    group ends at the end of a key group once it holds ``min_rows`` rows (so a key group of
+    ``min_rows`` rows or more has row groups of its own, which a reader of that key group
+    alone decodes without its neighbours' rows), and holds at most ``max_rows`` rows."""
+    n = len(key_groups)
+    ends = [*(np.flatnonzero(np.diff(key_groups)) + 1).tolist(), n] if n else []
+    out: list[tuple[int, int]] = []
+    start = 0
+    for end in ends:
+        if end - start >= min_rows or end == n:
+            while end - start > max_rows:
+                out.append((start, start + max_rows))
+                start += max_rows
+            if end > start:
+                out.append((start, end))
+            start = end
+    return out
+
+
 def encode_parquet(table: pa.Table, row_group_rows: int = 65_536) -> bytes:
+    """A state table's Parquet bytes (docs/format.md section 9); ``table`` sorted by key group."""
     # dictionary-encode keys only where they repeat (several namespaces per key, e.g.
     # windows): unique keys in a dictionary cost 3x the bytes and 1.6x the read time
     dictionary = ["namespace"]
     if table.num_rows and pc.count_distinct(table.column("key")).as_py() * 2 <= table.num_rows:
         dictionary.append("key")
     buf = io.BytesIO()
-    pq.write_table(
-        table, buf, compression="zstd", compression_level=1, row_group_size=row_group_rows,
-        write_page_checksum=True, write_statistics=["key_group"],
-        use_dictionary=dictionary,
-    )
+    with pq.ParquetWriter(
+        buf, table.schema, compression="zstd", compression_level=1, write_page_checksum=True,
+        write_statistics=["key_group"], use_dictionary=dictionary,
+    ) as writer:  # fmt: skip
+        bounds = row_group_bounds(table.column("key_group").to_numpy(), row_group_rows)
+        for start, end in bounds or [(0, 0)]:
+            writer.write_table(table.slice(start, end - start), row_group_size=max(1, end - start))
     return buf.getvalue()
+
+
+def _holds_any(sorted_kgs: list[int], lo: int, hi: int) -> bool:
+    i = bisect.bisect_left(sorted_kgs, lo)
+    return i < len(sorted_kgs) and sorted_kgs[i] <= hi
 
 
 def read_table_file(
@@ -485,24 +518,34 @@ def fetch_table_file(store: ObjectStore, f: TableFile) -> bytes:
     return data
 
 
-def decode_table_file(data: bytes, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None) -> pa.Table:
-    """The rows of ``kgr`` of a table file's verified bytes (only the row groups overlapping it
-    are decoded; Parquet page checksums are checked)."""
+def decode_table_file(
+    data: bytes, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None, only: list[int] | None = None
+) -> pa.Table:
+    """The rows of ``kgr`` (with ``only``: of those sorted key groups of it) of a table file's
+    verified bytes; only the row groups holding them are decoded; Parquet page checksums are
+    checked."""
     try:
         pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
         inter = f.key_groups.intersect(kgr)
-        if inter == f.key_groups:
+        if inter == f.key_groups and only is None:
             table = pf.read()
         else:
             groups = []
             md = pf.metadata
             for i in range(md.num_row_groups):
                 st = md.row_group(i).column(0).statistics
-                if st is None or not st.has_min_max or kgr.overlaps(st.min, st.max):
+                if (
+                    st is None
+                    or not st.has_min_max
+                    or (kgr.overlaps(st.min, st.max) and (only is None or _holds_any(only, st.min, st.max)))
+                ):
                     groups.append(i)
             table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
             kg = table.column("key_group")
-            table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
+            if only is None:
+                table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
+            else:
+                table = table.filter(pc.is_in(kg, pa.array(only, kg.type)))
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
     if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():

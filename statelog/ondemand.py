@@ -239,11 +239,13 @@ class KeyGroupLoader:
 
     def take_all(self) -> Iterator[PreparedKeyGroup]:
         """Every key group not handed out yet, for a task thread that waits for all of them
-        (:meth:`KeyedStateBackend.wait_loaded`): the background thread is stopped, then the
-        rest is loaded as an eager restore loads it, a run at a time: table files fetched and
-        decoded by a pool (outside the GIL) up to ``DECODE_AHEAD`` runs ahead of this thread,
-        which builds the keys and entries of a whole run at once (one part per run and
-        state, not one per key group) while the tail is read here if it was not yet."""
+        (:meth:`KeyedStateBackend.wait_loaded`). The background thread claims no more key
+        groups (what it prepared is taken first, the run it is preparing last), and the rest is
+        loaded as an eager restore loads it, a run at a time: table files fetched and decoded
+        by a pool (outside the GIL) up to ``DECODE_AHEAD`` runs ahead of this thread, which
+        builds the keys and entries of a whole run at once (one part per run and state, not
+        one per key group), with the whole tail the background thread read (or this thread
+        reads, if there is none)."""
         runs: list[list[int]] = []
         with self._cond:  # the background thread claims nothing more; what it prepares is taken below
             self._stop = True
@@ -257,11 +259,12 @@ class KeyGroupLoader:
                     runs.append(claimed)
         pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs))), thread_name_prefix="statelog-ondemand-decode")
         try:
-            # the pool decodes the first runs while the background thread finishes its run
             ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
-            if self._thread.is_alive() and self._thread is not threading.current_thread():
-                self._thread.join()
             yield from self.take_ready()
+            with self._cond:  # the whole tail, if the background thread is reading it
+                while self._tail is None and self.error is None and self._thread.is_alive():
+                    self._cond.wait(0.05)
+                self._raise_error()
             with self._tail_lock:
                 need_tail = self._tail is None
             if need_tail and runs:  # no background thread: read the tail while the pool decodes
@@ -277,6 +280,10 @@ class KeyGroupLoader:
                         self._state[kg] = _TAKEN
                     self._taken += len(run)
                 yield from prepared
+            # the run the background thread was preparing when it was stopped
+            if self._thread.is_alive() and self._thread is not threading.current_thread():
+                self._thread.join()
+            yield from self.take_ready()
         except BaseException as e:
             self._fail(e)
             raise
@@ -311,6 +318,8 @@ class KeyGroupLoader:
         except BaseException as e:  # noqa: BLE001 - handed to the task thread, raised there
             self._fail(e)
             return
+        with self._cond:
+            self._cond.notify_all()  # a task thread in take_all waits for the tail
         for run in self._runs():
             with self._cond:
                 while not self._stop and self.error is None and len(self._ready) >= self._read_ahead:
@@ -368,9 +377,8 @@ class KeyGroupLoader:
                 entry.left -= len(kgs)
                 if entry.left == 0:
                     entry.data = None  # its last key group: the file's memory goes
-            rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info)
-            if len(kgs) > 1 and kgs[-1] - kgs[0] + 1 != len(kgs):  # a run with holes: only its own
-                rows = rows.filter(pc.is_in(rows.column("key_group"), pa.array(kgs, rows.column("key_group").type)))
+            holes = kgs[-1] - kgs[0] + 1 != len(kgs)  # a run with holes: only its own key groups
+            rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info, kgs if holes else None)
             out.append((info, rows))
         return out
 

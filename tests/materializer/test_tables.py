@@ -542,3 +542,51 @@ def test_corrupt_manifest_is_a_clear_error(file_root: Any) -> None:
         assert sc.m1.key in str(ei.value) and "checksum" in str(ei.value)
     finally:
         sc.close()
+
+
+def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_groups() -> None:
+    """A key group of MIN_ROW_GROUP_ROWS rows or more has row groups of its own (at most
+    row_group_rows each); smaller key groups share one; decode_table_file with ``only``
+    reads just the row groups holding those key groups."""
+    import numpy as np
+
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization import (
+        MIN_ROW_GROUP_ROWS,
+        TableFile,
+        decode_table_file,
+        encode_parquet,
+        row_group_bounds,
+    )
+
+    big = MIN_ROW_GROUP_ROWS + 100
+    sizes = [big, 10, 20, big, 2 * big, 5]  # key groups 0..5
+    kgs = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+    assert row_group_bounds(kgs, 65_536) == [
+        (0, big), (big, big + 30 + big), (2 * big + 30, 4 * big + 30), (4 * big + 30, 4 * big + 35),
+    ]  # fmt: skip
+    assert row_group_bounds(np.repeat(np.int32(7), 10), 4) == [(0, 4), (4, 8), (8, 10)]
+    n = len(kgs)
+    table = pa.table({
+        "key_group": pa.array(kgs, pa.int32()),
+        "key": pa.array([encode_key(i) for i in range(n)], pa.binary()),
+        "namespace": pa.array([encode_key(None)] * n, pa.binary()),
+        "value": pa.array(range(n), pa.int64()),
+    })  # fmt: skip
+    data = encode_parquet(table, row_group_rows=65_536)
+    md = pq.ParquetFile(pa.BufferReader(data)).metadata
+    stats = [(md.row_group(i).column(0).statistics.min, md.row_group(i).column(0).statistics.max) for i in range(md.num_row_groups)]
+    assert stats == [(0, 0), (1, 3), (4, 4), (5, 5)]
+    f = TableFile("t.parquet", KeyGroupRange(0, 5), n, len(data), zlib.crc32(data))
+    assert decode_table_file(data, f, KeyGroupRange(0, 5)).equals(table)
+    got = decode_table_file(data, f, KeyGroupRange(0, 4), only=[0, 4])
+    assert got.column("value").to_pylist() == list(range(big)) + list(range(2 * big + 30, 4 * big + 30))
+    # the row group of key groups 1-3 is not even read: corrupt its value page, only=[0, 4] still reads
+    col = md.row_group(1).column(3)
+    bad = bytearray(data)
+    bad[col.data_page_offset + col.total_compressed_size - 8] ^= 0xFF
+    with pytest.raises(CorruptionError):
+        decode_table_file(bytes(bad), f, KeyGroupRange(0, 5))
+    assert decode_table_file(bytes(bad), f, KeyGroupRange(0, 4), only=[0, 4]).equals(got)
+    assert encode_parquet(table.slice(0, 0))  # an empty table still makes a valid file
+    assert pq.ParquetFile(pa.BufferReader(encode_parquet(table.slice(0, 0)))).metadata.num_rows == 0
