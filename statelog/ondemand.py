@@ -53,14 +53,16 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint import ChangelogRange
 from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
-from statelog.materialization import decode_table_file, fetch_table_file
+from statelog.materialization import TableFile, decode_table_file, fetch_table_file
 from statelog.restore import BaseFile, base_entries
 from statelog.store.base import ObjectStore
 
 __all__ = ["KeyGroupLoader", "PreparedKeyGroup", "split_timers"]
 
 DEFAULT_READ_AHEAD = 8  # key groups prepared ahead of the task thread's installations
-DECODE_AHEAD = 2  # runs fetched and decoded ahead when the task thread loads the rest (take_all)
+DECODE_AHEAD = 2  # runs decoded ahead when the task thread loads the rest (take_all)
+FETCH_AHEAD_BYTES = 256 << 20  # table file bytes take_all fetches before it decodes them
+FETCH_THREADS = 4
 
 _UNLOADED, _PREPARING, _READY, _TAKEN = range(4)
 
@@ -257,8 +259,13 @@ class KeyGroupLoader:
                     self._state[kg] = _PREPARING
                 if claimed:
                     runs.append(claimed)
+        # the files' bytes are fetched first, as an eager restore does (in waves of at most
+        # FETCH_AHEAD_BYTES): fetching is Python work for an S3 store, and fetching while this
+        # thread builds entries would make both wait for the GIL
+        waves = self._fetch_waves(runs)
         pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs))), thread_name_prefix="statelog-ondemand-decode")
         try:
+            self._fetch_wave(waves.popleft() if waves else [])
             ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
             yield from self.take_ready()
             with self._cond:  # the whole tail, if the background thread is reading it
@@ -270,6 +277,8 @@ class KeyGroupLoader:
             if need_tail and runs:  # no background thread: read the tail while the pool decodes
                 self._read_whole_tail()
             for i, run in enumerate(runs):
+                if waves and waves[0][0][2] <= i:  # the next wave starts with this run's files
+                    self._fetch_wave(waves.popleft())
                 decoded = ahead.popleft().result()
                 if i + DECODE_AHEAD < len(runs):
                     ahead.append(pool.submit(self._decode, runs[i + DECODE_AHEAD]))
@@ -289,6 +298,31 @@ class KeyGroupLoader:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _fetch_waves(self, runs: list[list[int]]) -> collections.deque[list[tuple[_File, TableFile, int]]]:
+        """The table files of ``runs`` not held yet, in order, as ``(entry, file, index of the
+        first run needing it)``, cut into waves of at most ``FETCH_AHEAD_BYTES``."""
+        waves: collections.deque[list[tuple[_File, TableFile, int]]] = collections.deque()
+        seen: set[int] = set()
+        size = 0
+        for i, run in enumerate(runs):
+            for (_info, f, _mine), entry in self._files_of.get(run[0], ()):
+                if id(entry) in seen or entry.data is not None:
+                    continue
+                seen.add(id(entry))
+                if not waves or size + f.bytes > FETCH_AHEAD_BYTES:
+                    waves.append([])
+                    size = 0
+                waves[-1].append((entry, f, i))
+                size += f.bytes
+        return waves
+
+    def _fetch_wave(self, wave: list[tuple[_File, TableFile, int]]) -> None:
+        if not wave:
+            return
+        with cf.ThreadPoolExecutor(min(FETCH_THREADS, len(wave)), thread_name_prefix="statelog-ondemand-fetch") as pool:
+            for fut in [pool.submit(self._fetch_ahead, entry, f) for entry, f, _i in wave]:
+                fut.result()
 
     def close(self) -> None:
         with self._cond:
@@ -363,17 +397,27 @@ class KeyGroupLoader:
         """Prepare key groups held by the same table files (one key group, or a run's)."""
         return self._entries(kgs, self._decode(kgs))
 
+    def _fetch(self, entry: _File, f: TableFile) -> bytes:
+        """The verified bytes of a table file, fetched unless they are held (call it with
+        ``entry.lock`` held)."""
+        if entry.data is None:
+            entry.data = fetch_table_file(self.store, f)
+            self._file_bytes += f.bytes
+            self.files_fetched += 1
+        return entry.data
+
+    def _fetch_ahead(self, entry: _File, f: TableFile) -> None:
+        with entry.lock:
+            if entry.left > 0:  # (else every key group of it was decoded)
+                self._fetch(entry, f)
+
     def _decode(self, kgs: list[int]) -> list[tuple[StateInfo, pa.Table]]:
         """The Arrow rows of ``kgs`` (held by the same table files) per file: fetching,
         verifying and Parquet decoding, which run mostly outside the GIL."""
         out = []
         for (info, f, _mine), entry in self._files_of.get(kgs[0], ()):
             with entry.lock:
-                if entry.data is None:
-                    entry.data = fetch_table_file(self.store, f)
-                    self._file_bytes += f.bytes
-                    self.files_fetched += 1
-                data = entry.data
+                data = self._fetch(entry, f)
                 entry.left -= len(kgs)
                 if entry.left == 0:
                     entry.data = None  # its last key group: the file's memory goes
