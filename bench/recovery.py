@@ -16,13 +16,15 @@ Each measurement runs in a fresh process (so its peak RSS is its own):
 and reports ``first_record_s`` (from ``statelog.open`` to the value of a random key read),
 ``fully_loaded_s`` (to every key group loaded: ``wait_loaded()``), ``peak_rss_mib`` (the
 process's maximum RSS) and ``loaded_mib`` (RSS after the load minus RSS before the open: the
-loaded state). Eager and on-demand alternate within each round; medians over the rounds are
+loaded state; ``live_mib`` the same after the allocators gave back the memory they keep
+free, the state's own size, and ``peak_over_live``). Eager and on-demand alternate within each round; medians over the rounds are
 reported with their spread, and the ratios on-demand / eager side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import random
@@ -121,9 +123,28 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     after = _rss_mib()
     assert value in (key, -key), (key, value)
     peak = _peak_rss_mib()
+    live = _release_free_memory() - before
     job.close()
     return {"first_record_s": first, "fully_loaded_s": full, "peak_rss_mib": peak,
-            "loaded_mib": after - before, "peak_over_loaded": (peak - before) / max(after - before, 1e-9)}  # fmt: skip
+            "loaded_mib": after - before, "peak_over_loaded": (peak - before) / max(after - before, 1e-9),
+            "live_mib": live, "peak_over_live": (peak - before) / max(live, 1e-9)}  # fmt: skip
+
+
+def _release_free_memory() -> float:
+    """RSS after the allocators gave back the memory they keep free for reuse (Arrow's pool,
+    glibc's arenas): the loaded state's own size, which ``loaded_mib`` overstates by what the
+    allocators happened to keep (tens of MiB, varying from run to run)."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(libc).malloc_trim(0)
+    return _rss_mib()
 
 
 def _child(args: list[str]) -> dict[str, float]:
@@ -182,7 +203,8 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, siz
                                       f"{m['loaded_mib']:.0f} MiB", file=sys.stderr)  # fmt: skip
                     prefix = f"{store}_n{n}_{case}"
                     for mode, ms in runs.items():
-                        for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib", "loaded_mib", "peak_over_loaded"):
+                        for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib", "loaded_mib", "peak_over_loaded",
+                                       "live_mib", "peak_over_live"):  # fmt: skip
                             result[f"{prefix}_{mode}_{metric}"] = _median([m[metric] for m in ms])
                     for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib"):
                         ratios = [o[metric] / e[metric] for o, e in zip(runs["on_demand"], runs["eager"], strict=True)]

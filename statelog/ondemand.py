@@ -60,7 +60,8 @@ from statelog.store.base import ObjectStore
 __all__ = ["KeyGroupLoader", "PreparedKeyGroup", "split_timers"]
 
 DEFAULT_READ_AHEAD = 8  # key groups prepared ahead of the task thread's installations
-DECODE_AHEAD = 2  # runs decoded ahead when the task thread loads the rest (take_all)
+DECODE_AHEAD = 2  # pieces of runs decoded ahead when the task thread loads the rest (take_all)
+UNIT_ROWS = 131_072  # rows of such a piece, about (whole key groups)
 FETCH_AHEAD_BYTES = 256 << 20  # table file bytes take_all fetches before it decodes them
 FETCH_THREADS = 4
 
@@ -258,7 +259,7 @@ class KeyGroupLoader:
                 for kg in claimed:
                     self._state[kg] = _PREPARING
                 if claimed:
-                    runs.append(claimed)
+                    runs.extend(self._units(claimed))
         # the files' bytes are fetched first, as an eager restore does (in waves of at most
         # FETCH_AHEAD_BYTES): fetching is Python work for an S3 store, and fetching while this
         # thread builds entries would make both wait for the GIL
@@ -298,6 +299,15 @@ class KeyGroupLoader:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _units(self, kgs: list[int]) -> list[list[int]]:
+        """``kgs`` (of one run) in pieces of about ``UNIT_ROWS`` rows (estimated from the rows
+        of their files): what take_all decodes and turns into entries at a time, so that what
+        is decoded ahead stays small when key groups are large (with row groups ending at key
+        groups, docs/format.md section 9, a piece's rows are all a decoding reads)."""
+        per_kg = sum(f.rows / max(1, len(f.key_groups)) for (_i, f, _m), _e in self._files_of.get(kgs[0], ()))
+        size = max(1, int(UNIT_ROWS // per_kg)) if per_kg else len(kgs)
+        return [kgs[i : i + size] for i in range(0, len(kgs), size)]
 
     def _fetch_waves(self, runs: list[list[int]]) -> collections.deque[list[tuple[_File, TableFile, int]]]:
         """The table files of ``runs`` not held yet, in order, as ``(entry, file, index of the
