@@ -493,6 +493,11 @@ def _holds_any(sorted_kgs: list[int], lo: int, hi: int) -> bool:
     return i < len(sorted_kgs) and sorted_kgs[i] <= hi
 
 
+def _holds_all(sorted_kgs: list[int], lo: int, hi: int) -> bool:
+    i = bisect.bisect_left(sorted_kgs, lo)
+    return i + (hi - lo) < len(sorted_kgs) and sorted_kgs[i + (hi - lo)] == hi and sorted_kgs[i] == lo
+
+
 def read_table_file(
     store: ObjectStore, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None
 ) -> pa.Table:
@@ -531,21 +536,25 @@ def decode_table_file(
             table = pf.read()
         else:
             groups = []
+            exact = True  # every row of the row groups read is wanted: no filter needed
             md = pf.metadata
             for i in range(md.num_row_groups):
                 st = md.row_group(i).column(0).statistics
-                if (
-                    st is None
-                    or not st.has_min_max
-                    or (kgr.overlaps(st.min, st.max) and (only is None or _holds_any(only, st.min, st.max)))
-                ):
+                if st is None or not st.has_min_max:
                     groups.append(i)
+                    exact = False
+                elif kgr.overlaps(st.min, st.max) and (only is None or _holds_any(only, st.min, st.max)):
+                    groups.append(i)
+                    exact = exact and kgr.start <= st.min and st.max <= kgr.end and (
+                        only is None or _holds_all(only, st.min, st.max)
+                    )
             table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
-            kg = table.column("key_group")
-            if only is None:
-                table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
-            else:
-                table = table.filter(pc.is_in(kg, pa.array(only, kg.type)))
+            if not exact:
+                kg = table.column("key_group")
+                if only is None:
+                    table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
+                else:
+                    table = table.filter(pc.is_in(kg, pa.array(only, kg.type)))
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
     if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():

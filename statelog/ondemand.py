@@ -245,10 +245,11 @@ class KeyGroupLoader:
         (:meth:`KeyedStateBackend.wait_loaded`). The background thread claims no more key
         groups (what it prepared is taken first, the run it is preparing last), and the rest is
         loaded as an eager restore loads it, a run at a time: table files fetched and decoded
-        by a pool (outside the GIL) up to ``DECODE_AHEAD`` runs ahead of this thread, which
-        builds the keys and entries of a whole run at once (one part per run and state, not
-        one per key group), with the whole tail the background thread read (or this thread
-        reads, if there is none)."""
+        by a pool (outside the GIL) in pieces of whole key groups of about ``UNIT_ROWS`` rows,
+        ``DECODE_AHEAD`` pieces ahead of this thread, which builds the keys and entries of a
+        piece at once (one part per piece and state, not one per key group); then the tail
+        (the whole tail the background thread read, or this thread reads if there is none)
+        is replayed once, after every base entry is in."""
         runs: list[list[int]] = []
         with self._cond:  # the background thread claims nothing more; what it prepares is taken below
             self._stop = True
@@ -277,19 +278,26 @@ class KeyGroupLoader:
                 need_tail = self._tail is None
             if need_tail and runs:  # no background thread: read the tail while the pool decodes
                 self._read_whole_tail()
+            tail_kgs: list[int] = []
             for i, run in enumerate(runs):
                 if waves and waves[0][0][2] <= i:  # the next wave starts with this run's files
                     self._fetch_wave(waves.popleft())
                 decoded = ahead.popleft().result()
                 if i + DECODE_AHEAD < len(runs):
                     ahead.append(pool.submit(self._decode, runs[i + DECODE_AHEAD]))
-                prepared = self._entries(run, decoded) if self._raw_keys else [self._whole_run(run, decoded)]
+                if self._raw_keys:  # a disk-backed working set: key group by key group, with its tail
+                    prepared = self._entries(run, decoded)
+                else:  # in memory: the base of a piece now, the tail once every base is in
+                    prepared = [self._whole_run(run, decoded)]
+                    tail_kgs.extend(run)
                 del decoded
                 with self._cond:
                     for kg in run:
                         self._state[kg] = _TAKEN
                     self._taken += len(run)
                 yield from prepared
+            if tail_kgs:  # one replay of the tail, as an eager restore does
+                yield self._tail_part(tail_kgs)
             # the run the background thread was preparing when it was stopped
             if self._thread.is_alive() and self._thread is not threading.current_thread():
                 self._thread.join()
@@ -461,19 +469,24 @@ class KeyGroupLoader:
         return [out[kg] for kg in kgs]
 
     def _whole_run(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> PreparedKeyGroup:
-        """A run's key groups as one part (for a working set in memory, which does not need
-        them apart): keys and entries of each decoded table, the tail records in key-group
-        order (a key's records stay in their order: a key is in one key group)."""
+        """A piece of a run as one part, without its tail (for a working set in memory, which
+        does not need the key groups apart): keys and entries of each decoded table."""
         p = PreparedKeyGroup(kgs[0])
         for info, rows in decoded:
             if rows.num_rows:
                 self.check_keys(info.name, rows.column("key"))
                 p.base.setdefault(info.name, []).append(base_entries(info, rows))
                 p.rows += rows.num_rows
+        self.rows += p.rows
+        return p
+
+    def _tail_part(self, kgs: list[int]) -> PreparedKeyGroup:
+        """The tail records of ``kgs`` as one part, in key-group order (a key's records stay in
+        their order: a key is in one key group), to install after their base entries."""
+        p = PreparedKeyGroup(kgs[0] if kgs else self.key_groups.start)
         for tail in self._tails_of(kgs).values():
             for name, records in tail.items():
                 p.records.setdefault(name, []).extend(records)
-        self.rows += p.rows
         self.records += sum(len(r) for r in p.records.values())
         return p
 
