@@ -71,8 +71,18 @@ def run(args: argparse.Namespace) -> None:
     meta = job.latest_checkpoint()
     offset = int(meta.sources["offset"]) if meta is not None else 0
     clock = Clock(offset)
+    # the worker's backend restores on demand (the default): the model is read from an eager
+    # restore of the same checkpoint by a reader (it reads the states' tables directly)
     backend = job.backend(OPERATOR_UID, restore=meta, clock=clock)
-    driver = CrashDriver(backend, model_from_backend(backend), clock)
+    reader = statelog.open(
+        args.root, store_options=json.loads(args.options_json), create=False, writer_lease=False,
+        state_store="disk" if args.disk else "memory",
+    )  # fmt: skip
+    if args.disk:
+        reader.state_cache_entries = DISK_CACHE_ENTRIES
+    model = model_from_backend(reader.backend(OPERATOR_UID, restore=meta, clock=clock, changelog=False, on_demand=False))
+    reader.close()
+    driver = CrashDriver(backend, model, clock)
     say("READY", meta.checkpoint_id if meta is not None else "-", offset)
 
     i = offset

@@ -218,11 +218,22 @@ def test_flipped_byte_in_a_segment_fails_restore_naming_the_object(tmp_path):
     data[len(data) // 3] ^= 0x40
     path.chmod(0o644)
     path.write_bytes(bytes(data))
-    job = statelog.open(tmp_path.as_uri())
-    with pytest.raises(CorruptionError) as e:
-        job.backend("op", restore=meta.checkpoint_id)
-    assert seg in str(e.value)
-    job.close()
+    _restore_fails(tmp_path, meta.checkpoint_id, seg, None)
+
+
+def _restore_fails(tmp_path, cid: int, seg: str, match: str | None) -> None:
+    """An eager restore fails when the backend opens, an on-demand one (the default) when its
+    key groups load (here: wait_loaded); both name the object."""
+    with statelog.open(tmp_path.as_uri()) as job:
+        with pytest.raises(CorruptionError, match=match) as e:
+            job.backend("op", restore=cid, on_demand=False)
+        assert seg in str(e.value)
+    with statelog.open(tmp_path.as_uri()) as job:
+        b = job.backend("op", restore=cid, changelog=False)
+        b.get_state(COUNT)
+        with pytest.raises(CorruptionError, match=match) as e:
+            b.wait_loaded()
+        assert seg in str(e.value)
 
 
 def test_missing_segment_fails_restore_naming_the_object(tmp_path):
@@ -234,11 +245,7 @@ def test_missing_segment_fails_restore_naming_the_object(tmp_path):
     job.close()
     (seg,) = meta.segment_names()
     (tmp_path / seg).unlink()
-    job = statelog.open(tmp_path.as_uri())
-    with pytest.raises(CorruptionError, match="missing") as e:
-        job.backend("op", restore=meta.checkpoint_id)
-    assert seg in str(e.value)
-    job.close()
+    _restore_fails(tmp_path, meta.checkpoint_id, seg, "missing")
 
 
 def test_concurrent_writers_in_threads_keep_their_streams_apart(tmp_path):

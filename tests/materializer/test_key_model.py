@@ -166,10 +166,12 @@ def test_a_job_cannot_continue_from_version_1_keys_but_readers_read_them(tmp_pat
         # a read-only restore (what the Spark data source and the CLI do) reads the old bytes
         assert _restored(root, cid) == {True: 7}
         # a job that would go on writing is refused: its changelog would hold True twice
-        with statelog.open(root) as job:
-            b = job.backend("op", restore=cid)
-            with pytest.raises(SerializationError, match=r"key encoding version 1 \(bytes 02\).*stores it as 1"):
-                b.get_state(V)
+        for on_demand in (False, True):  # refused when the state registers, or its key group loads
+            with statelog.open(root) as job:
+                b = job.backend("op", restore=cid, on_demand=on_demand)
+                with pytest.raises(SerializationError, match=r"key encoding version 1 \(bytes 02\).*stores it as 1"):
+                    b.get_state(V)
+                    b.wait_loaded()
 
 
 def test_version_1_namespaces_are_refused_for_a_writing_restore(tmp_path, monkeypatch):
@@ -186,7 +188,9 @@ def test_version_1_namespaces_are_refused_for_a_writing_restore(tmp_path, monkey
         st.update(7)
         meta = job.checkpoint()
         job.close()
-    with statelog.open(root) as job:
-        b = job.backend("op", restore=meta.checkpoint_id)
-        with pytest.raises(SerializationError, match="key encoding version 1"):
-            b.get_state(NS_V)
+    for on_demand in (False, True):
+        with statelog.open(root) as job:
+            b = job.backend("op", restore=meta.checkpoint_id, on_demand=on_demand)
+            with pytest.raises(SerializationError, match="key encoding version 1"):
+                b.get_state(NS_V)
+                b.wait_loaded()

@@ -474,11 +474,13 @@ def test_restore_single_backend_matches_harness(file_root: Any) -> None:
 # -- corruption ---------------------------------------------------------------------------------
 
 
-def _restore(spec: Any, cid: int) -> None:
+def _restore(spec: Any, cid: int, on_demand: bool = False) -> None:
+    """Restore every state of ``cid``: eagerly, or on demand until every key group loaded."""
     job = statelog.open(spec.url, store_options=spec.options, create=False)
     try:
-        b = job.backend(UID, restore=cid, changelog=False)
+        b = job.backend(UID, restore=cid, changelog=False, on_demand=on_demand)
         register_all(b)
+        b.wait_loaded()
     finally:
         job.close()
 
@@ -497,21 +499,25 @@ def test_corrupt_table_file_fails_restore_naming_it(store_root: Any) -> None:
         pos = len(data) // 2
         data[pos] ^= 0x40
         _replace(store, victim.path, bytes(data))
-        with pytest.raises(CorruptionError) as ei:
-            _restore(store_root, sc.meta2.checkpoint_id)
-        assert victim.path in str(ei.value) and ei.value.key == victim.path
+        for on_demand in (False, True):  # eager: when the backend opens; on demand: when loading
+            with pytest.raises(CorruptionError) as ei:
+                _restore(store_root, sc.meta2.checkpoint_id, on_demand)
+            assert victim.path in str(ei.value) and ei.value.key == victim.path
         # a truncated file: also named
         _replace(store, victim.path, bytes(data[: len(data) - 7]))
-        with pytest.raises(CorruptionError) as ei:
-            _restore(store_root, sc.meta2.checkpoint_id)
-        assert victim.path in str(ei.value)
+        for on_demand in (False, True):
+            with pytest.raises(CorruptionError) as ei:
+                _restore(store_root, sc.meta2.checkpoint_id, on_demand)
+            assert victim.path in str(ei.value)
         # a missing file: named too
         store.delete(victim.path)
-        with pytest.raises(CorruptionError) as ei:
-            _restore(store_root, sc.meta2.checkpoint_id)
-        assert victim.path in str(ei.value) and "missing" in str(ei.value)
+        for on_demand in (False, True):
+            with pytest.raises(CorruptionError) as ei:
+                _restore(store_root, sc.meta2.checkpoint_id, on_demand)
+            assert victim.path in str(ei.value) and "missing" in str(ei.value)
         # checkpoint 1 does not depend on the materialization: it still restores
         _restore(store_root, sc.meta1.checkpoint_id)
+        _restore(store_root, sc.meta1.checkpoint_id, True)
     finally:
         sc.close()
 

@@ -47,6 +47,7 @@ def _reads_of_subtask(root: str, which: str, subtask: int, parallelism: int) -> 
         b = job.backend("op", subtask=subtask, parallelism=parallelism, restore=which, changelog=False)
         for d in jobs.DESCRIPTORS:
             b.get_state(d)
+        b.wait_loaded()  # (an on-demand restore reads the tables as key groups load)
     finally:
         job.close()
     return keys

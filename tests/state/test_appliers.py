@@ -154,6 +154,7 @@ def test_restore_replays_through_the_appliers(tmp_path, monkeypatch):
         r.get_state(ValueStateDescriptor("v", pa.int64()))
         r.get_state(ListStateDescriptor("l", pa.int64()))
         r.get_state(MapStateDescriptor("m", pa.int64(), key_type=pa.string()))
+        r.wait_loaded()  # (restored on demand: the records are replayed as key groups load)
         assert sorted(seen) == sorted([("value-like", 1), ("list", 3), ("map", 5), ("timer", 7)])
         r.set_current_key("k")
         assert [t.timestamp for t in r.timers.timers()] == [10]
