@@ -17,8 +17,9 @@ may pass a timer). Everything else is loaded per key group by a :class:`KeyGroup
 * a task thread that waits for the whole state
   (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`)
   stops the background thread and loads the rest as an eager restore does
-  (:meth:`KeyGroupLoader.take_all`): files decoded by a pool ahead of it, keys and entries
-  built a run of key groups at a time, with no hand-over between threads.
+  (:meth:`KeyGroupLoader.take_all`): the remaining files fetched first, decoded by a pool
+  ahead of it, keys and entries built a piece of whole key groups at a time, the tail
+  replayed once at the end, with no hand-over between threads.
 
 Preparing a key group reads the state-table files that hold it (each file fetched and
 verified against the size and CRC-32 its manifest recorded once, its bytes kept until its
