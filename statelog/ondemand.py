@@ -171,6 +171,7 @@ class KeyGroupLoader:
         self.check_keys: Callable[[str, Any], None] = lambda _state, _keys: None
         # figures for logs and stats
         self._file_bytes = 0
+        self._stats_lock = threading.Lock()
         # one reader for the whole tail and the tails read alone: segment footers read once
         self._reader = SegmentReader(store)
         self.files_fetched = 0
@@ -421,8 +422,9 @@ class KeyGroupLoader:
         ``entry.lock`` held)."""
         if entry.data is None:
             entry.data = fetch_table_file(self.store, f)
-            self._file_bytes += f.bytes
-            self.files_fetched += 1
+            with self._stats_lock:  # (fetch threads run this for different files at once)
+                self._file_bytes += f.bytes
+                self.files_fetched += 1
         return entry.data
 
     def _fetch_ahead(self, entry: _File, f: TableFile) -> None:
