@@ -467,8 +467,7 @@ class KeyGroupLoader:
         tails = self._tails_of(kgs)
         for kg, p in out.items():
             p.records = tails.get(kg, {})
-            self.rows += p.rows
-            self.records += sum(len(r) for r in p.records.values())
+            self._count(p.rows, sum(len(r) for r in p.records.values()))
         return [out[kg] for kg in kgs]
 
     def _whole_run(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> PreparedKeyGroup:
@@ -480,7 +479,7 @@ class KeyGroupLoader:
                 self.check_keys(info.name, rows.column("key"))
                 p.base.setdefault(info.name, []).append(base_entries(info, rows))
                 p.rows += rows.num_rows
-        self.rows += p.rows
+        self._count(p.rows, 0)
         return p
 
     def _tail_part(self, kgs: list[int]) -> PreparedKeyGroup:
@@ -490,8 +489,13 @@ class KeyGroupLoader:
         for tail in self._tails_of(kgs).values():
             for name, records in tail.items():
                 p.records.setdefault(name, []).extend(records)
-        self.records += sum(len(r) for r in p.records.values())
+        self._count(0, sum(len(r) for r in p.records.values()))
         return p
+
+    def _count(self, rows: int, records: int) -> None:
+        with self._stats_lock:  # (both threads prepare key groups)
+            self.rows += rows
+            self.records += records
 
     def _tails_of(self, kgs: list[int]) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
         """The change records of key groups ``kgs``: from the whole tail once it was read (the
