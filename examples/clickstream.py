@@ -331,6 +331,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "partitions": args.partitions,
         "kill": kill,
         "attempts": result.attempts,
+        "restores": {str(a): dict(st) for a, st in result.restore_stats.items()},
         "failures": result.failures,
         "checkpoints": result.completed_checkpoints,
         "final_checkpoint": result.final_checkpoint,
@@ -365,6 +366,11 @@ def report(r: dict[str, Any]) -> None:
     if k.get("happened"):
         con.print(f"worker pid {k['pid']} [bold]SIGKILLed[/] after checkpoint {k['after_checkpoint']} "
                   f"(it covered {k['covered']:.0%} of the input); the job ran {r['attempts']} attempts")
+        for attempt, st in sorted(r["restores"].items()):
+            if "first_record_s" in st:
+                con.print(f"  attempt {attempt} restored {'on demand' if st.get('on_demand') else 'eagerly'}: "
+                          f"first record {st['first_record_s']:.3f}s after deployment, every key group loaded after "
+                          f"{st.get('fully_loaded_s', float('nan')):.3f}s (slowest of {st['workers']} workers)")
     else:
         con.print("[red]no worker was killed: the job ended before half of the input was checkpointed[/]")
     for o in r["outputs"]:
