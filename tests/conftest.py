@@ -99,3 +99,16 @@ class _GroupCheck:
         if item.nodeid in self.lost:
             pytest.fail("xdist_group is ignored by this pytest/pytest-xdist pair: install the versions "
                         "pyproject.toml pins", pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # around the terminal reporter's own summary
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterator[None]:
+    """The ids of failed tests once more, last: on CI pytest prints whole assertion diffs in
+    the short summary, and a log cut to its end must still say which test failed."""
+    yield
+    failed = [r.nodeid for key in ("failed", "error") for r in terminalreporter.stats.get(key, [])
+              if hasattr(r, "nodeid")]
+    if failed:
+        terminalreporter.write_sep("=", "failed tests")
+        for nodeid in failed:
+            terminalreporter.write_line(f"FAILED {nodeid}")
