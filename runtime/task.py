@@ -148,6 +148,12 @@ class Task:
 
     def step(self) -> bool:
         """Do a bounded amount of work; False when there was nothing to do."""
+        if self.replay is not None:
+            # the restored checkpoint's in-flight records come before everything of this run,
+            # its first barrier included (one may wait urgently already: its snapshot must
+            # include them, or the next checkpoint holds them nowhere)
+            self._replay()
+            return True
         urgent = False
         if self.unaligned:  # urgent barriers first, even when the outputs are full
             for i, ch in enumerate(self.channels):
@@ -161,9 +167,6 @@ class Task:
         if self._bp_since is not None:
             self.backpressured_s += time.monotonic() - self._bp_since
             self._bp_since = None
-        if self.replay is not None:
-            self._replay()
-            return True
         if self.source is not None:
             return self._source_step()
         progressed = False
