@@ -82,7 +82,7 @@ class StreamExecutionEnvironment:
         start_method: str = "forkserver",
         materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
         state_backend: str = "changelog",
-        on_demand_restore: bool = False,
+        on_demand_restore: bool = True,
         state_store: str = "memory",
         state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,

@@ -67,7 +67,7 @@ class JobConfig:
     state_backend: str = CHANGELOG
     # restore keyed state by key group on first use (statelog/ondemand.py) instead of all of
     # it before the first record
-    on_demand_restore: bool = False
+    on_demand_restore: bool = True
     # where keyed state lives: "memory" (Python dicts) or "disk" (RocksDB under a cache of
     # state_memory bytes per task, statelog/state/disk.py), in directories under state_dir
     state_store: str = "memory"

@@ -71,7 +71,7 @@ class StateJob:
         writer_lease: bool = True,
         writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
         writer_owner: str | None = None,
-        on_demand_restore: bool = False,
+        on_demand_restore: bool = True,
         state_store: str = "memory",
         state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,

@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> None:
     meta = job.latest_checkpoint()
     offset = int(meta.sources["offset"]) if meta is not None else 0
     clock = Clock(offset)
-    # the model is read from an eager restore of the same checkpoint by a reader (it reads the
-    # states' tables directly), whatever the worker's backend's restore mode
+    # the worker's backend restores on demand (the default): the model is read from an eager
+    # restore of the same checkpoint by a reader (it reads the states' tables directly)
     backend = job.backend(OPERATOR_UID, restore=meta, clock=clock)
     reader = statelog.open(
         args.root, store_options=json.loads(args.options_json), create=False, writer_lease=False,

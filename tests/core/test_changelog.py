@@ -222,14 +222,14 @@ def test_flipped_byte_in_a_segment_fails_restore_naming_the_object(tmp_path):
 
 
 def _restore_fails(tmp_path, cid: int, seg: str, match: str | None) -> None:
-    """An eager restore fails when the backend opens, an on-demand one when its key groups
-    load (here: wait_loaded); both name the object."""
+    """An eager restore fails when the backend opens, an on-demand one (the default) when its
+    key groups load (here: wait_loaded); both name the object."""
     with statelog.open(tmp_path.as_uri()) as job:
         with pytest.raises(CorruptionError, match=match) as e:
             job.backend("op", restore=cid, on_demand=False)
         assert seg in str(e.value)
     with statelog.open(tmp_path.as_uri()) as job:
-        b = job.backend("op", restore=cid, changelog=False, on_demand=True)
+        b = job.backend("op", restore=cid, changelog=False)
         b.get_state(COUNT)
         with pytest.raises(CorruptionError, match=match) as e:
             b.wait_loaded()
