@@ -337,18 +337,17 @@ class RemoteOutput(_Pressure):
 
     def take_queued(self) -> list[Any]:
         """Take what is not yet handed to the connection out of the queue, in order, for
-        :meth:`requeue` (still counted as sent)."""
-        out = []
-        while True:
-            try:
-                data = self.q.get_nowait()
-            except queue.Empty:
-                break
-            if data is None:
-                self.q.put(None)
-                break
-            out.append(data)
-        return out
+        :meth:`requeue` (still counted as sent).
+
+        Atomically, under the queue's own lock: taken one by one, the sender thread could get
+        a frame between two takes and send it ahead of the frames taken before it (which go
+        behind the barrier): the channel's order broken, seen as a test failure."""
+        with self.q.mutex:  # queue.Queue's lock, held by every put and get
+            pending = self.q.queue
+            out = []
+            while pending and pending[0] is not None:  # (None: close, stays queued)
+                out.append(pending.popleft())
+            return out
 
     def requeue(self, items: list[Any]) -> None:
         for data in items:

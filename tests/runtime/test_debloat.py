@@ -435,6 +435,44 @@ def test_urgent_barrier_overtakes_the_remote_senders_queue() -> None:
     assert errors == []
 
 
+def test_taking_the_queue_is_atomic_against_the_sender_thread() -> None:
+    """An urgent barrier takes a remote output's queued frames (they go behind it) while the
+    sender thread takes frames from the same queue: the sender must get only frames before
+    all of those taken, or it sends one ahead of earlier ones and breaks the channel's order
+    (taking them one by one did so now and then: a flaky failure of the next test)."""
+    import socket
+    import sys
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    closed_port = probe.getsockname()[1]
+    probe.close()  # nothing listens: the output's own sender thread never gets to its queue
+    out = RemoteOutput(("127.0.0.1", closed_port), (0, 0, 1), lambda e: None, None, 10, secret=SECRET)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for _ in range(30):
+            for i in range(3000):
+                out.q.put(i)
+            sent: list[int] = []
+
+            def sender(sent: list[int]) -> None:
+                while (x := out.q.get()) != "stop":
+                    sent.append(x)
+
+            t = threading.Thread(target=sender, args=(sent,))
+            t.start()
+            taken = out.take_queued()
+            out.q.put("stop")
+            t.join()
+            assert sorted(sent + taken) == list(range(3000))
+            assert taken == sorted(taken)
+            assert not sent or not taken or max(sent) < min(taken), (len(sent), len(taken))
+    finally:
+        sys.setswitchinterval(interval)
+        out.close()
+
+
 def test_a_sources_urgent_barrier_overtakes_its_queue_and_stores_it_as_output() -> None:
     """A source task in unaligned mode: the records it read before its positions but still
     queues go behind the barrier and into the checkpoint; a restore re-emits them first."""
