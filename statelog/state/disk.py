@@ -242,6 +242,11 @@ class WorkingSet:
         opts.set_max_background_jobs(2)
         opts.set_compression_type(r.DBCompressionType.lz4())
         table = r.BlockBasedOptions()
+        # 1 KiB data blocks (RocksDB's default: 4 KiB): a point read, nearly all this store
+        # does on a miss, checksums and decompresses a quarter of the bytes (measured: a
+        # uniform phase over 2x10^6 keys at 51 MB, medians of 3 interleaved runs, 50.3k vs
+        # 43.9k updates/s; 2 KiB: 45.8k)
+        table.set_block_size(1024)
         unused = memory_bytes * MEMTABLE_SHARE - 2 * write_buffer
         table.set_block_cache(r.Cache(max(1 << 20, int(memory_bytes * BLOCK_CACHE_SHARE + max(0, unused)))))
         table.set_bloom_filter(10, False)  # a miss (a new key) reads no data block
