@@ -93,6 +93,7 @@ def _time_table_restore(root: str, checkpoint_id: int) -> tuple[float, KeyedStat
         t0 = time.perf_counter()
         b2 = job2.backend("state", restore=checkpoint_id, changelog=False)
         b2.get_state(COUNT)
+        b2.wait_loaded()  # the whole state, also when it restores on demand (the default)
         return time.perf_counter() - t0, b2
 
 
