@@ -341,7 +341,7 @@ class RemoteOutput(_Pressure):
 
         Atomically, under the queue's own lock: taken one by one, the sender thread could get
         a frame between two takes and send it ahead of the frames taken before it (which go
-        behind the barrier): the channel's order broken, seen as a test failure."""
+        behind the barrier), breaking the channel's order."""
         with self.q.mutex:  # queue.Queue's lock, held by every put and get
             pending = self.q.queue
             out = []

@@ -106,8 +106,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Iterat
     """The ids of failed tests once more, last: on CI pytest prints whole assertion diffs in
     the short summary, and a log cut to its end must still say which test failed."""
     yield
-    failed = [r.nodeid for key in ("failed", "error") for r in terminalreporter.stats.get(key, [])
-              if hasattr(r, "nodeid")]
+    failed = [r.nodeid for key in ("failed", "error") for r in terminalreporter.stats.get(key, [])]
     if failed:
         terminalreporter.write_sep("=", "failed tests")
         for nodeid in failed:
