@@ -379,7 +379,10 @@ class KeyedStateBackend:
         if kg is not None:
             p = loader.take(kg)
             if p is not None:
-                self._install(p)
+                try:
+                    self._install(p)
+                finally:
+                    loader.installed()
                 self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
         if loader.done:
             self._loaded()

@@ -10,6 +10,7 @@ that is only reached when its key group loads.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -258,3 +259,28 @@ def test_opening_reads_no_table_file_and_loading_fetches_each_once(built) -> Non
             assert b.restore_stats["rows"] == sum(
                 f.rows for name, fs in manifest.operators["op"].files.items() if not name.startswith("__") for f in fs
             )
+
+
+def test_the_background_thread_pauses_while_the_task_thread_prepares_and_installs(built) -> None:
+    """A key group the task thread takes has priority until it is installed: the background
+    thread waits at its next safe point instead of sharing the GIL with it."""
+    root, info = built
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])
+        b.get_state(V)
+        loader = b._loader
+        assert loader is not None
+        passed: list[float] = []
+        # stands in for the background thread: _pause_for_task only pauses that thread
+        loader._thread = threading.Thread(target=lambda: (loader._pause_for_task(), passed.append(time.monotonic())))
+        p = loader.take(statelog.key_group_of(17, MAXP))
+        assert p is not None and loader._urgent == 1
+        loader._thread.start()
+        time.sleep(0.3)
+        assert loader._thread.is_alive() and not passed  # paused while the key group is not installed
+        released = time.monotonic()
+        loader.installed()
+        loader._thread.join(5)
+        assert passed and passed[0] >= released
+        b.set_current_key(1234)  # the backend says when what it took is installed
+        assert loader._urgent == 0
