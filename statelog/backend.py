@@ -209,7 +209,7 @@ class KeyedStateBackend:
                 "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
             )
         if self._loader is not None:
-            self._load_key_group(kg)
+            self._load_key_group(kg, kb)
         info = (type(key), kb, kg)
         cache = self._kcache
         ws = self._ws
@@ -370,14 +370,15 @@ class KeyedStateBackend:
 
     # -- on-demand restore (statelog/ondemand.py) ----------------------------------------------
 
-    def _load_key_group(self, kg: int | None) -> None:
-        """Install what the loader prepared, and key group ``kg`` (preparing it if needed)."""
+    def _load_key_group(self, kg: int | None, kb: bytes | None = None) -> None:
+        """Install what the loader prepared, and key group ``kg`` (preparing it if needed), or
+        only the slice of it that holds key bytes ``kb``."""
         loader = self._loader
         assert loader is not None
         for p in loader.take_ready():
             self._install(p)
         if kg is not None:
-            p = loader.take(kg)
+            p = loader.take(kg, kb)
             if p is not None:
                 try:
                     self._install(p)

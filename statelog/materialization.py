@@ -448,18 +448,26 @@ def decode_values(info: StateInfo, table: pa.Table) -> list[Any]:
 
 
 MIN_ROW_GROUP_ROWS = 4_096  # row groups end at a key group's end once they hold this many rows
+ROW_GROUP_ROWS = 16_384  # at most this many rows per row group
 
 
-def row_group_bounds(key_groups: np.ndarray, max_rows: int, min_rows: int = MIN_ROW_GROUP_ROWS) -> list[tuple[int, int]]:
-    """``[start, end)`` row ranges of the row groups of a table sorted by key group: a row
-    group ends at the end of a key group once it holds ``min_rows`` rows (so a key group of
-    ``min_rows`` rows or more has row groups of its own, which a reader of that key group
-    alone decodes without its neighbours' rows), and holds at most ``max_rows`` rows."""
+def row_group_bounds(key_groups: np.ndarray, max_rows: int | None = None, min_rows: int | None = None) -> list[tuple[int, int]]:
+    """``[start, end)`` row ranges of the row groups of a table sorted by key group: a key
+    group of ``min_rows`` rows or more has row groups of its own, of at most ``max_rows`` rows
+    each (a reader of that key group alone decodes none of its neighbours' rows, and an
+    on-demand restore can load it a row group at a time); smaller key groups share row groups,
+    each ending at a key group's end once it holds ``min_rows`` rows."""
+    max_rows = ROW_GROUP_ROWS if max_rows is None else max_rows
+    min_rows = MIN_ROW_GROUP_ROWS if min_rows is None else min_rows
     n = len(key_groups)
     ends = [*(np.flatnonzero(np.diff(key_groups)) + 1).tolist(), n] if n else []
     out: list[tuple[int, int]] = []
-    start = 0
+    start = 0  # of the rows not in a row group yet
+    prev = 0  # the end of the previous key group
     for end in ends:
+        if end - prev >= min_rows and prev > start:  # a large key group: the small ones before it apart
+            out.append((start, prev))
+            start = prev
         if end - start >= min_rows or end == n:
             while end - start > max_rows:
                 out.append((start, start + max_rows))
@@ -467,10 +475,11 @@ def row_group_bounds(key_groups: np.ndarray, max_rows: int, min_rows: int = MIN_
             if end > start:
                 out.append((start, end))
             start = end
+        prev = end
     return out
 
 
-def encode_parquet(table: pa.Table, row_group_rows: int = 65_536) -> bytes:
+def encode_parquet(table: pa.Table, row_group_rows: int | None = None) -> bytes:
     """A state table's Parquet bytes (docs/format.md section 9); ``table`` sorted by key group."""
     # dictionary-encode keys only where they repeat (several namespaces per key, e.g.
     # windows): unique keys in a dictionary cost 3x the bytes and 1.6x the read time
@@ -480,7 +489,7 @@ def encode_parquet(table: pa.Table, row_group_rows: int = 65_536) -> bytes:
     buf = io.BytesIO()
     with pq.ParquetWriter(
         buf, table.schema, compression="zstd", compression_level=1, write_page_checksum=True,
-        write_statistics=["key_group"], use_dictionary=dictionary,
+        write_statistics=["key_group", "key"], use_dictionary=dictionary,
     ) as writer:  # fmt: skip
         bounds = row_group_bounds(table.column("key_group").to_numpy(), row_group_rows)
         for start, end in bounds or [(0, 0)]:
@@ -555,6 +564,81 @@ def decode_table_file(
                     table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
                 else:
                     table = table.filter(pc.is_in(kg, pa.array(only, kg.type)))
+    except (OSError, pa.ArrowException) as e:
+        raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
+    if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():
+        raise CorruptionError(f"state table {f.path} does not hold state {info.name!r}", key=f.path)
+    return table
+
+
+def _open_verified(data: bytes, f: TableFile) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+    except (OSError, pa.ArrowException) as e:
+        raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
+
+
+def _key_column(pf: pq.ParquetFile) -> int:
+    return pf.schema_arrow.get_field_index("key")
+
+
+def key_slices(data: bytes, f: TableFile, kg: int) -> list[bytes]:
+    """The smallest keys of the row groups that hold key group ``kg`` alone, but the first:
+    bounds that cut the key group's keys into slices of about a row group each (an on-demand
+    restore loads a slice, :func:`decode_key_range`, instead of the whole key group). Empty
+    when the file has fewer than two such row groups, or no statistics on ``key``."""
+    md = _open_verified(data, f).metadata
+    ki = md.schema.to_arrow_schema().get_field_index("key")
+    mins = []
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        st, ks = rg.column(0).statistics, rg.column(ki).statistics
+        if st is None or not st.has_min_max or not (st.min == st.max == kg):
+            continue
+        if ks is None or not ks.has_min_max:
+            return []
+        mins.append(ks.min)
+    return sorted(mins)[1:]
+
+
+def key_range_mask(keys: Any, lo: bytes | None, hi: bytes | None) -> Any:
+    """``lo <= key < hi`` (``None``: unbounded) of a binary key column, bytewise."""
+    masks = []
+    if lo is not None:
+        masks.append(pc.greater_equal(keys, pa.scalar(lo, pa.binary())))
+    if hi is not None:
+        masks.append(pc.less(keys, pa.scalar(hi, pa.binary())))
+    if not masks:
+        return pa.array([True] * len(keys), pa.bool_())
+    return masks[0] if len(masks) == 1 else pc.and_(masks[0], masks[1])
+
+
+def decode_key_range(
+    data: bytes, f: TableFile, kg: int, lo: bytes | None, hi: bytes | None, info: StateInfo | None = None
+) -> pa.Table:
+    """The rows of key group ``kg`` with ``lo <= key < hi`` (``None``: unbounded) of a table
+    file's verified bytes: only the row groups that may hold them are decoded (by the
+    statistics of ``key_group`` and ``key``; a row group without them is decoded and
+    filtered); Parquet page checksums are checked."""
+    pf = _open_verified(data, f)
+    try:
+        md = pf.metadata
+        ki = _key_column(pf)
+        groups = []
+        for i in range(md.num_row_groups):
+            rg = md.row_group(i)
+            st = rg.column(0).statistics
+            if st is not None and st.has_min_max:
+                if not (st.min <= kg <= st.max):
+                    continue
+                ks = rg.column(ki).statistics
+                known = st.min == st.max and ks is not None and ks.has_min_max  # its keys' range
+                if known and ((hi is not None and ks.min >= hi) or (lo is not None and ks.max < lo)):
+                    continue
+            groups.append(i)
+        table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
+        mask = key_range_mask(table.column("key"), lo, hi)
+        table = table.filter(pc.and_(mask, pc.equal(table.column("key_group"), kg)))
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
     if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():

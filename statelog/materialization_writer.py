@@ -52,7 +52,7 @@ class MaterializeOptions:
 
     target_file_bytes: int = 64 << 20  # files are cut at key-group boundaries near this size
     units: int = 16  # key-group units per operator: the granularity of file reuse
-    row_group_rows: int = 65_536
+    row_group_rows: int | None = None  # None: statelog.materialization.ROW_GROUP_ROWS
     upload_threads: int = 4
 
 

@@ -37,6 +37,7 @@ adopts a materialization, which it does only once fully loaded.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures as cf
 import threading
@@ -50,11 +51,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
-from statelog.changelog.reader import SegmentReader
+from statelog.changelog.reader import ChangeBatch, SegmentReader
 from statelog.checkpoint import ChangelogRange
 from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
-from statelog.materialization import TableFile, decode_table_file, fetch_table_file
+from statelog.materialization import (
+    TableFile,
+    decode_key_range,
+    decode_table_file,
+    fetch_table_file,
+    key_range_mask,
+    key_slices,
+)
 from statelog.restore import BaseFile, base_entries
 from statelog.store.base import ObjectStore
 
@@ -65,8 +73,12 @@ DECODE_AHEAD = 2  # pieces of runs decoded ahead when the task thread loads the 
 UNIT_ROWS = 131_072  # rows of such a piece, about (whole key groups)
 FETCH_AHEAD_BYTES = 256 << 20  # table file bytes take_all fetches before it decodes them
 FETCH_THREADS = 4
+TAIL_PIECE_ROWS = 4096  # change records turned into Python objects between two safe points
 
-_UNLOADED, _PREPARING, _READY, _TAKEN = range(4)
+# a key group's state in the loader; _PARTIAL: some of its slices were handed out, the rest not
+_UNLOADED, _PREPARING, _READY, _TAKEN, _PARTIAL = range(5)
+
+Records = dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]  # per state, in order
 
 
 def split_timers(
@@ -166,6 +178,12 @@ class KeyGroupLoader:
         self._tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] | None = None
         self._tail_lock = threading.Lock()
         self._tail_alone: set[int] = set()  # key groups whose records were read alone
+        # slices (statelog.materialization.key_slices): the bounds of each key group's slices
+        # (an empty list: not sliced), the slices of each _PARTIAL key group handed out, and
+        # the tail of each key group being loaded by slices
+        self._bounds: dict[int, list[bytes]] = {}
+        self._slices_taken: dict[int, set[int]] = {}
+        self._kg_tails: dict[int, Records] = {}
         self._stop = False
         # preparations under way in the task thread (a record waits for them): the background
         # thread pauses for them at its next safe point, so they do not share the GIL with it
@@ -202,10 +220,16 @@ class KeyGroupLoader:
         """Every key group was handed to the task thread."""
         return self._taken == len(self._state)
 
-    def take(self, kg: int) -> PreparedKeyGroup | None:
-        """Key group ``kg``'s prepared state (prepared here if nobody does it), or ``None`` if
-        it was handed out before. A key group returned has priority until the caller says it
-        is installed (:meth:`installed`): meanwhile the background thread pauses."""
+    def take(self, kg: int, kb: bytes | None = None) -> PreparedKeyGroup | None:
+        """The prepared state of key group ``kg``, or of the slice of it that holds key bytes
+        ``kb`` (prepared here if nobody does it), or ``None`` if that was handed out before.
+
+        A key group whose table files have several row groups of its own is loaded by slices
+        of about a row group (statelog.materialization.key_slices): a record's key waits only
+        for its slice; the rest of the key group is loaded later (by the background thread,
+        or by a later take of a key in it), without the slices handed out. What this returns
+        has priority until the caller says it is installed (:meth:`installed`): meanwhile the
+        background thread pauses."""
         with self._cond:
             while True:
                 self._raise_error()
@@ -218,20 +242,41 @@ class KeyGroupLoader:
                     self._urgent += 1
                     self._cond.notify_all()
                     return self._ready.pop(kg)
+                if st == _PARTIAL:
+                    if kb is None:
+                        mode = "rest"
+                    else:
+                        mode, i = "slice", self._slice_of(kg, kb)
+                        if i in self._slices_taken[kg]:
+                            return None
+                    break
                 if st == _UNLOADED:
-                    self._state[kg] = _PREPARING
-                    self._urgent += 1
+                    mode = "first"
                     break
                 self._cond.wait(0.05)  # the background thread is preparing it
+            self._state[kg] = _PREPARING
+            self._urgent += 1
         try:
-            prepared = self._prepare(kg)
+            if mode == "first":
+                if kb is not None and self._slice_bounds(kg):
+                    mode, i = "slice", self._slice_of(kg, kb)
+                else:
+                    mode = "whole"
+            if mode == "slice":
+                prepared = self._prepare_slice(kg, i)
+            else:
+                prepared = self._prepare(kg) if mode == "whole" else self._prepare_rest(kg)
         except BaseException as e:
             self.installed()
             self._fail(e)
             raise
         with self._cond:
-            self._state[kg] = _TAKEN
-            self._taken += 1
+            if mode == "slice":
+                self._slices_taken.setdefault(kg, set()).add(i)
+                self._state[kg] = _PARTIAL
+            else:
+                self._state[kg] = _TAKEN
+                self._taken += 1
             self._cond.notify_all()
         return prepared
 
@@ -271,6 +316,9 @@ class KeyGroupLoader:
             self._stop = True
             self._cond.notify_all()
             self._raise_error()
+            partial = [kg for kg, st in self._state.items() if st == _PARTIAL]
+            for kg in partial:
+                self._state[kg] = _PREPARING
             for run in self._runs():
                 claimed = [kg for kg in run if self._state[kg] == _UNLOADED]
                 for kg in claimed:
@@ -283,6 +331,12 @@ class KeyGroupLoader:
         waves = self._fetch_waves(runs)
         pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs))), thread_name_prefix="statelog-ondemand-decode")
         try:
+            for kg in partial:  # the rest of key groups loaded by slices so far
+                p = self._prepare_rest(kg)
+                with self._cond:
+                    self._state[kg] = _TAKEN
+                    self._taken += 1
+                yield p
             self._fetch_wave(waves.popleft() if waves else [])
             ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
             yield from self.take_ready()
@@ -400,27 +454,48 @@ class KeyGroupLoader:
         with self._cond:
             self._cond.notify_all()  # a task thread in take_all waits for the tail
         for run in self._runs():
-            self._pause_for_task()
-            with self._cond:
-                while not self._stop and self.error is None and len(self._ready) >= self._read_ahead:
-                    self._cond.wait()
-                if self._stop or self.error is not None:
-                    return
-                claimed = [kg for kg in run if self._state[kg] == _UNLOADED]
-                for kg in claimed:
-                    self._state[kg] = _PREPARING
-            if not claimed:
-                continue
-            try:
-                prepared = self._prepare_many(claimed)
-            except BaseException as e:  # noqa: BLE001 - handed to the task thread, raised there
-                self._fail(e)
+            if not self._background_step(run):
                 return
+        # key groups the task thread was loading by slices when their run came
+        while True:
             with self._cond:
-                for p in prepared:
-                    self._ready[p.key_group] = p
-                    self._state[p.key_group] = _READY
-                self._cond.notify_all()
+                while not self._stop and self.error is None:
+                    partial = [kg for kg, st in self._state.items() if st == _PARTIAL]
+                    if partial or _PREPARING not in self._state.values():
+                        break
+                    self._cond.wait(0.05)
+                else:
+                    return
+            if not partial or not self._background_step(partial):
+                return
+
+    def _background_step(self, kgs: list[int]) -> bool:
+        """Prepare what is left of ``kgs`` (a run of key groups held by the same table files, or
+        key groups loaded by slices so far); False when the thread is to stop."""
+        self._pause_for_task()
+        with self._cond:
+            while not self._stop and self.error is None and len(self._ready) >= self._read_ahead:
+                self._cond.wait()
+            if self._stop or self.error is not None:
+                return False
+            claimed = [kg for kg in kgs if self._state[kg] == _UNLOADED]
+            partial = [kg for kg in kgs if self._state[kg] == _PARTIAL]
+            for kg in claimed + partial:
+                self._state[kg] = _PREPARING
+        try:
+            prepared = self._prepare_many(claimed) if claimed else []
+            for kg in partial:
+                self._pause_for_task()
+                prepared.append(self._prepare_rest(kg))
+        except BaseException as e:  # noqa: BLE001 - handed to the task thread, raised there
+            self._fail(e)
+            return False
+        with self._cond:
+            for p in prepared:
+                self._ready[p.key_group] = p
+                self._state[p.key_group] = _READY
+            self._cond.notify_all()
+        return True
 
     def _runs(self) -> list[list[int]]:
         """The key groups in order, cut where the set of table files holding them changes."""
@@ -438,6 +513,87 @@ class KeyGroupLoader:
 
     def _prepare(self, kg: int) -> PreparedKeyGroup:
         return self._prepare_many([kg])[0]
+
+    # -- slices of a key group ------------------------------------------------------------------
+
+    def _slice_bounds(self, kg: int) -> list[bytes]:
+        """The bounds of key group ``kg``'s slices (``[]``: it is loaded whole), from the row
+        groups of its largest table file (by the thread that prepares ``kg``)."""
+        bounds = self._bounds.get(kg)
+        if bounds is None:
+            bounds = []
+            for (_info, f, _mine), entry in self._files_of.get(kg, ()):
+                with entry.lock:
+                    data = self._fetch(entry, f)
+                b = key_slices(data, f, kg)
+                if len(b) > len(bounds):
+                    bounds = b
+            self._bounds[kg] = bounds
+        return bounds
+
+    def _slice_of(self, kg: int, kb: bytes) -> int:
+        return bisect.bisect_right(self._bounds[kg], kb)
+
+    def _slice_range(self, kg: int, i: int) -> tuple[bytes | None, bytes | None]:
+        bounds = self._bounds[kg]
+        return (bounds[i - 1] if i > 0 else None, bounds[i] if i < len(bounds) else None)
+
+    def _kg_tail(self, kg: int) -> Records:
+        """The tail of key group ``kg``, kept while it is loaded by slices."""
+        with self._tail_lock:
+            tail = self._kg_tails.get(kg)
+            if tail is not None:
+                return tail
+            if self._tail is not None:
+                tail = self._tail.pop(kg, {})
+            else:
+                self._tail_alone.add(kg)
+        if tail is None:
+            tail = self._read_tail(KeyGroupRange(kg, kg)).get(kg, {})
+        with self._tail_lock:
+            self._kg_tails[kg] = tail
+        return tail
+
+    def _prepare_slice(self, kg: int, i: int) -> PreparedKeyGroup:
+        """Slice ``i`` of key group ``kg``: the row groups of its table files that may hold its
+        keys, decoded, its rows and its share of the key group's tail."""
+        lo, hi = self._slice_range(kg, i)
+        decoded = []
+        for (info, f, _mine), entry in self._files_of.get(kg, ()):
+            with entry.lock:
+                data = self._fetch(entry, f)
+            decoded.append((info, decode_key_range(data, f, kg, lo, hi, info)))
+        bounds, bisect_right = self._bounds[kg], bisect.bisect_right
+        records = {}
+        for name, recs in self._kg_tail(kg).items():
+            mine = [r for r in recs if bisect_right(bounds, r[0]) == i]
+            if mine:
+                records[name] = mine
+        return self._entries([kg], decoded, {kg: records})[0]
+
+    def _prepare_rest(self, kg: int) -> PreparedKeyGroup:
+        """What is left of key group ``kg`` after the slices handed out (by the thread that
+        holds it as _PREPARING)."""
+        taken = sorted(self._slices_taken.get(kg, ()))
+        decoded = self._decode([kg])
+        if taken:
+            out = []
+            for info, rows in decoded:
+                keys = rows.column("key")
+                drop = None
+                for i in taken:
+                    m = key_range_mask(keys, *self._slice_range(kg, i))
+                    drop = m if drop is None else pc.or_(drop, m)
+                out.append((info, rows.filter(pc.invert(drop))))
+            decoded = out
+        tail = self._kg_tail(kg)
+        with self._tail_lock:
+            self._kg_tails.pop(kg, None)
+        if taken:
+            bounds, bisect_right, skip = self._bounds[kg], bisect.bisect_right, set(taken)
+            tail = {name: [r for r in recs if bisect_right(bounds, r[0]) not in skip] for name, recs in tail.items()}
+            tail = {name: recs for name, recs in tail.items() if recs}
+        return self._entries([kg], decoded, {kg: tail})[0]
 
     def _prepare_many(self, kgs: list[int]) -> list[PreparedKeyGroup]:
         """Prepare key groups held by the same table files (one key group, or a run's)."""
@@ -476,9 +632,11 @@ class KeyGroupLoader:
             out.append((info, rows))
         return out
 
-    def _entries(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> list[PreparedKeyGroup]:
+    def _entries(
+        self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]], tails: dict[int, Records] | None = None
+    ) -> list[PreparedKeyGroup]:
         """Keys, namespaces and entries of the decoded rows of ``kgs``, per key group, with their
-        share of the tail."""
+        share of the tail (``tails``: given)."""
         out = {kg: PreparedKeyGroup(kg) for kg in kgs}
         for info, rows in decoded:
             for table, counts in _split(rows, kgs):
@@ -493,7 +651,8 @@ class KeyGroupLoader:
                         out[kg].base.setdefault(info.name, []).append((keys[start:end], nss[start:end], values[start:end]))
                         out[kg].rows += n
                         start = end
-        tails = self._tails_of(kgs)
+        if tails is None:
+            tails = self._tails_of(kgs)
         for kg, p in out.items():
             p.records = tails.get(kg, {})
             self._count(p.rows, sum(len(r) for r in p.records.values()))
@@ -543,15 +702,19 @@ class KeyGroupLoader:
                 tail.pop(kg, None)
             self._tail = tail
 
-    def _read_tail(self, kgr: KeyGroupRange) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
+    def _read_tail(self, kgr: KeyGroupRange) -> dict[int, Records]:
+        """The change records of key groups ``kgr`` per key group and state, in order (the
+        background thread's safe points between pieces of blocks)."""
         reader = self._reader
-        tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] = {}
+        tail: dict[int, Records] = {}
         for r in self._ranges:
             sub = r.restrict(kgr)
             if sub is None:
                 continue
             for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
-                self._pause_for_task()
-                for _seq, kg, op, kb, nsb, ukey, value, exp in batch.rows():
-                    tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))
+                for i in range(0, batch.table.num_rows, TAIL_PIECE_ROWS):
+                    self._pause_for_task()
+                    piece = ChangeBatch(batch.state, batch.table.slice(i, TAIL_PIECE_ROWS))
+                    for _seq, kg, op, kb, nsb, ukey, value, exp in piece.rows():
+                        tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))
         return tail

@@ -19,9 +19,11 @@ import pyarrow as pa
 import pytest
 
 import statelog
+import statelog.materialization
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
+from statelog.keys import encode_key
 from statelog.materialization import load_manifest
 
 MAXP = 32
@@ -59,8 +61,13 @@ def _build(root: str) -> dict[str, Any]:
         return {"c2": c2.checkpoint_id, "manifest": manifest}
 
 
-@pytest.fixture
-def built(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+@pytest.fixture(params=["whole", "sliced"])
+def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
+    """``sliced``: the state tables have row groups of at most 16 rows, each key group of 8
+    rows or more its own, so key groups (about 100 rows) load by slices of a row group."""
+    if request.param == "sliced":
+        monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
+        monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
     root = (tmp_path / "root").as_uri()
     return root, _build(root)
 
@@ -284,3 +291,52 @@ def test_the_background_thread_pauses_while_the_task_thread_prepares_and_install
         assert passed and passed[0] >= released
         b.set_current_key(1234)  # the backend says when what it took is installed
         assert loader._urgent == 0
+
+
+@pytest.mark.parametrize("store", ["memory", "disk"])
+@pytest.mark.parametrize("background", [False, True])
+def test_a_key_waits_only_for_its_slice_and_the_rest_loads_without_the_slices_handed_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, background: bool
+) -> None:
+    """Key groups of several row groups load by slices: a key touched loads its slice alone
+    (with its part of the tail); a checkpoint taken then, other slices of the same key group,
+    and the rest (by the background thread, or by wait_loaded) give the eager restore."""
+    monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
+    monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
+    root = (tmp_path / "root").as_uri()
+    info = _build(root)
+    want = _eager(root, info["c2"])
+    job = statelog.open(root, create=False, on_demand_restore=True, state_store=store)
+    job.on_demand_background = background
+    b = job.backend("op", restore=info["c2"])
+    v, m = b.get_state(V), b.get_state(M)
+    loader = b._loader
+    assert loader is not None
+    key = 17
+    kg = statelog.key_group_of(key, MAXP)
+    of_kg = [k for k in range(N + 50) if statelog.key_group_of(k, MAXP) == kg]
+    b.set_current_key(key)
+    assert v.value() == want["v"][(key, None)] and m.get("a") == want["m"].get((key, None), {}).get("a")
+    if not background:
+        assert loader._state[kg] == 4 and loader._slices_taken[kg] == {loader._slice_of(kg, encode_key(key))}
+        assert len(loader._bounds[kg]) >= 4  # about 100 rows in row groups of at most 16
+        if store == "memory":
+            loaded = {k for table in v._tables.values() for k in table}
+            assert key in loaded and loaded < set(of_kg)  # its slice, not the whole key group
+    v.update(1_000_000)
+    c3 = job.checkpoint()  # while the key group is loaded in part
+    want3 = {name: dict(d) if isinstance(d, dict) else d for name, d in want.items()}
+    want3[V.name][(key, None)] = 1_000_000
+    for k in of_kg[::7]:  # other slices of it (and the slice of 17 again)
+        b.set_current_key(k)
+        got = v.value()
+        if (k, None) in want3[V.name]:
+            assert got == want3[V.name][(k, None)], k
+        v.update(got + 1)
+        want3[V.name][(k, None)] = got + 1
+    b.wait_loaded()
+    assert not b.loading and b.restore_stats["rows"] == loader.rows
+    assert _view(b) == want3
+    job.close()
+    want[V.name][(key, None)] = 1_000_000
+    assert _eager(root, c3.checkpoint_id) == want

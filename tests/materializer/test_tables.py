@@ -19,6 +19,7 @@ tables of that checkpoint. The tests then
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import random
@@ -552,7 +553,7 @@ def test_corrupt_manifest_is_a_clear_error(file_root: Any) -> None:
 
 def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_groups() -> None:
     """A key group of MIN_ROW_GROUP_ROWS rows or more has row groups of its own (at most
-    row_group_rows each); smaller key groups share one; decode_table_file with ``only``
+    row_group_rows each), also when smaller key groups come before it; smaller key groups share one; decode_table_file with ``only``
     reads just the row groups holding those key groups."""
     import numpy as np
 
@@ -569,7 +570,7 @@ def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_grou
     sizes = [big, 10, 20, big, 2 * big, 5]  # key groups 0..5
     kgs = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
     assert row_group_bounds(kgs, 65_536) == [
-        (0, big), (big, big + 30 + big), (2 * big + 30, 4 * big + 30), (4 * big + 30, 4 * big + 35),
+        (0, big), (big, big + 30), (big + 30, 2 * big + 30), (2 * big + 30, 4 * big + 30), (4 * big + 30, 4 * big + 35),
     ]  # fmt: skip
     assert row_group_bounds(np.repeat(np.int32(7), 10), 4) == [(0, 4), (4, 8), (8, 10)]
     n = len(kgs)
@@ -582,7 +583,7 @@ def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_grou
     data = encode_parquet(table, row_group_rows=65_536)
     md = pq.ParquetFile(pa.BufferReader(data)).metadata
     stats = [(md.row_group(i).column(0).statistics.min, md.row_group(i).column(0).statistics.max) for i in range(md.num_row_groups)]
-    assert stats == [(0, 0), (1, 3), (4, 4), (5, 5)]
+    assert stats == [(0, 0), (1, 2), (3, 3), (4, 4), (5, 5)]
     f = TableFile("t.parquet", KeyGroupRange(0, 5), n, len(data), zlib.crc32(data))
     assert decode_table_file(data, f, KeyGroupRange(0, 5)).equals(table)
     got = decode_table_file(data, f, KeyGroupRange(0, 4), only=[0, 4])
@@ -596,3 +597,63 @@ def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_grou
     assert decode_table_file(bytes(bad), f, KeyGroupRange(0, 4), only=[0, 4]).equals(got)
     assert encode_parquet(table.slice(0, 0))  # an empty table still makes a valid file
     assert pq.ParquetFile(pa.BufferReader(encode_parquet(table.slice(0, 0)))).metadata.num_rows == 0
+
+
+def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_row_groups(monkeypatch) -> None:
+    """A key group of several row groups of its own is cut into slices at their smallest
+    keys; decode_key_range decodes only the row groups that may hold a key range (a key whose
+    namespaces span two row groups is found in both), and a file without statistics on
+    ``key`` (written before them) is not sliced."""
+
+    import statelog.materialization
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization import TableFile, decode_key_range, encode_parquet, key_slices
+
+    monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 100)
+    # key group 3: keys 0..99, three namespaces each (300 rows), row groups of 64 rows, so
+    # some keys' namespaces are cut apart; key groups 2 and 4 of 5 rows around it
+    rows = [(2, encode_key(-i), encode_key(None)) for i in range(1, 6)]
+    rows += sorted((3, encode_key(k), encode_key(ns)) for k in range(100) for ns in range(3))
+    rows += [(4, encode_key(-i), encode_key(None)) for i in range(1, 6)]
+    n = len(rows)
+    table = pa.table({
+        "key_group": pa.array([r[0] for r in rows], pa.int32()),
+        "key": pa.array([r[1] for r in rows], pa.binary()),
+        "namespace": pa.array([r[2] for r in rows], pa.binary()),
+        "value": pa.array(range(n), pa.int64()),
+    })  # fmt: skip
+    data = encode_parquet(table, row_group_rows=64)
+    f = TableFile("t.parquet", KeyGroupRange(2, 4), n, len(data), zlib.crc32(data))
+    bounds = key_slices(data, f, 3)
+    md = pq.ParquetFile(pa.BufferReader(data)).metadata
+    own = [i for i in range(md.num_row_groups) if md.row_group(i).column(0).statistics.min == 3]
+    assert len(own) == 5 and len(bounds) == 4 and bounds == sorted(bounds)
+    assert key_slices(data, f, 2) == [] and key_slices(data, f, 4) == []  # one row group each
+    kg3 = [(r[1], v) for v, r in enumerate(rows) if r[0] == 3]
+    edges = [None, *bounds, None]
+    got_all = []
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        part = decode_key_range(data, f, 3, lo, hi)
+        keys = part.column("key").to_pylist()
+        assert set(part.column("key_group").to_pylist()) == {3}
+        assert all((lo is None or k >= lo) and (hi is None or k < hi) for k in keys)
+        got_all += list(zip(keys, part.column("value").to_pylist(), strict=True))
+    assert sorted(got_all) == sorted(kg3)  # the slices partition the key group's rows
+    # a key whose namespaces span two row groups: its rows are all in the slice it starts
+    stats = [md.row_group(i).column(1).statistics for i in own]
+    assert any(a.max == b.min for a, b in zip(stats, stats[1:], strict=False))  # (so the check above covers it)
+    # only the row groups that may hold a range are decoded: corrupt the last own row group's
+    # value column, the first slice still reads
+    col = md.row_group(own[-1]).column(3)
+    bad = bytearray(data)
+    bad[col.data_page_offset + col.total_compressed_size - 8] ^= 0xFF
+    assert decode_key_range(bytes(bad), f, 3, None, bounds[0]).num_rows == decode_key_range(data, f, 3, None, bounds[0]).num_rows
+    with pytest.raises(CorruptionError):
+        decode_key_range(bytes(bad), f, 3, bounds[-1], None)
+    # a file without statistics on key: not sliced, and a key range still reads right
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=64, write_statistics=["key_group"])
+    old = buf.getvalue()
+    f_old = TableFile("t.parquet", KeyGroupRange(2, 4), n, len(old), zlib.crc32(old))
+    assert key_slices(old, f_old, 3) == []
+    assert decode_key_range(old, f_old, 3, bounds[1], bounds[2]).equals(decode_key_range(data, f, 3, bounds[1], bounds[2]))
