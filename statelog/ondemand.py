@@ -21,6 +21,14 @@ may pass a timer). Everything else is loaded per key group by a :class:`KeyGroup
   ahead of it, keys and entries built a piece of whole key groups at a time, the tail
   replayed once at the end, with no hand-over between threads.
 
+A key group with several row groups of its own in a table file is loaded by *slices*, the
+key ranges of those row groups (their statistics on ``key``): a first touch prepares the
+slice of the key only (the row groups that may hold its range, and the records of the key
+group's tail in the range); the key group is then partly loaded, and its other slices load
+when touched, the rest (without the slices handed out) in the background or in
+:meth:`KeyGroupLoader.take_all`. What the task thread takes has priority until installed:
+the background thread pauses at its next safe point meanwhile.
+
 Preparing a key group reads the state-table files that hold it (each file fetched and
 verified against the size and CRC-32 its manifest recorded once, its bytes kept until its
 last key group was prepared; each preparation decodes only the row groups of its key groups)
