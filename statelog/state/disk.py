@@ -506,10 +506,10 @@ class WorkingSet:
     # -- bulk paths ----------------------------------------------------------------------------
 
     def put_key_group(self, kg: int, rows: dict[str, list[tuple[list[bytes], list[bytes], list[Any]]]]) -> None:
-        """Bulk-load the restored entries of one key group, of every state (``state name ->
-        [(key bytes, namespace bytes, entries)]``), uncached, in one write batch. The key group
-        holds nothing in the database yet (a key group is loaded once, before any of its keys
-        is set current)."""
+        """Bulk-load the restored entries of one key group, or of a part of it (a slice, or the
+        rest after slices), of every state (``state name -> [(key bytes, namespace bytes,
+        entries)]``), uncached, in one write batch. Their keys hold nothing in the database
+        yet (each key's restored entries are loaded once, before the key is set current)."""
         self._check_open()
         batch = self._rocksdict.WriteBatch(raw_mode=True)
         records: dict[bytes, dict[int, Any]] = {}
