@@ -250,6 +250,13 @@ class WorkingSet:
         unused = memory_bytes * MEMTABLE_SHARE - 2 * write_buffer
         table.set_block_cache(r.Cache(max(1 << 20, int(memory_bytes * BLOCK_CACHE_SHARE + max(0, unused)))))
         table.set_bloom_filter(10, False)  # a miss (a new key) reads no data block
+        # a point read finds its key in a data block by a hash index instead of a binary search
+        # over restart points, and checks the block with XXH3 instead of CRC32c (measured at
+        # 2x10^6 keys and 51 MB, 3 interleaved runs: uniform 45.9k vs 42.9k updates/s, Zipf
+        # 119k vs 111k; a point read alone 5.6 vs 6.3 us)
+        table.set_data_block_index_type(r.DataBlockIndexType.binary_and_hash())
+        table.set_block_restart_interval(4)
+        table.set_checksum_type(r.ChecksumType.xxh3())
         # index and filter blocks stay outside the block cache: in it, a small cache evicts them
         # and every read fetches them again (measured: 10x slower point reads)
         opts.set_block_based_table_factory(table)
