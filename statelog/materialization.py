@@ -566,6 +566,11 @@ def decode_table_file(
                     table = table.filter(pc.is_in(kg, pa.array(only, kg.type)))
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
+    return _of_state(table, f, info)
+
+
+def _of_state(table: pa.Table, f: TableFile, info: StateInfo | None) -> pa.Table:
+    """``table``, refused unless it holds the rows of state ``info`` (when given)."""
     if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():
         raise CorruptionError(f"state table {f.path} does not hold state {info.name!r}", key=f.path)
     return table
@@ -578,17 +583,13 @@ def _open_verified(data: bytes, f: TableFile) -> pq.ParquetFile:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
 
 
-def _key_column(pf: pq.ParquetFile) -> int:
-    return pf.schema_arrow.get_field_index("key")
-
-
 def key_slices(data: bytes, f: TableFile, kg: int) -> list[bytes]:
     """The smallest keys of the row groups that hold key group ``kg`` alone, but the first:
     bounds that cut the key group's keys into slices of about a row group each (an on-demand
     restore loads a slice, :func:`decode_key_range`, instead of the whole key group). Empty
     when the file has fewer than two such row groups, or no statistics on ``key``."""
-    md = _open_verified(data, f).metadata
-    ki = md.schema.to_arrow_schema().get_field_index("key")
+    pf = _open_verified(data, f)
+    md, ki = pf.metadata, pf.schema_arrow.get_field_index("key")
     mins = []
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
@@ -622,8 +623,7 @@ def decode_key_range(
     filtered); Parquet page checksums are checked."""
     pf = _open_verified(data, f)
     try:
-        md = pf.metadata
-        ki = _key_column(pf)
+        md, ki = pf.metadata, pf.schema_arrow.get_field_index("key")
         groups = []
         for i in range(md.num_row_groups):
             rg = md.row_group(i)
@@ -641,6 +641,4 @@ def decode_key_range(
         table = table.filter(pc.and_(mask, pc.equal(table.column("key_group"), kg)))
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
-    if table.num_rows != 0 and info is not None and table.schema.metadata.get(META_STATE) != info.name.encode():
-        raise CorruptionError(f"state table {f.path} does not hold state {info.name!r}", key=f.path)
-    return table
+    return _of_state(table, f, info)
