@@ -538,8 +538,8 @@ def decode_table_file(
     """The rows of ``kgr`` (with ``only``: of those sorted key groups of it) of a table file's
     verified bytes; only the row groups holding them are decoded; Parquet page checksums are
     checked."""
+    pf = _open_verified(data, f)
     try:
-        pf = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
         inter = f.key_groups.intersect(kgr)
         if inter == f.key_groups and only is None:
             table = pf.read()

@@ -115,7 +115,7 @@ class PreparedKeyGroup:
     # key bytes instead of keys for a disk-backed working set)
     base: dict[str, list[tuple[list[Any], list[bytes], list[Any]]]] = field(default_factory=dict)
     # per state: change records (key bytes, namespace bytes, op, user key, value, expires), in order
-    records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = field(default_factory=dict)
+    records: Records = field(default_factory=dict)
     rows: int = 0
 
 
@@ -183,7 +183,7 @@ class KeyGroupLoader:
         self._state = dict.fromkeys(key_groups, _UNLOADED)
         self._ready: dict[int, PreparedKeyGroup] = {}
         self._taken = 0
-        self._tail: dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]] | None = None
+        self._tail: dict[int, Records] | None = None
         self._tail_lock = threading.Lock()
         self._tail_alone: set[int] = set()  # key groups whose records were read alone
         # slices (statelog.materialization.key_slices): the bounds of each key group's slices
@@ -571,13 +571,7 @@ class KeyGroupLoader:
             with entry.lock:
                 data = self._fetch(entry, f)
             decoded.append((info, decode_key_range(data, f, kg, lo, hi, info)))
-        bounds, bisect_right = self._bounds[kg], bisect.bisect_right
-        records = {}
-        for name, recs in self._kg_tail(kg).items():
-            mine = [r for r in recs if bisect_right(bounds, r[0]) == i]
-            if mine:
-                records[name] = mine
-        return self._entries([kg], decoded, {kg: records})[0]
+        return self._entries([kg], decoded, {kg: self._tail_of_slices(kg, self._kg_tail(kg), {i}, True)})[0]
 
     def _prepare_rest(self, kg: int) -> PreparedKeyGroup:
         """What is left of key group ``kg`` after the slices handed out (by the thread that
@@ -598,10 +592,19 @@ class KeyGroupLoader:
         with self._tail_lock:
             self._kg_tails.pop(kg, None)
         if taken:
-            bounds, bisect_right, skip = self._bounds[kg], bisect.bisect_right, set(taken)
-            tail = {name: [r for r in recs if bisect_right(bounds, r[0]) not in skip] for name, recs in tail.items()}
-            tail = {name: recs for name, recs in tail.items() if recs}
+            tail = self._tail_of_slices(kg, tail, set(taken), False)
         return self._entries([kg], decoded, {kg: tail})[0]
+
+    def _tail_of_slices(self, kg: int, tail: Records, slices: set[int], inside: bool) -> Records:
+        """The records of ``tail`` (key group ``kg``'s) whose key is in one of ``slices``
+        (``inside``) or in none of them, in order."""
+        bounds, bisect_right = self._bounds[kg], bisect.bisect_right
+        out = {}
+        for name, recs in tail.items():
+            kept = [r for r in recs if (bisect_right(bounds, r[0]) in slices) is inside]
+            if kept:
+                out[name] = kept
+        return out
 
     def _prepare_many(self, kgs: list[int]) -> list[PreparedKeyGroup]:
         """Prepare key groups held by the same table files (one key group, or a run's)."""
@@ -693,7 +696,7 @@ class KeyGroupLoader:
             self.rows += rows
             self.records += records
 
-    def _tails_of(self, kgs: list[int]) -> dict[int, dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]]:
+    def _tails_of(self, kgs: list[int]) -> dict[int, Records]:
         """The change records of key groups ``kgs``: from the whole tail once it was read (the
         background thread reads it first), else read for their range alone."""
         with self._tail_lock:
