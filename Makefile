@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml statelog/_ext/fastpath.c
+$(STAMP): pyproject.toml statelog/_ext/fastpath.c statelog/_ext/workingset.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark]'

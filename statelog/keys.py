@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statelog import _ext
 from statelog.errors import ConfigError, CorruptionError, SerializationError
 
 DEFAULT_MAX_PARALLELISM = 128
@@ -412,9 +413,16 @@ def _fmix32(h: int) -> int:
     return h
 
 
-def key_group_of_bytes(key_bytes: bytes, max_parallelism: int) -> int:
-    """The key group of serialized key bytes: murmur3 fmix32 of CRC-32, modulo ``max_parallelism``."""
+def key_group_of_bytes_py(key_bytes: bytes, max_parallelism: int) -> int:
+    """The key group of serialized key bytes: murmur3 fmix32 of CRC-32, modulo ``max_parallelism``
+    (the reference; ``key_group_of_bytes`` is its C version when statelog/_ext is built)."""
     return _fmix32(zlib.crc32(key_bytes)) % max_parallelism
+
+
+_workingset_ext = _ext.load("workingset")
+key_group_of_bytes: Callable[[bytes, int], int] = (
+    _workingset_ext.key_group if _workingset_ext is not None else key_group_of_bytes_py
+)
 
 
 def key_group_of(key: Any, max_parallelism: int) -> int:

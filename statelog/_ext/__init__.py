@@ -1,1 +1,23 @@
-"""Optional C accelerators (built from pyproject.toml; pure-Python fallbacks exist)."""
+"""Optional C accelerators (built from pyproject.toml; pure-Python fallbacks exist).
+
+``STATELOG_PURE_PYTHON=1`` in the environment makes :func:`load` return ``None``, so every
+caller uses its pure-Python reference implementation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+FORCE_PYTHON = os.environ.get("STATELOG_PURE_PYTHON", "") not in ("", "0")
+
+
+def load(name: str) -> ModuleType | None:
+    """The accelerator module ``name``, or ``None`` when it is not built or Python is forced."""
+    if FORCE_PYTHON:
+        return None
+    try:
+        return importlib.import_module(f"statelog._ext.{name}")
+    except ImportError:  # not built (e.g. no compiler)
+        return None

@@ -62,6 +62,7 @@ from typing import Any
 
 import rocksdict
 
+from statelog import _ext
 from statelog.errors import ConfigError, StatelogError
 from statelog.keys import decode_key, encode_key, key_group_of_bytes
 
@@ -76,11 +77,11 @@ _DUMPS = pickle.dumps
 _LOADS = pickle.loads
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
-# The memory budget's split: the rest (about a tenth) is left for the allocator's slack.
-CACHE_SHARE = 0.55  # Python objects of cached entries
-BLOCK_CACHE_SHARE = 0.20  # RocksDB's block cache
-MEMTABLE_SHARE = 0.15  # RocksDB's write buffers (two of this share's halves)
+# The memory budget's split: the rest (about an eighth) is left for the allocator's slack.
+CACHE_SHARE = 0.72  # Python objects of resident keys and cached entries
+MEMTABLE_SHARE = 0.15  # RocksDB's write buffers (two, of at most MAX_WRITE_BUFFER: the rest is the cache's)
 MAX_WRITE_BUFFER = 16 << 20
+BLOCK_CACHE_BYTES = 1 << 20  # RocksDB's block cache: blocks of iterators (point reads bypass it)
 EVICT_FRACTION = 0.1  # of the cached entries written back and dropped at once
 MIN_CACHE_ENTRIES = 1024
 PROBE_KEYS = 4096  # resident keys at which their size is first measured
@@ -119,6 +120,12 @@ def _deep_size(obj: Any) -> int:
     return n
 
 
+def _write_buffer(memory_bytes: int) -> int:
+    """Bytes of each of the two write buffers: at most 16 MB, as a point read searches the
+    memtables first and a smaller one is a shorter search."""
+    return min(MAX_WRITE_BUFFER, max(1 << 20, int(memory_bytes * MEMTABLE_SHARE / 2)))
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -147,9 +154,63 @@ def _remove_stale(parent: str) -> None:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def _key_prefix(kg: int, kb: bytes) -> bytes:
+def _key_prefix_py(kg: int, kb: bytes) -> bytes:
     """The database keys of every entry of one key start with this."""
     return ((kg << 32) | len(kb)).to_bytes(6, "big") + kb
+
+
+def _install_py(key: Any, rec: dict[int, Any], index: dict[int, int], primary: list[dict[Any, Any]],
+                extra: dict[Any, dict[int, Any]]) -> None:
+    """Put a key's record (``{state id: entry}``) into the states' dicts; the entries of states
+    not registered yet are kept in ``extra`` with the key."""
+    for sid, entry in rec.items():
+        i = index.get(sid)
+        if i is not None:
+            primary[i][key] = entry
+        else:
+            extra.setdefault(key, {})[sid] = entry
+
+
+def _write_back_py(
+    keys: list[Any], res: dict[Any, tuple[type, bytes, int]], drop: bool, primary: list[dict[Any, Any]],
+    sids: list[int], extra: dict[Any, dict[int, Any]], present: set[Any], put: Any, delete: Any,
+    dumps: Any, protocol: int,
+) -> int:
+    """Write each of ``keys``' entries of every state as one record (``put``); a key with no
+    entry left whose record is in the database is deleted (``delete``). With ``drop`` the keys
+    stop being resident: their entries leave the dicts. Returns the puts and deletes."""
+    written = 0
+    for key in keys:
+        info = res[key]
+        pre = _key_prefix(info[2], info[1])
+        rec: dict[int, Any] = {}
+        for i, table in enumerate(primary):
+            v = table.pop(key, _MISSING) if drop else table.get(key, _MISSING)
+            if v is not _MISSING:
+                rec[sids[i]] = v
+        more = extra.pop(key, None) if drop else extra.get(key)
+        if more:
+            rec.update(more)
+        if rec:
+            put(pre, dumps(rec, protocol))
+            written += 1
+            if not drop:
+                present.add(key)
+        elif key in present:
+            delete(pre)
+            written += 1
+            present.discard(key)
+        if drop:
+            present.discard(key)
+            del res[key]
+    return written
+
+
+# their C versions (statelog/_ext/workingset.c) when built: a miss runs them once or twice
+_C = _ext.load("workingset")
+_key_prefix = _C.key_prefix if _C is not None else _key_prefix_py
+_install = _C.install if _C is not None else _install_py
+_write_back = _C.write_back if _C is not None else _write_back_py
 
 
 def _disk_key(sid: int, kg: int, kb: bytes, nsb: bytes) -> bytes:
@@ -191,12 +252,20 @@ class WorkingSet:
         self._wopts = rocksdict.WriteOptions()
         self._wopts.disable_wal = True  # a cache rebuilt from the checkpoint: no log needed
         self._db.set_write_options(self._wopts)
+        # a point read does not put its data block in RocksDB's block cache: the resident keys
+        # are the cache of hot keys, and a block cache of the blocks that missed them only
+        # costs (an insert and an eviction per read; measured at 2x10^6 keys and 51 MB, 4
+        # interleaved runs: uniform 62.6k vs 53.6k updates/s, its budget given to the resident keys)
+        ropts = rocksdict.ReadOptions()
+        ropts.fill_cache(False)
+        self._db.set_read_options(ropts)
         self._closed = False
         self._tables: list[DiskTable] = []
         self._states: dict[str, int] = {}
         # namespaces bulk-loaded per state (its tables are created when the state registers)
         self.namespaces: dict[str, set[bytes]] = {}
-        self.cache_bytes = int(memory_bytes * CACHE_SHARE)
+        # the Python objects' share, and what the write buffers leave of theirs
+        self.cache_bytes = max(0, int(memory_bytes * (CACHE_SHARE + MEMTABLE_SHARE)) - 2 * _write_buffer(memory_bytes))
         self.entry_bytes = 200.0  # refined from samples at every eviction
         self._fixed = cache_entries
         self.limit = cache_entries or max(MIN_CACHE_ENTRIES, int(self.cache_bytes / self.entry_bytes))
@@ -230,10 +299,7 @@ class WorkingSet:
         r = self._rocksdict
         opts = r.Options(raw_mode=True)
         opts.create_if_missing(True)
-        # at most 16 MB per write buffer: a point read searches the memtables first, and a
-        # smaller one is a shorter search; the rest of their share goes to the block cache
-        write_buffer = min(MAX_WRITE_BUFFER, max(1 << 20, int(memory_bytes * MEMTABLE_SHARE / 2)))
-        opts.set_write_buffer_size(write_buffer)
+        opts.set_write_buffer_size(_write_buffer(memory_bytes))
         opts.set_max_write_buffer_number(2)
         # a Bloom filter per memtable: a read of a key not in it skips the skiplist search
         # (measured: a miss's read 9.0-10.1 us -> 6.5-7.0 us, 10^6 keys at 32 MB)
@@ -247,8 +313,8 @@ class WorkingSet:
         # uniform phase over 2x10^6 keys at 51 MB, medians of 3 interleaved runs, 50.3k vs
         # 43.9k updates/s; 2 KiB: 45.8k)
         table.set_block_size(1024)
-        unused = memory_bytes * MEMTABLE_SHARE - 2 * write_buffer
-        table.set_block_cache(r.Cache(max(1 << 20, int(memory_bytes * BLOCK_CACHE_SHARE + max(0, unused)))))
+        # point reads bypass the block cache (see __init__); iterators' blocks only
+        table.set_block_cache(r.Cache(BLOCK_CACHE_BYTES))
         table.set_bloom_filter(10, False)  # a miss (a new key) reads no data block
         # a point read finds its key in a data block by a hash index instead of a binary search
         # over restart points, and checks the block with XXH3 instead of CRC32c (measured at
@@ -347,35 +413,13 @@ class WorkingSet:
         self.misses += 1
         if raw is not None:
             self._present.add(key)
-            index, prim = self._sid_index, self._primary
-            for sid, entry in _LOADS(raw).items():
-                i = index.get(sid)
-                if i is not None:
-                    prim[i][key] = entry
-                else:  # a state restored but not registered yet: kept with the key
-                    self._extra.setdefault(key, {})[sid] = entry
+            _install(key, _LOADS(raw), self._sid_index, self._primary, self._extra)
         res[key] = info
 
-    def _write_back_resident(self, key: Any, info: tuple[type, bytes, int], batch: Any, drop: bool) -> None:
-        rec: dict[int, Any] = {}
-        sids = self._primary_sids
-        for i, table in enumerate(self._primary):
-            v = table.pop(key, _MISSING) if drop else table.get(key, _MISSING)
-            if v is not _MISSING:
-                rec[sids[i]] = v
-        extra = self._extra.pop(key, None) if drop else self._extra.get(key)
-        if extra:
-            rec.update(extra)
-        present = self._present
-        if rec:
-            batch.put(_key_prefix(info[2], info[1]), _DUMPS(rec, _PROTOCOL))
-            if not drop:
-                present.add(key)
-        elif key in present:
-            batch.delete(_key_prefix(info[2], info[1]))
-            present.discard(key)
-        if drop:
-            present.discard(key)
+    def _write_back_resident(self, keys: list[Any], batch: Any, drop: bool) -> None:
+        """Write ``keys``' records into ``batch`` (see :func:`_write_back_py`)."""
+        _write_back(keys, self.resident, drop, self._primary, self._primary_sids, self._extra,
+                    self._present, batch.put, batch.delete, _DUMPS, _PROTOCOL)
 
     def evict_resident(self) -> None:
         """Write back and drop :data:`EVICT_FRACTION` of the resident keys, the oldest first,
@@ -406,8 +450,7 @@ class WorkingSet:
         if not self._fixed:
             self._sample_resident(victims[:16])
         batch = self._rocksdict.WriteBatch(raw_mode=True)
-        for key in victims:
-            self._write_back_resident(key, res.pop(key), batch, True)
+        self._write_back_resident(victims, batch, True)
         if not batch.is_empty():
             self.written_back += batch.len()
             self._write(batch)
@@ -436,8 +479,7 @@ class WorkingSet:
         self._check_open()
         batch = self._rocksdict.WriteBatch(raw_mode=True)
         res = self.resident
-        for key, info in list(res.items()):
-            self._write_back_resident(key, info, batch, True)
+        self._write_back_resident(list(res), batch, True)
         res.clear()
         self.touched.clear()
         if not batch.is_empty():
@@ -497,8 +539,7 @@ class WorkingSet:
         self._check_open()
         batch = self._rocksdict.WriteBatch(raw_mode=True)
         if table is None:
-            for key, info in self.resident.items():
-                self._write_back_resident(key, info, batch, False)
+            self._write_back_resident(list(self.resident), batch, False)
         for t in [table] if table is not None else self._tables:
             c = t.cache
             for key in list(t.dirty):

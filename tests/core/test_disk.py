@@ -6,6 +6,7 @@ runtime's crash loop run with it too: tests/core/test_property.py and friends.)"
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -26,8 +27,10 @@ from statelog import (
     TtlConfig,
     ValueStateDescriptor,
 )
+from statelog import _ext
 from statelog.errors import ConfigError
-from statelog.keys import key_group_of
+from statelog.keys import encode_key, key_group_of
+from statelog.state import disk
 from statelog.state.disk import DIR_PREFIX, WorkingSetError
 
 
@@ -98,8 +101,19 @@ def open_job(root: Path, store: str, state_dir: Path, **kw: Any) -> statelog.Sta
     return job
 
 
+@pytest.fixture(params=["c", "python"])
+def miss_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The working set's miss path in C (statelog/_ext/workingset.c) and its pure-Python reference."""
+    if request.param == "python":
+        for name in ("_key_prefix", "_install", "_write_back"):
+            monkeypatch.setattr(disk, name, getattr(disk, name + "_py"))
+    elif not _ext.FORCE_PYTHON:
+        assert disk._C is not None, "statelog/_ext/workingset.c is not built (make venv builds it)"
+    return request.param
+
+
 @pytest.mark.parametrize("on_demand", [False, True], ids=["eager", "on-demand"])
-def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, on_demand: bool) -> None:
+def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, on_demand: bool, miss_path: str) -> None:
     views = {}
     for store in ("memory", "disk"):
         clock = Clock()
@@ -121,6 +135,57 @@ def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, 
         assert before == after
     assert views["memory"] == views["disk"]
     assert sum(len(v) for v in views["disk"][0].values()) > 1000
+
+
+@pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
+@pytest.mark.parametrize("seed", range(40))
+def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
+    """install and write_back in C and in Python, on the same random resident keys (entries of
+    registered states, of unregistered ones, none at all; records in the database or not),
+    leave the same dicts, sets and database operations, dropping the keys or not."""
+    rnd = random.Random(seed)
+    sids = [1, 3, 4][: rnd.randrange(0, 4)]
+    keys = [rnd.choice([i, f"k{i}", (i, "t")]) for i in range(rnd.randrange(1, 30))]
+
+    def build() -> tuple[dict, list, dict, set]:
+        r = random.Random(seed + 1000)
+        res = {k: (type(k), encode_key(k), r.randrange(16)) for k in keys}
+        primary: list[dict] = [{} for _ in sids]
+        extra: dict = {}
+        present = set()
+        for k in keys:
+            for t in primary:
+                if r.random() < 0.6:
+                    t[k] = r.choice([r.randrange(9), [1, 2], {"a": r.randrange(5)}])
+            if r.random() < 0.3:
+                extra[k] = {9: r.randrange(5)}
+            if r.random() < 0.5:
+                present.add(k)
+        return res, primary, extra, present
+
+    for drop in (True, False):
+        out = []
+        chosen = [k for k in keys if rnd.random() < 0.7]
+        for impl in (disk._C.write_back, disk._write_back_py):
+            res, primary, extra, present = build()
+            ops: list = []
+            n = impl(chosen, res, drop, primary, list(sids), extra, present,
+                     lambda k, v: ops.append(("put", k, v)), lambda k: ops.append(("delete", k)),
+                     pickle.dumps, pickle.HIGHEST_PROTOCOL)  # fmt: skip
+            out.append((n, ops, res, primary, extra, present))
+        assert out[0] == out[1]
+        assert out[0][0] == len(out[0][1])
+    for _ in range(5):
+        rec = {sid: rnd.randrange(100) for sid in rnd.sample([1, 2, 3, 4, 9], rnd.randrange(0, 5))}
+        index = {sid: i for i, sid in enumerate(sids)}
+        done = []
+        had_extra = rnd.random() < 0.5
+        for impl in (disk._C.install, disk._install_py):
+            primary = [{"other": 1} for _ in sids]
+            extra: dict = {"k": {7: 0}} if had_extra else {}
+            impl("k", dict(rec), index, primary, extra)
+            done.append((primary, extra))
+        assert done[0] == done[1]
 
 
 def test_states_registered_late_keep_their_restored_entries(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -161,6 +162,29 @@ def test_key_groups_identical_across_processes():
         import json
 
         assert [tuple(x) for x in json.loads(out.stdout)] == here
+
+
+def test_the_c_key_group_equals_the_reference():
+    """statelog/_ext/workingset.c's key group (murmur3 fmix32 of zlib's CRC-32) is the
+    reference's on random key bytes and every max parallelism shape."""
+    from statelog import _ext
+    from statelog.keys import key_group_of_bytes, key_group_of_bytes_py
+
+    c = _ext.load("workingset")
+    if c is None:
+        assert _ext.FORCE_PYTHON, "statelog/_ext/workingset.c is not built (make venv builds it)"
+        assert key_group_of_bytes is key_group_of_bytes_py
+        return
+    assert key_group_of_bytes is c.key_group
+    rnd = random.Random(5)
+    for _ in range(20_000):
+        kb = rnd.randbytes(rnd.randrange(0, 300))
+        maxp = rnd.choice([1, 2, 7, 128, 1000, 32768, rnd.randrange(1, 1 << 15)])
+        assert c.key_group(kb, maxp) == key_group_of_bytes_py(kb, maxp)
+    for k in SAMPLE:
+        assert c.key_group(encode_key(k), 4096) == key_group_of_bytes_py(encode_key(k), 4096)
+    with pytest.raises(ValueError, match="max_parallelism must be positive"):
+        c.key_group(b"x", 0)
 
 
 def test_key_groups_are_spread():
