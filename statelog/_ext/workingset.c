@@ -15,6 +15,9 @@
  * install(key, record, index, primary, extra): put a key's record ({state id: entry}) into
  *     the states' dicts: primary[index[sid]][key] = entry, or extra[key][sid] = entry for a
  *     state id that is not registered.
+ * admit(key, info, get, loads, present, index, primary, extra, resident): make a key resident:
+ *     its record get(key_prefix(info[2], info[1])), when there is one, joins `present` and is
+ *     installed from loads(record); resident[key] = info. Returns whether there was one.
  * write_back(keys, resident, drop, primary, sids, extra, present, put, delete, dumps,
  *     protocol): for each key, its entries of every state (primary[i][key] as sids[i], plus
  *     extra[key]) become one record, put(prefix, dumps(record, protocol)); a key with no
@@ -131,6 +134,46 @@ static PyObject *install(PyObject *module, PyObject *const *args, Py_ssize_t nar
         if (PyDict_SetItem(PyList_GET_ITEM(primary, j), key, entry) < 0) return NULL;
     }
     Py_RETURN_NONE;
+}
+
+/* admit(key, info, get, loads, present, index, primary, extra, resident) */
+static PyObject *admit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 3 || !PySet_Check(args[4]) ||
+        !PyDict_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "admit(key, info: (type, bytes, key group), get, loads, present: set, index, primary, "
+                        "extra, resident: dict)");
+        return NULL;
+    }
+    PyObject *key = args[0], *info = args[1];
+    PyObject *prefix = prefix_of(PyTuple_GET_ITEM(info, 2), PyTuple_GET_ITEM(info, 1));
+    if (prefix == NULL) return NULL;
+    PyObject *argv[1] = {prefix};
+    PyObject *raw = PyObject_Vectorcall(args[2], argv, 1, NULL);
+    Py_DECREF(prefix);
+    if (raw == NULL) return NULL;
+    int found = raw != Py_None;
+    if (found) {
+        if (PySet_Add(args[4], key) < 0) { Py_DECREF(raw); return NULL; }
+        argv[0] = raw;
+        PyObject *rec = PyObject_Vectorcall(args[3], argv, 1, NULL);
+        Py_DECREF(raw);
+        if (rec == NULL) return NULL;
+        if (!PyDict_Check(rec)) {
+            Py_DECREF(rec);
+            PyErr_SetString(PyExc_TypeError, "admit: a key's record is not a dict");
+            return NULL;
+        }
+        PyObject *iargs[5] = {key, rec, args[5], args[6], args[7]};
+        PyObject *r = install(module, iargs, 5);
+        Py_DECREF(rec);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(raw);
+    }
+    if (PyDict_SetItem(args[8], key, info) < 0) return NULL;
+    return PyBool_FromLong(found);
 }
 
 /* remove d[key] and return it (new reference), or NULL with no error when absent */
@@ -257,6 +300,8 @@ static PyMethodDef methods[] = {
      "key_prefix(key_group, key_bytes): the database key of a key's record"},
     {"install", (PyCFunction)(void (*)(void))install, METH_FASTCALL,
      "install(key, record, index, primary, extra): a key's record into the states' dicts"},
+    {"admit", (PyCFunction)(void (*)(void))admit, METH_FASTCALL,
+     "admit(key, info, get, loads, present, index, primary, extra, resident): read a key's record into the dicts"},
     {"write_back", (PyCFunction)(void (*)(void))write_back, METH_FASTCALL,
      "write_back(keys, resident, drop, primary, sids, extra, present, put, delete, dumps, protocol)"},
     {NULL, NULL, 0, NULL},

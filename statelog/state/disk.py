@@ -44,6 +44,12 @@ Two caches sit over the database, both keyed by the key object as the in-memory 
   cache is written back in one batch and dropped. A read that misses the cache reads the
   database and caches the entry. Entries of list and map states and of states with TTL are
   mutated in place by the states: a read of one marks it dirty too.
+
+These two are the only caches of entries: RocksDB's point reads bypass its block cache (a
+key read from the database was not among the hot keys, so its block is not worth keeping).
+The work of a miss around RocksDB's (key group, database key, moving a record between the
+database and the dicts) runs in C, statelog/_ext/workingset.c, when it is built; the
+``_py`` functions here are its reference and fallback.
 """
 
 from __future__ import annotations
@@ -171,6 +177,20 @@ def _install_py(key: Any, rec: dict[int, Any], index: dict[int, int], primary: l
             extra.setdefault(key, {})[sid] = entry
 
 
+def _admit_py(
+    key: Any, info: tuple[type, bytes, int], get: Any, loads: Any, present: set[Any], index: dict[int, int],
+    primary: list[dict[Any, Any]], extra: dict[Any, dict[int, Any]], res: dict[Any, tuple[type, bytes, int]],
+) -> bool:
+    """Make ``key`` resident: its record, read by ``get``, into the states' dicts (when it has
+    one: then it is ``present``). Returns whether it had one."""
+    raw = get(_key_prefix(info[2], info[1]))
+    if raw is not None:
+        present.add(key)
+        _install(key, loads(raw), index, primary, extra)
+    res[key] = info
+    return raw is not None
+
+
 def _write_back_py(
     keys: list[Any], res: dict[Any, tuple[type, bytes, int]], drop: bool, primary: list[dict[Any, Any]],
     sids: list[int], extra: dict[Any, dict[int, Any]], present: set[Any], put: Any, delete: Any,
@@ -210,6 +230,7 @@ def _write_back_py(
 _C = _ext.load("workingset")
 _key_prefix = _C.key_prefix if _C is not None else _key_prefix_py
 _install = _C.install if _C is not None else _install_py
+_admit = _C.admit if _C is not None else _admit_py
 _write_back = _C.write_back if _C is not None else _write_back_py
 
 
@@ -407,14 +428,10 @@ class WorkingSet:
             self._sample_resident(list(itertools.islice(res, 64)), probe=True)
         self._check_open()
         try:
-            raw = self._db.get(_key_prefix(info[2], info[1]))
-        except Exception as e:  # noqa: BLE001 - RocksDB's errors are plain exceptions
+            _admit(key, info, self._db.get, _LOADS, self._present, self._sid_index, self._primary, self._extra, res)
+        except Exception as e:  # noqa: BLE001 - RocksDB's errors (and an unreadable record) are plain exceptions
             raise self._failed(e) from None
         self.misses += 1
-        if raw is not None:
-            self._present.add(key)
-            _install(key, _LOADS(raw), self._sid_index, self._primary, self._extra)
-        res[key] = info
 
     def _write_back_resident(self, keys: list[Any], batch: Any, drop: bool) -> None:
         """Write ``keys``' records into ``batch`` (see :func:`_write_back_py`)."""

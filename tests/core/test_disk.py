@@ -105,7 +105,7 @@ def open_job(root: Path, store: str, state_dir: Path, **kw: Any) -> statelog.Sta
 def miss_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The working set's miss path in C (statelog/_ext/workingset.c) and its pure-Python reference."""
     if request.param == "python":
-        for name in ("_key_prefix", "_install", "_write_back"):
+        for name in ("_key_prefix", "_install", "_admit", "_write_back"):
             monkeypatch.setattr(disk, name, getattr(disk, name + "_py"))
     elif not _ext.FORCE_PYTHON:
         assert disk._C is not None, "statelog/_ext/workingset.c is not built (make venv builds it)"
@@ -140,7 +140,7 @@ def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, 
 @pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
 @pytest.mark.parametrize("seed", range(40))
 def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
-    """install and write_back in C and in Python, on the same random resident keys (entries of
+    """install, admit and write_back in C and in Python, on the same random resident keys (entries of
     registered states, of unregistered ones, none at all; records in the database or not),
     leave the same dicts, sets and database operations, dropping the keys or not."""
     rnd = random.Random(seed)
@@ -186,6 +186,19 @@ def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
             impl("k", dict(rec), index, primary, extra)
             done.append((primary, extra))
         assert done[0] == done[1]
+    db = {disk._key_prefix_py(kg, encode_key(k)): pickle.dumps({sid: k for sid in [*sids, 9]}) for k, kg in [(1, 3), ("x", 5)]}
+    for key, kg in [(1, 3), ("x", 5), (2, 3)]:  # two with a record, one without
+        info = (type(key), encode_key(key), kg)
+        done = []
+        for impl in (disk._C.admit, disk._admit_py):
+            present: set = set()
+            primary = [{} for _ in sids]
+            extra: dict = {}
+            res: dict = {}
+            found = impl(key, info, db.get, pickle.loads, present, {sid: i for i, sid in enumerate(sids)}, primary, extra, res)
+            done.append((found, present, primary, extra, res))
+        assert done[0] == done[1]
+        assert done[0][0] is (key != 2) and done[0][4] == {key: info}
 
 
 def test_states_registered_late_keep_their_restored_entries(tmp_path: Path) -> None:
