@@ -275,8 +275,10 @@ class WorkingSet:
         self._db.set_write_options(self._wopts)
         # a point read does not put its data block in RocksDB's block cache: the resident keys
         # are the cache of hot keys, and a block cache of the blocks that missed them only
-        # costs (an insert and an eviction per read; measured at 2x10^6 keys and 51 MB, 4
-        # interleaved runs: uniform 62.6k vs 53.6k updates/s, its budget given to the resident keys)
+        # costs (an insert and an eviction per read). Measured at 2x10^6 keys and 51 MB, 4
+        # interleaved runs: uniform 53.6k updates/s with the block cache, 62.6k without
+        # filling it, 59.7k with its budget given to the resident keys as here (Zipf 152k,
+        # 157k, 161k); docs/performance.md
         ropts = rocksdict.ReadOptions()
         ropts.fill_cache(False)
         self._db.set_read_options(ropts)
