@@ -227,6 +227,10 @@ def _p99(xs: list[float]) -> float:
     return round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 1) if xs else 0.0
 
 
+def _slowest(xs: list[float], n: int = 5) -> list[float]:
+    return [round(x, 1) for x in sorted(xs, reverse=True)[:n]]
+
+
 def run(quick: bool = False, root: str | None = None, progress: bool = True) -> dict[str, Any]:
     keys = 200_000 if quick else 20_000_000
     mem_keys = keys // 10
@@ -266,6 +270,9 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
             peak_rss_mib=disk["peak_rss_mib"], peak_rss_mib_memory_store=max(mem1["peak_rss_mib"], mem2["peak_rss_mib"]),
             checkpoint_p99_ms=_p99(disk["checkpoint_ms"]), checkpoint_p99_ms_memory=_p99(
                 mem1["checkpoint_ms"] + mem2["checkpoint_ms"]),
+            # the five slowest, so that a p99 moved by a few outliers shows them
+            checkpoint_slowest_ms=_slowest(disk["checkpoint_ms"]),
+            checkpoint_slowest_ms_memory=_slowest(mem1["checkpoint_ms"] + mem2["checkpoint_ms"]),
             checkpoints=len(disk["checkpoint_ms"]), load_keys_per_s_disk=disk["load_keys_per_s"],
             restore_s=restored["restore_s"], restore_first_record_s=restored["first_record_s"],
             restore_peak_rss_mib=restored["peak_rss_mib"],
