@@ -26,8 +26,8 @@ from statelog import (
     ReducingStateDescriptor,
     TtlConfig,
     ValueStateDescriptor,
+    _ext,
 )
-from statelog import _ext
 from statelog.errors import ConfigError
 from statelog.keys import encode_key, key_group_of
 from statelog.state import disk
@@ -170,7 +170,7 @@ def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
             res, primary, extra, present = build()
             ops: list = []
             n = impl(chosen, res, drop, primary, list(sids), extra, present,
-                     lambda k, v: ops.append(("put", k, v)), lambda k: ops.append(("delete", k)),
+                     lambda k, v, ops=ops: ops.append(("put", k, v)), lambda k, ops=ops: ops.append(("delete", k)),
                      pickle.dumps, pickle.HIGHEST_PROTOCOL)  # fmt: skip
             out.append((n, ops, res, primary, extra, present))
         assert out[0] == out[1]
