@@ -88,6 +88,11 @@ def build(
         last = job.latest_checkpoint()
         counters = [job.backend("counter", subtask=i, parallelism=2, restore=last) for i in range(2)]
         sessions = job.backend("sessions", restore=last)
+        # restores are on demand: a backend adopts no materialization while key groups are
+        # still loading (it needs the restored handles), so the checkpoints whose references
+        # these tests check would depend on the background loader's pace
+        for b in (*counters, sessions):
+            b.wait_loaded()
         for round_ in range(first_round, first_round + rounds):
             for key in touched(round_):
                 c = counters[statelog.subtask_for_key_group(MAXP, 2, statelog.key_group_of(key, MAXP))]
