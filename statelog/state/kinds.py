@@ -13,10 +13,10 @@ individually); expired entries are invisible and are dropped lazily.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from statelog import _ext
 from statelog.changelog.ops import Op
 from statelog.descriptors import (
     AggregatingStateDescriptor,
@@ -47,7 +47,7 @@ _MAP_PUT, _MAP_REMOVE = Op.MAP_PUT.value, Op.MAP_REMOVE.value
 
 # The C version of the value-state update (statelog/_ext/fastpath.c), when it was built;
 # STATELOG_PURE_PYTHON=1 forces the pure-Python closures (the reference implementation).
-_FORCE_PYTHON = os.environ.get("STATELOG_PURE_PYTHON", "") not in ("", "0")
+_FORCE_PYTHON = _ext.FORCE_PYTHON
 try:
     from statelog._ext import fastpath as _fastpath
 except ImportError:  # not built (e.g. no compiler): the closures below are used
