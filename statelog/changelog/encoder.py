@@ -14,10 +14,18 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.changelog.format import COMPRESS_MIN_ROWS, META_STATE, Codec, block_schema
+from statelog.changelog.format import (
+    COMPRESS_MIN_ROWS,
+    META_STATE,
+    SPLIT_BLOCK_ROWS,
+    SPLIT_MIN_ROWS,
+    Codec,
+    block_schema,
+)
 from statelog.changelog.records import (
     C_KEY,
     C_KG,
@@ -145,6 +153,57 @@ class EncodedBatch:
     last_seq: int
     kg_min: int
     kg_max: int
+
+
+def split_by_key_group(batches: list[EncodedBatch]) -> list[list[EncodedBatch]]:
+    """The batches of one stream's records in a segment, as the contents of its blocks.
+
+    From :data:`~statelog.changelog.format.SPLIT_MIN_ROWS` rows on, the records are split
+    into blocks of about :data:`~statelog.changelog.format.SPLIT_BLOCK_ROWS` rows, each
+    holding every record of a range of key groups (the ranges are disjoint and ascending; a
+    key group is never split), the records of each block in sequence order: a reader of one
+    key group decodes one block of the segment instead of all its records (segment version
+    2, ``docs/format.md`` 4.2). Fewer rows, or one key group: one block, as given.
+    """
+    rows = sum(b.batch.num_rows for b in batches)
+    if rows < SPLIT_MIN_ROWS or min(b.kg_min for b in batches) == max(b.kg_max for b in batches):
+        return [batches]
+    table = pa.Table.from_batches([b.batch for b in batches])
+    kg = table.column(1).to_numpy()  # uint16
+    counts = np.bincount(kg)
+    # greedily, in key-group order: a block ends once it holds the rows per block, and a key
+    # group with that many rows alone is a block of its own
+    target = rows / -(-rows // SPLIT_BLOCK_ROWS)
+    starts: list[int] = []  # the first key group of each block but the first
+    acc = 0
+    for g in np.flatnonzero(counts).tolist():
+        c = int(counts[g])
+        if acc and (acc >= target or c >= target):
+            starts.append(g)
+            acc = 0
+        acc += c
+    if not starts:
+        return [batches]
+    lut = np.zeros(len(counts), np.uint16)  # key group -> block
+    for i, g in enumerate(starts):
+        lut[g:] = i + 1
+    block = lut[kg]
+    # stable (a radix sort for 16-bit values): each block's rows stay in sequence order
+    order = np.argsort(block, kind="stable")
+    sorted_table = table.take(pa.array(order))
+    seq = sorted_table.column(0).to_numpy()
+    sizes = np.bincount(block, minlength=len(starts) + 1)
+    out: list[list[EncodedBatch]] = []
+    start = 0
+    for size in sizes.tolist():
+        if not size:
+            continue
+        end = start + size
+        part = sorted_table.slice(start, size).combine_chunks().to_batches()[0]
+        kgs = kg[order[start:end]]
+        out.append([EncodedBatch(part, int(seq[start]), int(seq[end - 1]), int(kgs.min()), int(kgs.max()))])
+        start = end
+    return out
 
 
 _IOTA: list[pa.Array] = [pa.array(range(1 << 16), pa.int64())]

@@ -1,10 +1,11 @@
-"""Changelog segment format, version 1 (specified in ``docs/format.md``).
+"""Changelog segment format, versions 1 and 2 (specified in ``docs/format.md``).
 
 A segment object holds the changes of every stream one writer flushed at once (a stream
 is one state of one subtask attempt)::
 
     header   8s magic b"STLGSEG1" | u16 version | u16 flags(0)            12 bytes
-    blocks   Arrow IPC stream (record batches; zstd body compression from 512 rows), one per stream
+    blocks   Arrow IPC stream (record batches; zstd body compression from 512 rows), one per
+             stream, or (version 2) several per stream, each of a key-group range
     footer   zstd(JSON index of the blocks and streams)
     trailer  u64 footer offset | u32 footer length | u32 CRC-32 of footer | 8s b"STLGEND1"
 
@@ -34,7 +35,13 @@ from statelog.types import PICKLE, ValueType, arrow_type
 
 SEGMENT_MAGIC = b"STLGSEG1"
 TRAILER_MAGIC = b"STLGEND1"
-SEGMENT_VERSION = 1
+# Version 2 differs from 1 only in that a stream's records may be split into several blocks,
+# each holding the records of a range of key groups (so that a reader of one key group decodes
+# only its block); a segment whose streams have one block each is written as version 1.
+SEGMENT_VERSION = 2
+READ_VERSIONS = (1, 2)
+SPLIT_MIN_ROWS = 8192  # a stream's records in a segment from this many rows on are split ...
+SPLIT_BLOCK_ROWS = 4096  # ... into blocks of about this many rows, at key-group boundaries
 _HEADER = struct.Struct(">8sHH")
 _TRAILER = struct.Struct(">QII8s")
 HEADER_SIZE = _HEADER.size
@@ -154,14 +161,14 @@ def decode_block(data: bytes, info: BlockInfo, object_key: str) -> pa.Table:
     return table
 
 
-def encode_header() -> bytes:
-    return _HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0)
+def encode_header(version: int = SEGMENT_VERSION) -> bytes:
+    return _HEADER.pack(SEGMENT_MAGIC, version, 0)
 
 
-def encode_footer_and_trailer(footer: SegmentFooter, footer_offset: int) -> bytes:
+def encode_footer_and_trailer(footer: SegmentFooter, footer_offset: int, version: int = SEGMENT_VERSION) -> bytes:
     body = {
         "format": "statelog.changelog-segment",
-        "version": SEGMENT_VERSION,
+        "version": version,
         "writer": footer.writer,
         "segment": footer.segment,
         "created_ms": footer.created_ms,
@@ -180,10 +187,10 @@ def check_header(data: bytes, object_key: str) -> None:
     magic, version, flags = _HEADER.unpack_from(data, 0)
     if magic != SEGMENT_MAGIC:
         raise CorruptionError(f"changelog segment {object_key}: bad magic {magic!r}", key=object_key)
-    if version != SEGMENT_VERSION:
+    if version not in READ_VERSIONS:
         raise FormatVersionError(
             f"changelog segment {object_key}: format version {version}, this build reads "
-            f"version {SEGMENT_VERSION}; upgrade statelog",
+            f"versions {', '.join(map(str, READ_VERSIONS))}; upgrade statelog",
             key=object_key,
         )
     if flags != 0:
@@ -223,10 +230,10 @@ def decode_footer(data: bytes, crc: int, object_key: str) -> SegmentFooter:
             raise ValueError("the footer is not a JSON object")
         if body.get("format") != "statelog.changelog-segment":
             raise ValueError("not a changelog segment footer")
-        if body.get("version") != SEGMENT_VERSION:
+        if body.get("version") not in READ_VERSIONS:
             raise FormatVersionError(
                 f"changelog segment {object_key}: footer version {body.get('version')}, this build "
-                f"reads version {SEGMENT_VERSION}; upgrade statelog",
+                f"reads versions {', '.join(map(str, READ_VERSIONS))}; upgrade statelog",
                 key=object_key,
             )
         return SegmentFooter(

@@ -2,7 +2,8 @@
 
 :func:`encode_segment` is the writer's half of the segment format (``docs/format.md``
 section 4); :class:`~statelog.changelog.reader.SegmentReader` is the reader's half and
-decodes what it writes: header, one block per stream, footer, trailer.
+decodes what it writes: header, blocks (one per stream, or several per stream by key-group
+range when it has many records: segment version 2), footer, trailer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog.changelog import format as fmt
-from statelog.changelog.encoder import BlockEncoder, EncodedBatch
+from statelog.changelog.encoder import BlockEncoder, EncodedBatch, split_by_key_group
 
 
 @dataclass(frozen=True)
@@ -58,29 +59,36 @@ def encode_segment(
 ) -> tuple[bytes, fmt.SegmentFooter]:
     """The bytes of segment ``segment`` of ``writer``, holding ``chunks`` in order.
 
-    Returns ``(data, footer)``; ``footer.streams[i]`` is the span of ``chunks[i]``.
+    Returns ``(data, footer)``; ``footer.streams[i]`` is the span of ``chunks[i]``. A stream
+    with many records gets a block per key-group range (:func:`split_by_key_group`): then the
+    segment is version 2, else version 1 (readable by builds that read version 1 only).
     """
-    parts = [fmt.encode_header()]
+    parts = [b""]  # the header, once the version is known
     offset = fmt.HEADER_SIZE
     blocks: list[fmt.BlockInfo] = []
     spans: list[fmt.StreamSpan] = []
+    version = 1
     for c in chunks:
         size = 0
-        batches = c.batches
-        if batches:
-            data, raw_len, crc = encoder.write_block(list(batches))
-            parts.append(data)
-            blocks.append(
-                fmt.BlockInfo(
-                    c.stream, c.state, offset, len(data), crc, raw_len,
-                    sum(b.batch.num_rows for b in batches), batches[0].first_seq,
-                    batches[-1].last_seq, min(b.kg_min for b in batches),
-                    max(b.kg_max for b in batches),
+        if c.batches:
+            split = split_by_key_group(list(c.batches))
+            if len(split) > 1:
+                version = 2
+            for batches in split:
+                data, raw_len, crc = encoder.write_block(batches)
+                parts.append(data)
+                blocks.append(
+                    fmt.BlockInfo(
+                        c.stream, c.state, offset, len(data), crc, raw_len,
+                        sum(b.batch.num_rows for b in batches), min(b.first_seq for b in batches),
+                        max(b.last_seq for b in batches), min(b.kg_min for b in batches),
+                        max(b.kg_max for b in batches),
+                    )
                 )
-            )
-            offset += len(data)
-            size = len(data)
+                offset += len(data)
+                size += len(data)
         spans.append(fmt.StreamSpan(c.stream, c.start, c.end, size))
     footer = fmt.SegmentFooter(writer, segment, created_ms, tuple(blocks), tuple(spans))
-    parts.append(fmt.encode_footer_and_trailer(footer, offset))
+    parts[0] = fmt.encode_header(version)
+    parts.append(fmt.encode_footer_and_trailer(footer, offset, version))
     return b"".join(parts), footer

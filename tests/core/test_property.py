@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import statelog
 from statelog import StateJob
+from statelog.changelog import encoder
 from tests.core.harness import Clock, Driver, Model
 
 # keys equal in Python are one key (issue 11 point 0): the model is a dict, so Python
@@ -80,14 +81,15 @@ def open_job(root: str, options: dict, writer_options: dict | None = None, on_de
     return job
 
 
-def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mode: str = "eager") -> int:
+def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mode: str = "eager",
+                 persist_delay: float = 0.002) -> int:
     """Run ``ops``; on each crash restore a random retained checkpoint and compare. Returns #restores.
 
     Eager restores are compared at once; on-demand ones first process the next operations
     (loading the key groups they touch) and are compared at the next crash or at the end,
     so checkpoints are taken while key groups are still unloaded."""
     clock = Clock()
-    writer_options = {"coalesce": coalesce, "persist_delay": 0.002}
+    writer_options = {"coalesce": coalesce, "persist_delay": persist_delay}
     job = open_job(root, options, writer_options, mode)
     model = Model()
     snapshots: dict[int, Model] = {}
@@ -160,6 +162,20 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mod
 def test_restore_equals_model_file(tmp_path_factory, ops, coalesce, mode):
     root = tmp_path_factory.mktemp("prop").as_uri()
     run_scenario(root, {}, ops, coalesce, mode)
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=60, max_size=160), coalesce=st.booleans())  # segments of several keys
+@pytest.mark.parametrize("mode", ["eager", "touched", "disk-touched"])
+def test_restore_equals_model_with_streams_split_by_key_group(tmp_path_factory, monkeypatch, ops, coalesce, mode):
+    """Segment version 2 everywhere: a stream with two records or more in a segment is split
+    into a block per key group (format.md 4.2), which restores and touches read; segments
+    flushed only at checkpoints and crashes, so that they hold records of several keys."""
+    monkeypatch.setattr(encoder, "SPLIT_MIN_ROWS", 2)
+    monkeypatch.setattr(encoder, "SPLIT_BLOCK_ROWS", 1)
+    root = tmp_path_factory.mktemp("prop").as_uri()
+    run_scenario(root, {}, ops, coalesce, mode, persist_delay=60.0)
 
 
 @pytest.mark.slow

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import random
+import struct
 
 import pyarrow as pa
+import pytest
 
+from statelog.changelog import format as fmt
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
+from statelog.errors import FormatVersionError
 from statelog.keys import KeyGroupRange
 from statelog.store import open_store
 from statelog.types import PICKLE
@@ -59,6 +64,97 @@ def test_encode_segment_is_decoded_by_the_reader(tmp_path) -> None:
     objs = [r[6] for b in reader.read_range("op.0.a/obj", 3, 6, KeyGroupRange(0, 127), [ref]) for r in b.rows()]
     assert objs == [{"v": 0}, {"v": 1}, {"v": 2}]
 
+
+def _records(n: int, kgs: list[int], seq0: int) -> tuple[list[int], list[list]]:
+    """``n`` put records of keys ``k<i>`` in key groups ``kgs`` (cycled), seqs with gaps (as
+    coalescing leaves them)."""
+    seqs = [seq0 + 2 * i for i in range(n)]
+    cols = [[f"k{i % 3000}".encode() for i in range(n)], [kgs[i % len(kgs)] for i in range(n)], [b"\x00"] * n,
+            [Op.PUT.value] * n, seqs]
+    return seqs, cols
+
+
+@pytest.mark.parametrize("shape", ["uniform", "skewed"])
+def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, monkeypatch, shape) -> None:
+    """Segment version 2: a stream with many records is split into blocks of disjoint,
+    ascending key-group ranges (a key group is never split), each in sequence order; a reader
+    of one key group decodes one block; every record reads back, each key's in order."""
+    rng = random.Random(7)
+    if shape == "uniform":
+        kgs = [rng.randrange(128) for _ in range(997)]
+    else:  # one key group holds most records: it is one block of its own, larger than the rest
+        kgs = [40] * 900 + [rng.randrange(128) for _ in range(97)]
+    enc = BlockEncoder()
+    seqs_a, cols_a = _records(12_000, kgs, 0)
+    seqs_b, cols_b = _records(9_000, kgs[::-1], 24_000)
+    big = [enc.encode_batch("count", pa.int64(), None, False, seqs_a, cols_a),
+           enc.encode_batch("count", pa.int64(), None, False, seqs_b, cols_b)]
+    chunks = [StreamChunk("op.0.a/count", "count", 0, 42_000, big),
+              StreamChunk("op.0.a/small", "small", 0, 10, [_batch(enc, "small", 0, 10)])]
+    data, footer = encode_segment("w1", 1, 1234, chunks, enc)
+    name = "changelog/w1/0000000001.seg"
+    store = open_store(tmp_path.as_uri())
+    store.put(name, data)
+    assert struct.unpack_from(">H", data, 8)[0] == 2
+
+    reader = SegmentReader(store)
+    assert reader.verify_segment(name, len(data)) == footer
+    blocks = [b for b in footer.blocks if b.stream == "op.0.a/count"]
+    assert [b.stream for b in footer.blocks[len(blocks):]] == ["op.0.a/small"]
+    if shape == "uniform":
+        assert len(blocks) >= 21_000 // fmt.SPLIT_BLOCK_ROWS
+    else:  # the key groups before the hot one, the hot one alone, the rest
+        assert [(b.kg_min <= 39, b.kg_min == b.kg_max == 40, b.kg_min >= 41) for b in blocks] == [
+            (True, False, False), (False, True, False), (False, False, True)]
+    assert footer.streams[0].bytes == sum(b.length for b in blocks)
+    assert all(a.kg_max < b.kg_min for a, b in zip(blocks, blocks[1:], strict=False))
+    assert sum(b.rows for b in blocks) == 21_000
+    want = list(zip(seqs_a + seqs_b, cols_a[1] + cols_b[1], cols_a[0] + cols_b[0], strict=True))
+    for b in blocks:
+        t = reader.block(name, b)
+        seq, kg = t.column("seq").to_pylist(), t.column("key_group").to_pylist()
+        assert seq == sorted(seq) and (seq[0], seq[-1]) == (b.first_seq, b.last_seq)
+        assert (min(kg), max(kg)) == (b.kg_min, b.kg_max) and t.num_rows == b.rows
+        if shape == "uniform":
+            assert b.rows <= 2 * fmt.SPLIT_BLOCK_ROWS
+    ref = SegmentRef(name, len(data), 0, 42_000, footer.streams[0].bytes)
+    got = [(r[0], r[1], r[3]) for b in reader.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(0, 127), [ref])
+           for r in b.rows()]
+    assert sorted(got) == sorted(want)
+
+    decoded: list[fmt.BlockInfo] = []
+    block = reader.block
+    monkeypatch.setattr(reader, "block", lambda n, info: decoded.append(info) or block(n, info))
+    present = sorted(set(kgs))
+    for kg in (present[0], 40, present[len(present) // 2], present[-1]):
+        decoded.clear()
+        rows = [(r[0], r[1], r[3]) for b in reader.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(kg, kg), [ref])
+                for r in b.rows()]
+        assert rows == [w for w in want if w[1] == kg]  # in sequence order
+        assert len(decoded) == 1 and decoded[0].kg_min <= kg <= decoded[0].kg_max
+
+
+def test_a_segment_with_one_block_per_stream_stays_version_1_and_other_versions_are_refused(tmp_path) -> None:
+    """Below SPLIT_MIN_ROWS rows, or with one key group only, a stream is one block and the
+    segment is version 1 (builds that read version 1 only read it); version 3 is refused."""
+    enc = BlockEncoder()
+    seqs, cols = _records(fmt.SPLIT_MIN_ROWS - 1, list(range(128)), 0)
+    one_kg_seqs, one_kg = _records(3 * fmt.SPLIT_MIN_ROWS, [5], 0)
+    for s, c in ((seqs, cols), (one_kg_seqs, one_kg)):
+        chunk = StreamChunk("op.0.a/c", "c", 0, s[-1] + 1, [enc.encode_batch("c", pa.int64(), None, False, s, c)])
+        data, footer = encode_segment("w1", 2, 1234, [chunk], enc)
+        assert struct.unpack_from(">H", data, 8)[0] == 1 and len(footer.blocks) == 1
+    seqs, cols = _records(fmt.SPLIT_MIN_ROWS, [0, 1], 0)  # from SPLIT_MIN_ROWS rows and 2 key groups on: split
+    chunk = StreamChunk("op.0.a/c", "c", 0, seqs[-1] + 1, [enc.encode_batch("c", pa.int64(), None, False, seqs, cols)])
+    data, footer = encode_segment("w1", 2, 1234, [chunk], enc)
+    assert struct.unpack_from(">H", data, 8)[0] == 2 and [(b.kg_min, b.kg_max) for b in footer.blocks] == [(0, 0), (1, 1)]
+
+    store = open_store(tmp_path.as_uri())
+    small, _ = encode_segment("w1", 3, 1234, [StreamChunk("op.0.a/c", "c", 0, 10, [_batch(enc, "c", 0, 10)])], enc)
+    bad = small[:8] + struct.pack(">H", 3) + small[10:]
+    store.put("changelog/w1/0000000003.seg", bad)
+    with pytest.raises(FormatVersionError, match="format version 3, this build reads versions 1, 2"):
+        SegmentReader(store).verify_segment("changelog/w1/0000000003.seg", len(bad))
 
 
 def _golden_chunks(enc: BlockEncoder) -> list[StreamChunk]:
