@@ -18,8 +18,9 @@ from __future__ import annotations
 import bisect
 import io
 import pickle
+import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,24 +67,47 @@ class TableFile:
     rows: int
     bytes: int
     crc32: int
+    # ``(bytes, CRC-32)`` of the file's last bytes (the Parquet footer, its length and magic)
+    # and the CRC-32 of each row group's bytes: a reader may fetch the footer and some row
+    # groups only, each verified (docs/format.md section 9); None in files written before
+    footer: tuple[int, int] | None = None
+    row_group_crc32: tuple[int, ...] | None = None
+
+    @staticmethod
+    def of(path: str, key_groups: KeyGroupRange, rows: int, data: bytes) -> TableFile:
+        """The manifest entry of table file ``data`` (checksums of the whole and of its parts)."""
+        md = pq.ParquetFile(pa.BufferReader(data)).metadata
+        tail = int.from_bytes(data[-8:-4], "little") + 8
+        return TableFile(
+            path, key_groups, rows, len(data), zlib.crc32(data), (tail, zlib.crc32(data[-tail:])),
+            tuple(zlib.crc32(data[a:b]) for a, b in (row_group_span(md, i) for i in range(md.num_row_groups))),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "path": self.path,
             "key_groups": self.key_groups.to_json(),
             "rows": self.rows,
             "bytes": self.bytes,
             "crc32": self.crc32,
         }
+        if self.footer is not None and self.row_group_crc32 is not None:
+            out["footer"] = list(self.footer)
+            out["row_group_crc32"] = list(self.row_group_crc32)
+        return out
 
     @staticmethod
     def from_json(obj: Any) -> TableFile:
+        footer = obj.get("footer")
+        crcs = obj.get("row_group_crc32")
         return TableFile(
             path=str(obj["path"]),
             key_groups=KeyGroupRange.from_json(obj["key_groups"]),
             rows=int(obj["rows"]),
             bytes=int(obj["bytes"]),
             crc32=int(obj["crc32"]),
+            footer=None if footer is None else (int(footer[0]), int(footer[1])),
+            row_group_crc32=None if crcs is None else tuple(int(c) for c in crcs),
         )
 
 
@@ -532,8 +556,137 @@ def fetch_table_file(store: ObjectStore, f: TableFile) -> bytes:
     return data
 
 
+def row_group_span(md: pq.FileMetaData, i: int) -> tuple[int, int]:
+    """``[start, end)`` of row group ``i``'s bytes in its file (its column chunks, pages and
+    dictionary pages included), from the file's metadata."""
+    rg = md.row_group(i)
+    start, end = None, 0
+    for c in range(rg.num_columns):
+        cc = rg.column(c)
+        first = cc.dictionary_page_offset if cc.has_dictionary_page else cc.data_page_offset
+        start = first if start is None else min(start, first)
+        end = max(end, first + cc.total_compressed_size)
+    return start or 0, end
+
+
+RANGED_MIN_BYTES = 1 << 20  # a table file of this size or more may be read in ranges
+FOOTER_READ_BYTES = 64 << 10  # the bytes Arrow reads first from a Parquet file's end
+
+
+class RangedTableFile:
+    """A table file read in verified parts: its footer first (the manifest's ``footer``
+    checksum), then the row groups a reader needs (each against its CRC-32 in the manifest),
+    by ranged reads; an on-demand restore touching one key group of a large file fetches that
+    key group's row groups instead of the whole file. Thread-safe; pass it where a table
+    file's verified bytes go (:func:`decode_table_file`, :func:`decode_key_range`,
+    :func:`key_slices`)."""
+
+    def __init__(self, store: ObjectStore, f: TableFile, on_fetch: Callable[[int], None] | None = None) -> None:
+        """``on_fetch`` is called with the bytes of each read."""
+        assert f.footer is not None and f.row_group_crc32 is not None
+        self.store, self.f, self._on_fetch = store, f, on_fetch
+        self._lock = threading.Lock()
+        tail_bytes, crc = f.footer
+        n = min(f.bytes, max(FOOTER_READ_BYTES, tail_bytes))
+        tail = self._get(f.bytes - n, n)
+        if tail_bytes > n or zlib.crc32(tail[n - tail_bytes:]) != crc:
+            raise CorruptionError(f"state table {f.path}: its footer does not match the manifest's checksum; "
+                                  "the file is corrupt", key=f.path)  # fmt: skip
+        self._parts: list[tuple[int, bytes]] = [(f.bytes - n, tail)]
+        self._verified: set[int] = set()
+        self.pf = pq.ParquetFile(pa.PythonFile(_Parts(self), mode="r"), page_checksum_verification=True)
+        if self.pf.metadata.num_row_groups != len(f.row_group_crc32):
+            raise CorruptionError(f"state table {f.path}: {self.pf.metadata.num_row_groups} row groups, the "
+                                  f"manifest lists {len(f.row_group_crc32)}; the file is corrupt", key=f.path)  # fmt: skip
+
+    def _get(self, offset: int, length: int) -> bytes:
+        try:
+            data = self.store.get_range(self.f.path, offset, length)
+        except ObjectNotFoundError:
+            raise CorruptionError(
+                f"state table {self.f.path} is missing from {self.store.url}; the materialization that lists it "
+                "cannot be restored (restore an older checkpoint or a savepoint)",
+                key=self.f.path,
+            ) from None
+        if len(data) != length:
+            raise CorruptionError(f"state table {self.f.path}: shorter than the manifest's {self.f.bytes} bytes",
+                                  key=self.f.path)  # fmt: skip
+        if self._on_fetch is not None:
+            self._on_fetch(length)
+        return data
+
+    def need(self, groups: Iterable[int]) -> None:
+        """Fetch and verify row groups ``groups`` unless held (adjacent ones in one read)."""
+        md = self.pf.metadata
+        with self._lock:
+            todo = sorted(set(groups) - self._verified)
+            runs: list[list[int]] = []
+            for i in todo:
+                if runs and runs[-1][-1] == i - 1:
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            for run in runs:
+                spans = [row_group_span(md, i) for i in run]
+                start, end = spans[0][0], spans[-1][1]
+                data = self._get(start, end - start)
+                for i, (a, b) in zip(run, spans, strict=True):
+                    if zlib.crc32(data[a - start : b - start]) != self.f.row_group_crc32[i]:
+                        raise CorruptionError(f"state table {self.f.path}: row group {i} does not match the "
+                                              "manifest's checksum; the file is corrupt", key=self.f.path)  # fmt: skip
+                self._parts.append((start, data))
+                self._verified.update(run)
+
+    def read(self, offset: int, n: int) -> bytes:
+        for start, data in self._parts:
+            if start <= offset and offset + n <= start + len(data):
+                return data[offset - start : offset - start + n]
+        raise RuntimeError(f"state table {self.f.path}: bytes {offset}+{n} read before they were fetched")
+
+
+class _Parts:
+    """The Python file Arrow reads a :class:`RangedTableFile` through (fetched parts only)."""
+
+    closed = False
+
+    def __init__(self, owner: RangedTableFile) -> None:
+        self._owner, self._pos = owner, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def size(self) -> int:
+        return self._owner.f.bytes
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos if whence == 0 else self._pos + pos if whence == 1 else self._owner.f.bytes + pos
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = self._owner.f.bytes - self._pos
+        data = self._owner.read(self._pos, n)
+        self._pos += n
+        return data
+
+
+def _need(data: bytes | RangedTableFile, groups: Iterable[int]) -> None:
+    if isinstance(data, RangedTableFile):
+        data.need(groups)
+
+
 def decode_table_file(
-    data: bytes, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None, only: list[int] | None = None
+    data: bytes | RangedTableFile, f: TableFile, kgr: KeyGroupRange, info: StateInfo | None = None,
+    only: list[int] | None = None,
 ) -> pa.Table:
     """The rows of ``kgr`` (with ``only``: of those sorted key groups of it) of a table file's
     verified bytes; only the row groups holding them are decoded; Parquet page checksums are
@@ -542,6 +695,7 @@ def decode_table_file(
     try:
         inter = f.key_groups.intersect(kgr)
         if inter == f.key_groups and only is None:
+            _need(data, range(pf.metadata.num_row_groups))
             table = pf.read()
         else:
             groups = []
@@ -557,6 +711,7 @@ def decode_table_file(
                     exact = exact and kgr.start <= st.min and st.max <= kgr.end and (
                         only is None or _holds_all(only, st.min, st.max)
                     )
+            _need(data, groups)
             table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
             if not exact:
                 kg = table.column("key_group")
@@ -576,14 +731,16 @@ def _of_state(table: pa.Table, f: TableFile, info: StateInfo | None) -> pa.Table
     return table
 
 
-def _open_verified(data: bytes, f: TableFile) -> pq.ParquetFile:
+def _open_verified(data: bytes | RangedTableFile, f: TableFile) -> pq.ParquetFile:
+    if isinstance(data, RangedTableFile):
+        return data.pf
     try:
         return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
 
 
-def key_slices(data: bytes, f: TableFile, kg: int) -> list[bytes]:
+def key_slices(data: bytes | RangedTableFile, f: TableFile, kg: int) -> list[bytes]:
     """The smallest keys of the row groups that hold key group ``kg`` alone, but the first:
     bounds that cut the key group's keys into slices of about a row group each (an on-demand
     restore loads a slice, :func:`decode_key_range`, instead of the whole key group). Empty
@@ -615,7 +772,7 @@ def key_range_mask(keys: Any, lo: bytes | None, hi: bytes | None) -> Any:
 
 
 def decode_key_range(
-    data: bytes, f: TableFile, kg: int, lo: bytes | None, hi: bytes | None, info: StateInfo | None = None
+    data: bytes | RangedTableFile, f: TableFile, kg: int, lo: bytes | None, hi: bytes | None, info: StateInfo | None = None
 ) -> pa.Table:
     """The rows of key group ``kg`` with ``lo <= key < hi`` (``None``: unbounded) of a table
     file's verified bytes: only the row groups that may hold them are decoded (by the
@@ -636,6 +793,7 @@ def decode_key_range(
                 if known and ((hi is not None and ks.min >= hi) or (lo is not None and ks.max < lo)):
                     continue
             groups.append(i)
+        _need(data, groups)
         table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
         mask = key_range_mask(table.column("key"), lo, hi)
         table = table.filter(pc.and_(mask, pc.equal(table.column("key_group"), kg)))

@@ -14,7 +14,6 @@ grace period.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -461,7 +460,7 @@ class StateTableWriter:
         kgr, table = piece
         data = encode_parquet(table, self.options.row_group_rows)
         path = table_file_key(dir_, op_idx, info.name, kgr)
-        out.append(TableFile(path, kgr, table.num_rows, len(data), zlib.crc32(data)))
+        out.append(TableFile.of(path, kgr, table.num_rows, data))
         stats["files_written"] += 1
         stats["bytes_written"] += len(data)
         stats["rows"] += table.num_rows

@@ -64,6 +64,8 @@ from statelog.checkpoint import ChangelogRange
 from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
 from statelog.materialization import (
+    RANGED_MIN_BYTES,
+    RangedTableFile,
     TableFile,
     decode_key_range,
     decode_table_file,
@@ -124,12 +126,13 @@ class _File:
     until its last key group was prepared; each preparation decodes only the row groups of
     its key groups."""
 
-    __slots__ = ("lock", "data", "left")
+    __slots__ = ("lock", "data", "left", "ranged")
 
     def __init__(self, left: int) -> None:
         self.lock = threading.Lock()
         self.data: bytes | None = None
         self.left = left
+        self.ranged: RangedTableFile | None = None  # its footer and the row groups read so far
 
 
 def _split(table: pa.Table, kgs: list[int]) -> list[tuple[pa.Table, list[tuple[int, int]]]]:
@@ -203,7 +206,8 @@ class KeyGroupLoader:
         self._stats_lock = threading.Lock()
         # one reader for the whole tail and the tails read alone: segment footers read once
         self._reader = SegmentReader(store)
-        self.files_fetched = 0
+        self.files_fetched = 0  # whole
+        self.files_ranged = 0  # read in ranges (some of them fetched whole later)
         self.rows = 0
         self.records = 0
         self.started = time.monotonic()
@@ -532,7 +536,7 @@ class KeyGroupLoader:
             bounds = []
             for (_info, f, _mine), entry in self._files_of.get(kg, ()):
                 with entry.lock:
-                    data = self._fetch(entry, f)
+                    data = self._source(entry, f)
                 b = key_slices(data, f, kg)
                 if len(b) > len(bounds):
                     bounds = b
@@ -569,7 +573,7 @@ class KeyGroupLoader:
         decoded = []
         for (info, f, _mine), entry in self._files_of.get(kg, ()):
             with entry.lock:
-                data = self._fetch(entry, f)
+                data = self._source(entry, f)
             decoded.append((info, decode_key_range(data, f, kg, lo, hi, info)))
         return self._entries([kg], decoded, {kg: self._tail_of_slices(kg, self._kg_tail(kg), {i}, True)})[0]
 
@@ -612,6 +616,24 @@ class KeyGroupLoader:
         self._pause_for_task()
         return self._entries(kgs, decoded)
 
+    def _source(self, entry: _File, f: TableFile) -> bytes | RangedTableFile:
+        """What one key group (or a slice of it) is read from: the file's bytes if they are
+        held, else, for a large file whose manifest entry has the checksums of its parts, the
+        file read in ranges (its footer, then the row groups the key group needs: a first
+        touch does not wait for a whole file), else the whole file fetched. Call it with
+        ``entry.lock`` held."""
+        if entry.data is not None or f.row_group_crc32 is None or f.bytes < RANGED_MIN_BYTES:
+            return self._fetch(entry, f)
+        if entry.ranged is None:
+            entry.ranged = RangedTableFile(self.store, f, self._count_ranged)
+            with self._stats_lock:
+                self.files_ranged += 1
+        return entry.ranged
+
+    def _count_ranged(self, n: int) -> None:
+        with self._stats_lock:
+            self._file_bytes += n
+
     def _fetch(self, entry: _File, f: TableFile) -> bytes:
         """The verified bytes of a table file, fetched unless they are held (call it with
         ``entry.lock`` held)."""
@@ -634,10 +656,11 @@ class KeyGroupLoader:
         for (info, f, _mine), entry in self._files_of.get(kgs[0], ()):
             self._pause_for_task()
             with entry.lock:
-                data = self._fetch(entry, f)
+                # one key group: its row groups only, unless the file is held; a run: the file
+                data = self._source(entry, f) if len(kgs) == 1 else self._fetch(entry, f)
                 entry.left -= len(kgs)
                 if entry.left == 0:
-                    entry.data = None  # its last key group: the file's memory goes
+                    entry.data = entry.ranged = None  # its last key group: the file's memory goes
             holes = kgs[-1] - kgs[0] + 1 != len(kgs)  # a run with holes: only its own key groups
             rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info, kgs if holes else None)
             out.append((info, rows))

@@ -21,6 +21,7 @@ import pytest
 import statelog
 import statelog.changelog.encoder
 import statelog.materialization
+import statelog.ondemand
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
@@ -74,17 +75,21 @@ def _build(root: str) -> dict[str, Any]:
 def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
     """``sliced``: the state tables have row groups of at most 16 rows, each key group of 8
     rows or more its own, so key groups (about 100 rows) load by slices of a row group.
+    ``sliced`` and ``split``: touches read table files in ranges (footer, row groups).
     ``split``: the tail's segments are version 2, each stream's records in blocks of about
     32 rows by key-group range (format.md 4.2), so a touch reads one block of a segment."""
     if request.param == "sliced":
         monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
         monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
+    if request.param != "whole":  # a touch reads a file's footer and row groups, not the whole file
+        monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
     if request.param == "split":
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 64)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 32)
     root = (tmp_path / "root").as_uri()
     info = _build(root)
     assert (b"\x00\x02" in info["segment_versions"]) == (request.param == "split")
+    info["ranged"] = request.param != "whole"
     return root, info
 
 
@@ -291,7 +296,17 @@ def test_opening_reads_no_table_file_and_loading_fetches_each_once(built) -> Non
             assert loader is not None
             if not background:
                 assert loader.bytes_read == 0 and loader.files_fetched == 0  # opening read none
-            b.get_state(V)
+            v = b.get_state(V)
+            if not background:
+                b.set_current_key(17)  # a first touch
+                assert v.value() == info["want_v"][17]
+                # in ranges: the footer and row groups of the files holding its key group
+                kg = statelog.key_group_of(17, MAXP)
+                held = sum(1 for name, fs in manifest.operators["op"].files.items() if not name.startswith("__")
+                           for f in fs if f.key_groups.start <= kg <= f.key_groups.end)  # fmt: skip
+                assert held >= 2
+                assert (loader.files_ranged, loader.files_fetched) == ((held, 0) if info["ranged"] else (0, held))
+                assert loader.bytes_read > 0
             b.wait_loaded()
             assert loader.files_fetched == len(files) > 1  # every table file once
             assert b.restore_stats["rows"] == sum(

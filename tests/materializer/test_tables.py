@@ -657,3 +657,86 @@ def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_ro
     f_old = TableFile("t.parquet", KeyGroupRange(2, 4), n, len(old), zlib.crc32(old))
     assert key_slices(old, f_old, 3) == []
     assert decode_key_range(old, f_old, 3, bounds[1], bounds[2]).equals(decode_key_range(data, f, 3, bounds[1], bounds[2]))
+
+
+def _ranged_fixture(tmp_path: Path) -> tuple[Any, Any, pa.Table, bytes]:
+    """A table file of key groups 0..7 (2,000 rows each, row groups of at most 1,000 rows) in a
+    file store, with its manifest entry."""
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization import TableFile, encode_parquet
+    from statelog.store import open_store
+
+    n = 16_000
+    table = pa.table({
+        "key_group": pa.array([i // 2000 for i in range(n)], pa.int32()),
+        "key": pa.array([encode_key(i) for i in range(n)], pa.binary()),
+        "namespace": pa.array([encode_key(None)] * n, pa.binary()),
+        "value": pa.array(range(n), pa.int64()),
+    })  # fmt: skip
+    data = encode_parquet(table, row_group_rows=1000)
+    store = open_store(tmp_path.as_uri())
+    store.put("t.parquet", data)
+    f = TableFile.of("t.parquet", KeyGroupRange(0, 7), n, data)
+    return store, f, table, data
+
+
+def test_a_table_file_read_in_ranges_reads_its_footer_and_the_row_groups_needed(tmp_path) -> None:
+    """RangedTableFile: a key group's rows from the footer and its own row groups (each
+    verified against the manifest's checksums), equal to a read of the whole file; the
+    manifest entry keeps the checksums through JSON, and entries without them still read."""
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization import (
+        RangedTableFile,
+        TableFile,
+        decode_key_range,
+        decode_table_file,
+        key_slices,
+    )
+
+    store, f, table, data = _ranged_fixture(tmp_path)
+    assert TableFile.from_json(json.loads(json.dumps(f.to_json()))) == f
+    assert len(f.row_group_crc32) == 16 and f.footer[0] < 16_000
+    old = {k: v for k, v in f.to_json().items() if k not in ("footer", "row_group_crc32")}
+    assert TableFile.from_json(old).row_group_crc32 is None  # written before: read whole
+
+    reads: list[int] = []
+    ranged = RangedTableFile(store, f, reads.append)
+    assert reads == [min(len(data), 64 << 10)]  # the footer (with what precedes it up to 64 KiB)
+    got = decode_table_file(ranged, f, KeyGroupRange(3, 3))
+    assert got.equals(decode_table_file(data, f, KeyGroupRange(3, 3)))
+    assert got.column("value").to_pylist() == list(range(6000, 8000))
+    assert len(reads) == 2  # its two row groups, adjacent: one read
+    assert key_slices(ranged, f, 3) == key_slices(data, f, 3) and len(reads) == 2  # the footer only
+    lo = key_slices(data, f, 5)[0]
+    assert decode_key_range(ranged, f, 5, lo, None).equals(decode_key_range(data, f, 5, lo, None))
+    assert decode_table_file(ranged, f, KeyGroupRange(0, 7)).equals(table)  # the rest, once
+    assert sum(reads) < 2 * len(data)
+
+
+def test_a_table_file_read_in_ranges_fails_on_the_corrupt_part_it_reads_naming_the_file(tmp_path) -> None:
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization import RangedTableFile, decode_table_file, row_group_span
+
+    store, f, _table, data = _ranged_fixture(tmp_path)
+    md = pq.ParquetFile(pa.BufferReader(data)).metadata
+    a, b = row_group_span(md, 9)  # key group 4's second row group
+    bad = bytearray(data)
+    bad[(a + b) // 2] ^= 0x01
+    path = tmp_path / "t.parquet"
+    path.write_bytes(bytes(bad))
+    ranged = RangedTableFile(store, f)
+    assert decode_table_file(ranged, f, KeyGroupRange(3, 3)).num_rows == 2000  # other row groups: read
+    with pytest.raises(CorruptionError, match=r"state table t\.parquet: row group 9 does not match"):
+        decode_table_file(ranged, f, KeyGroupRange(4, 4))
+    for pos in (len(data) - 20, len(data) - 5):  # the footer, its length
+        bad = bytearray(data)
+        bad[pos] ^= 0x01
+        path.write_bytes(bytes(bad))
+        with pytest.raises(CorruptionError, match=r"state table t\.parquet: its footer does not match"):
+            RangedTableFile(store, f)
+    path.write_bytes(data[:-100])
+    with pytest.raises(CorruptionError, match=r"t\.parquet"):
+        RangedTableFile(store, f)
+    path.unlink()
+    with pytest.raises(CorruptionError, match=r"state table t\.parquet is missing"):
+        RangedTableFile(store, f)
