@@ -638,9 +638,18 @@ class RangedTableFile:
                 self._verified.update(run)
 
     def read(self, offset: int, n: int) -> bytes:
-        for start, data in self._parts:
-            if start <= offset and offset + n <= start + len(data):
-                return data[offset - start : offset - start + n]
+        """Bytes ``[offset, offset + n)`` from the parts fetched (Arrow reads several row
+        groups at once: a read may span parts fetched apart)."""
+        out, pos, end = [], offset, offset + n
+        for start, data in sorted(self._parts, key=lambda p: p[0]):
+            stop = start + len(data)
+            if start <= pos < stop:
+                out.append(data[pos - start : min(end, stop) - start])
+                pos = min(end, stop)
+                if pos == end:
+                    return out[0] if len(out) == 1 else b"".join(out)
+        if n == 0:
+            return b""
         raise RuntimeError(f"state table {self.f.path}: bytes {offset}+{n} read before they were fetched")
 
 
