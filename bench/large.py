@@ -10,7 +10,10 @@ process per variant, so each process's peak RSS (``VmHWM``) is its own:
 Each variant loads every key once (in key order), then runs three rounds of a uniform and a
 Zipf(1.1) phase (bounded Zipf over the keys, ranks scattered by a permutation; the parent
 generates the key sequences into files, so their numpy temporaries are not counted in the
-job's RSS), each a fixed number of records: ``set_current_key``, ``value() + 1`` update, one map put. A checkpoint is
+job's RSS), each a fixed number of records: ``set_current_key``, ``value() + 1`` update, one map put. The records
+are processed in batches of :data:`BATCH`, as a consumer loop polls them, each preceded by
+``prefetch`` of its keys (KeyedStateBackend.prefetch: one batched read of the keys not
+resident on disk; a no-op in memory). A checkpoint is
 taken every second of processing. Then the disk variant's last checkpoint is materialized by
 ``statelog materializer run --once`` in another process, the job takes one more checkpoint
 (built on that materialization, with an empty tail) and a fresh process restores it
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROUNDS = 3
+BATCH = 2048  # records per batch (a prefetch each); measured at 2x10^6 keys, 51 MB: 1,024-4,096 alike
 
 
 def _rss_kib(field: str = "VmRSS") -> int:
@@ -107,7 +111,7 @@ def child_job(store: str, keys: int, records: int, memory: str, root: str, seqdi
             ckpt_ms.append((time.perf_counter() - t) * 1000)
             last[0] = time.monotonic()
 
-    set_key, value, update, put = b.set_current_key, v.value, v.update, m.put
+    set_key, value, update, put, prefetch = b.set_current_key, v.value, v.update, m.put, b.prefetch
     t0 = time.perf_counter()
     for k in range(keys):
         set_key(k)
@@ -121,12 +125,15 @@ def child_job(store: str, keys: int, records: int, memory: str, root: str, seqdi
         for dist in ("uniform", "zipf"):
             seq = np.load(_sequence_path(seqdir, keys, r, dist)).tolist()
             t = time.perf_counter()
-            for i, k in enumerate(seq):
-                set_key(k)
-                update(value() + 1)
-                put(names[i % 3], i)
-                if not i & 4095:
-                    maybe_checkpoint(i)
+            for start in range(0, len(seq), BATCH):
+                batch = seq[start : start + BATCH]
+                prefetch(batch)
+                for i, k in enumerate(batch, start):
+                    set_key(k)
+                    update(value() + 1)
+                    put(names[i % 3], i)
+                    if not i & 4095:
+                        maybe_checkpoint(i)
             rates[dist].append(records / (time.perf_counter() - t))
     t = time.perf_counter()
     job.checkpoint(sources={"i": -1})

@@ -191,6 +191,19 @@ class KeyedOperator(StreamOperator):
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
         return OperatorSnapshot([self.ctx.snapshot_backend(self.backend, checkpoint_id)])
 
+    def prefetch(self, records: list[tuple[Any, Any]], input_index: int) -> None:
+        """Read the state of a frame's keys in one batch before its records are processed
+        (a disk-backed working set: KeyedStateBackend.prefetch). A record whose key cannot
+        be selected is left to process(), which reports it."""
+        select = self.selectors[input_index]
+        keys = []
+        for value, _ts in records:
+            try:
+                keys.append(select(value))
+            except Exception:  # noqa: BLE001,S112 - process() raises it for its record
+                continue
+        self.backend.prefetch(keys)
+
     def checkpoint_complete(self, checkpoint_id: int) -> None:
         self.ctx.backend_checkpoint_completed(self.backend, checkpoint_id)
 

@@ -29,7 +29,7 @@ from runtime.barriers import BarrierAligner, BarrierHandler, BarrierTracker, Bar
 from runtime.channels import BARRIER, WATERMARK, InputChannel
 from runtime.config import JobConfig
 from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
-from runtime.operators import ChainedOutput, Output, StreamOperator
+from runtime.operators import ChainedOutput, KeyedOperator, Output, StreamOperator
 from runtime.router import Router
 from runtime.sources import SourceSplits
 from statelog.layout import inflight_key
@@ -131,12 +131,17 @@ class Task:
         self._rate = source.source.records_per_s if source is not None else None
         self._t0 = time.monotonic()
         self._paced = 0
+        # a keyed head whose state is on disk: each input frame's keys are read in one batch
+        self._prefetch: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def open(self) -> None:
         for op in reversed(self.ops):  # downstream first, as in Flink
             op.open()
+        head = self.ops[0] if self.ops else None
+        if isinstance(head, KeyedOperator) and head.backend.on_disk:
+            self._prefetch = head.prefetch
 
     def close(self) -> None:
         for op in self.ops:
@@ -234,6 +239,8 @@ class Task:
                 self._u_input.extend((edge, idx, v, t) for v, t in records)
             idx = self.channel_inputs[ci]
             head = self.ops[0]
+            if self._prefetch is not None:
+                self._prefetch(records, idx)
             if idx == 0:
                 emit = self.head.emit
                 for value, ts in records:

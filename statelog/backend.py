@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -235,6 +235,41 @@ class KeyedStateBackend:
         ctx = self.key_context
         ctx.key = key
         ctx.key_info = info
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the keyed state is in the disk-backed working set (``state_store="disk"``)."""
+        return self._ws is not None
+
+    def prefetch(self, keys: Iterable[Any]) -> int:
+        """A hint: records of ``keys`` come next. With the disk-backed working set
+        (``state_store="disk"``) the keys not resident are read from its database in one
+        batched read (RocksDB's multi-get) and made resident, instead of one read per record
+        as each is set current: a consumer loop that processes records in batches calls it
+        with a batch's keys before the batch (measured at 2x10^6 keys and 51 MB, batches of
+        2,048 records: uniform updates 10-25 % faster; docs/performance.md). The in-memory
+        store has nothing to read: a no-op.
+
+        Keys this subtask does not own, keys that cannot be encoded, and any key while an
+        on-demand restore is still loading are skipped here (their records take the usual
+        path, with its errors). Returns the number of keys read."""
+        ws = self._ws
+        if ws is None or self._loader is not None:
+            return 0
+        cache, lo, hi, maxp = self._kcache, self._kg_lo, self._kg_hi, self.max_parallelism
+        want: dict[Any, tuple[type, bytes, int]] = {}
+        for key in keys:
+            try:
+                if key in cache or key in want:
+                    continue
+                kb = encode_key(key)
+            except Exception:  # noqa: BLE001 - set_current_key reports it for its record
+                continue
+            kg = key_group_of_bytes(kb, maxp)
+            if lo <= kg <= hi:
+                want[key] = (type(key), kb, kg)
+        ws.prefetch(want)
+        return len(want)
 
     @property
     def current_key(self) -> Any:

@@ -63,12 +63,19 @@ class Clock:
         return self.now
 
 
-def workload(b: Any, clock: Clock, seed: int, n: int = 3000) -> None:
-    """Every state kind, namespaces, clears and TTL expiry over 300 keys."""
+def workload(b: Any, clock: Clock, seed: int, n: int = 3000, prefetch: bool = False) -> None:
+    """Every state kind, namespaces, clears and TTL expiry over 300 keys; with ``prefetch``,
+    every 50 records a prefetch of 64 keys, most of them of the records to come (as a
+    consumer loop does with its next batch), with unhashable and other keys among them."""
     states = [b.get_state(d) for d in DESCRIPTORS]
     count, seen, last, mx, avg, ttl = states
     rnd = random.Random(seed)
+    other = random.Random(seed + 99)
     for i in range(n):
+        if prefetch and i % 50 == 0:
+            keys: list[Any] = [other.choice([other.randrange(300), f"user-{other.randrange(50)}", (other.randrange(5), "t")])
+                               for _ in range(64)]  # fmt: skip
+            b.prefetch([*keys, [1, 2], {"x": 1}, 1.0, True])
         key = rnd.choice([rnd.randrange(300), f"user-{rnd.randrange(50)}", (rnd.randrange(5), "t")])
         b.set_current_key(key)
         count.set_namespace(rnd.choice([None, None, (0, 10), (10, 20)]))
@@ -113,28 +120,95 @@ def miss_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.parametrize("on_demand", [False, True], ids=["eager", "on-demand"])
-def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(tmp_path: Path, on_demand: bool, miss_path: str) -> None:
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
+def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(
+    tmp_path: Path, on_demand: bool, miss_path: str, prefetch: bool
+) -> None:
     views = {}
     for store in ("memory", "disk"):
         clock = Clock()
         job = open_job(tmp_path / store, store, tmp_path / "ws")
         b = job.backend("op", clock=clock)
-        workload(b, clock, seed=7)
+        workload(b, clock, seed=7, prefetch=prefetch)
         if store == "disk":
             ws = b._ws
             assert ws.cached <= 8 and ws.misses > 1000 and ws.written_back > 1000, ws.stats()
+            assert (ws.prefetched > 1000) == prefetch, ws.stats()
         before = view(b)
         job.checkpoint(sources={"s": 1})
         job.close()
         job = open_job(tmp_path / store, store, tmp_path / "ws", on_demand_restore=on_demand)
         b = job.backend("op", restore="latest", clock=clock)
         after = view(b)
-        workload(b, clock, seed=8, n=500)  # and it goes on from the restored state
+        workload(b, clock, seed=8, n=500, prefetch=prefetch)  # and it goes on from the restored state
         views[store] = (before, after, view(b))
         job.close()
         assert before == after
     assert views["memory"] == views["disk"]
     assert sum(len(v) for v in views["disk"][0].values()) > 1000
+
+
+def test_prefetched_keys_are_resident_and_read_in_one_batch(tmp_path: Path) -> None:
+    """prefetch() reads the records of the keys not resident in one multi-get, so the records
+    that follow find their keys resident; it skips keys of other subtasks, unhashable and
+    unencodable keys, and does nothing on the in-memory store or while restoring on demand."""
+    job = statelog.open((tmp_path / "r").as_uri(), max_parallelism=16, state_store="disk", state_dir=str(tmp_path / "ws"))
+    b = job.backend("op", subtask=0, parallelism=2)
+    job.backend("op", subtask=1, parallelism=2).get_state(DESCRIPTORS[0])
+    count = b.get_state(DESCRIPTORS[0])
+    mine = [k for k in range(400) if statelog.key_group_of(k, 16) <= b.key_groups.end][:200]
+    theirs = [k for k in range(400) if statelog.key_group_of(k, 16) > b.key_groups.end][:5]
+    for k in mine:
+        b.set_current_key(k)
+        count.update(k)
+    ws = b._ws
+    ws.release()  # every key written back: none resident
+    gets: list[int] = []
+    ws._db = _Spy(ws._db, gets)
+    assert b.prefetch([*mine[:50], *mine[:10], *theirs, [1], object()]) == 50
+    assert gets == [50] and all(k in ws.resident for k in mine[:50]) and ws.prefetched == 50
+    misses = ws.misses
+    for k in mine[:50]:
+        b.set_current_key(k)
+        assert count.value() == k
+    assert ws.misses == misses and gets == [50]  # all resident: no read
+    assert b.prefetch(mine[:50]) == 0 and gets == [50]
+    ws._db = _Spy.unwrap(ws._db)
+    cid = job.checkpoint().checkpoint_id
+    job.close()
+    job = statelog.open((tmp_path / "r").as_uri(), max_parallelism=16, state_store="disk",
+                        state_dir=str(tmp_path / "ws"), on_demand_restore=True)  # fmt: skip
+    job.on_demand_background = False
+    b = job.backend("op", subtask=0, parallelism=2, restore=cid)
+    count = b.get_state(DESCRIPTORS[0])
+    assert b.loading and b.prefetch(mine[:20]) == 0  # the key groups load first
+    b.wait_loaded()  # (the tail's keys are resident after its replay)
+    b._ws.release()
+    assert b.prefetch(mine[:20]) == 20
+    b.set_current_key(mine[5])
+    assert count.value() == mine[5]
+    job.close()
+    with statelog.open((tmp_path / "m").as_uri(), max_parallelism=16) as mem:
+        assert mem.backend("op").prefetch(range(10)) == 0
+
+
+class _Spy:
+    """The database, with the sizes of its batched reads recorded."""
+
+    def __init__(self, db: Any, gets: list[int]) -> None:
+        self._db, self._gets = db, gets
+
+    def get(self, key: Any) -> Any:
+        if isinstance(key, list):
+            self._gets.append(len(key))
+        return self._db.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    @staticmethod
+    def unwrap(spy: Any) -> Any:
+        return spy._db
 
 
 @pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
