@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
-from statelog.changelog.reader import ChangeBatch, SegmentReader
+from statelog.changelog.reader import WHOLE_OBJECT_LIMIT, ChangeBatch, SegmentReader
 from statelog.checkpoint import ChangelogRange
 from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
@@ -84,6 +84,7 @@ UNIT_ROWS = 131_072  # rows of such a piece, about (whole key groups)
 FETCH_AHEAD_BYTES = 256 << 20  # table file bytes take_all fetches before it decodes them
 FETCH_THREADS = 4
 TAIL_PIECE_ROWS = 4096  # change records turned into Python objects between two safe points
+TOUCH_WHOLE_BYTES = 256 << 10  # a key group's own tail reads larger segments in ranges
 
 # a key group's state in the loader; _PARTIAL: some of its slices were handed out, the rest not
 _UNLOADED, _PREPARING, _READY, _TAKEN, _PARTIAL = range(5)
@@ -730,22 +731,25 @@ class KeyGroupLoader:
         return {kg: tail.get(kg, {}) for kg in kgs}
 
     def _read_whole_tail(self) -> None:
-        tail = self._read_tail(self.key_groups)
+        tail = self._read_tail(self.key_groups, whole=True)
         with self._tail_lock:
             for kg in self._tail_alone:  # read alone meanwhile (and handed out)
                 tail.pop(kg, None)
             self._tail = tail
 
-    def _read_tail(self, kgr: KeyGroupRange) -> dict[int, Records]:
+    def _read_tail(self, kgr: KeyGroupRange, whole: bool = False) -> dict[int, Records]:
         """The change records of key groups ``kgr`` per key group and state, in order (the
-        background thread's safe points between pieces of blocks)."""
+        background thread's safe points between pieces of blocks). A segment is read whole
+        for the ``whole`` tail; for some key groups, a segment over TOUCH_WHOLE_BYTES is read
+        in ranges (its footer and the blocks of those key groups, format.md 4.2)."""
         reader = self._reader
+        limit = WHOLE_OBJECT_LIMIT if whole else TOUCH_WHOLE_BYTES
         tail: dict[int, Records] = {}
         for r in self._ranges:
             sub = r.restrict(kgr)
             if sub is None:
                 continue
-            for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments):
+            for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments, limit):
                 for i in range(0, batch.table.num_rows, TAIL_PIECE_ROWS):
                     self._pause_for_task()
                     piece = ChangeBatch(batch.state, batch.table.slice(i, TAIL_PIECE_ROWS))

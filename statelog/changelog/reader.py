@@ -23,6 +23,7 @@ from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, from_arrow
 
 WHOLE_OBJECT_LIMIT = 4 << 20  # segments up to this size are read with one request
+TAIL_READ_BYTES = 64 << 10  # a larger segment's end read at once: its trailer and (mostly) its footer
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,15 @@ class SegmentReader:
         self.bytes_read += len(data)
         return data
 
-    def footer(self, name: str, size: int) -> fmt.SegmentFooter:
+    def footer(self, name: str, size: int, whole_limit: int = WHOLE_OBJECT_LIMIT) -> fmt.SegmentFooter:
+        """The verified footer of segment ``name``: a segment up to ``whole_limit`` bytes is
+        read whole (its blocks are then read from those bytes), a larger one in ranges: its
+        header, its last bytes (trailer and footer), and later each block it is asked for."""
         with self._lock:
             cached = self._footers.get(name)
         if cached is not None:
             return cached
-        if size <= WHOLE_OBJECT_LIMIT:
+        if size <= whole_limit:
             data = self._get(name)
             if len(data) != size:
                 raise CorruptionError(
@@ -118,8 +122,15 @@ class SegmentReader:
         else:
             head = self._range(name, 0, fmt.HEADER_SIZE)
             fmt.check_header(head, name)
-            off, length, crc = fmt.parse_trailer(self._range(name, -fmt.TRAILER_SIZE, fmt.TRAILER_SIZE), name, size)
-            footer = fmt.decode_footer(self._range(name, off, length), crc, name)
+            start = max(fmt.HEADER_SIZE, size - TAIL_READ_BYTES)
+            tail = self._range(name, start, size - start)
+            if len(tail) != size - start:
+                raise CorruptionError(
+                    f"changelog segment {name} is shorter than the {size} bytes the checkpoint recorded", key=name
+                )
+            off, length, crc = fmt.parse_trailer(tail[-fmt.TRAILER_SIZE :], name, size)
+            raw = tail[off - start : off - start + length] if off >= start else self._range(name, off, length)
+            footer = fmt.decode_footer(raw, crc, name)
         with self._lock:
             self._footers[name] = footer
         return footer
@@ -138,9 +149,13 @@ class SegmentReader:
             self._whole.pop(name, None)
 
     def read_range(
-        self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any
+        self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any,
+        whole_limit: int = WHOLE_OBJECT_LIMIT,
     ) -> Iterator[ChangeBatch]:
         """Yield the change batches of ``stream`` with seq in ``[start, end)`` and key group in range.
+
+        Segments up to ``whole_limit`` bytes are read whole, larger ones in ranges (a reader
+        of a few blocks, e.g. of one key group, gives a small limit; :meth:`footer`).
 
         The segments must cover ``[start, end)`` without a gap, and each must hold the span
         of ``stream`` the reference claims; otherwise records would be skipped silently, so
@@ -159,7 +174,7 @@ class SegmentReader:
                 key=segments[-1].name if segments else None,
             )
         for seg in segments:
-            footer = self.footer(seg.name, seg.size)  # a failing store raises StoreError, never corruption
+            footer = self.footer(seg.name, seg.size, whole_limit)  # a failing store raises StoreError, never corruption
             if not any((sp.stream, sp.start, sp.end) == (stream, seg.start, seg.end) for sp in footer.streams):
                 raise CorruptionError(
                     f"changelog segment {seg.name} does not hold records [{seg.start}, {seg.end}) of stream "

@@ -83,9 +83,10 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
     if request.param != "whole":  # a touch reads a file's footer and row groups, not the whole file
         monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
-    if request.param == "split":
+    if request.param == "split":  # and a touch reads the tail's segments in ranges
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 64)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 32)
+        monkeypatch.setattr(statelog.ondemand, "TOUCH_WHOLE_BYTES", 0)
     root = (tmp_path / "root").as_uri()
     info = _build(root)
     assert (b"\x00\x02" in info["segment_versions"]) == (request.param == "split")

@@ -10,11 +10,12 @@ import pyarrow as pa
 import pytest
 
 from statelog.changelog import format as fmt
+from statelog.changelog import reader as reader_mod
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
-from statelog.errors import FormatVersionError
+from statelog.errors import CorruptionError, FormatVersionError
 from statelog.keys import KeyGroupRange
 from statelog.store import open_store
 from statelog.types import PICKLE
@@ -121,6 +122,23 @@ def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, m
     got = [(r[0], r[1], r[3]) for b in reader.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(0, 127), [ref])
            for r in b.rows()]
     assert sorted(got) == sorted(want)
+
+    # in ranges (a reader of one key group of a large segment): the same rows, the trailer
+    # and footer from one read of the segment's end, or, with a longer footer, two
+    for tail_bytes in (64 << 10, 100):
+        monkeypatch.setattr(reader_mod, "TAIL_READ_BYTES", tail_bytes)
+        ranged = SegmentReader(store)
+        for kg in (40, 3):
+            rows = [(r[0], r[1], r[3]) for b in ranged.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(kg, kg),
+                                                                  [ref], whole_limit=0) for r in b.rows()]  # fmt: skip
+            assert rows == [w for w in want if w[1] == kg]
+        if shape == "uniform":  # not the whole segment (the skewed one's hot block is most of it)
+            assert ranged.bytes_read < len(data)
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / name.split("/")[-1]).write_bytes(data[: len(data) - 1])
+    with pytest.raises(CorruptionError, match="changelog segment"):
+        SegmentReader(open_store(short.as_uri())).footer(name.split("/")[-1], len(data), whole_limit=0)
 
     decoded: list[fmt.BlockInfo] = []
     block = reader.block
