@@ -205,8 +205,10 @@ class KeyGroupLoader:
         # figures for logs and stats
         self._file_bytes = 0
         self._stats_lock = threading.Lock()
-        # one reader for the whole tail and the tails read alone: segment footers read once
+        # one reader for the whole tail (segments read whole) and one for the tails of key
+        # groups read alone (larger segments read in ranges), each caching the footers it read
         self._reader = SegmentReader(store)
+        self._touch_reader = SegmentReader(store)
         self.files_fetched = 0  # whole
         self.files_ranged = 0  # read in ranges (some of them fetched whole later)
         self.rows = 0
@@ -217,7 +219,7 @@ class KeyGroupLoader:
     @property
     def bytes_read(self) -> int:
         """Bytes of table files and changelog segments read so far."""
-        return self._file_bytes + self._reader.bytes_read
+        return self._file_bytes + self._reader.bytes_read + self._touch_reader.bytes_read
 
     def start(self, check_keys: Callable[[str, Any], None]) -> None:
         """Start the background thread; ``check_keys(state, key_array)`` raises on keys the
@@ -742,8 +744,7 @@ class KeyGroupLoader:
         background thread's safe points between pieces of blocks). A segment is read whole
         for the ``whole`` tail; for some key groups, a segment over TOUCH_WHOLE_BYTES is read
         in ranges (its footer and the blocks of those key groups, format.md 4.2)."""
-        reader = self._reader
-        limit = WHOLE_OBJECT_LIMIT if whole else TOUCH_WHOLE_BYTES
+        reader, limit = (self._reader, WHOLE_OBJECT_LIMIT) if whole else (self._touch_reader, TOUCH_WHOLE_BYTES)
         tail: dict[int, Records] = {}
         for r in self._ranges:
             sub = r.restrict(kgr)
