@@ -538,16 +538,20 @@ def read_table_file(
     return decode_table_file(fetch_table_file(store, f), f, kgr, info)
 
 
+def _missing(store: ObjectStore, f: TableFile) -> CorruptionError:
+    return CorruptionError(
+        f"state table {f.path} is missing from {store.url}; the materialization that lists it cannot "
+        "be restored (restore an older checkpoint or a savepoint)",
+        key=f.path,
+    )
+
+
 def fetch_table_file(store: ObjectStore, f: TableFile) -> bytes:
     """The bytes of a table file, checked against the size and CRC-32 its manifest recorded."""
     try:
         data = store.get(f.path)
     except ObjectNotFoundError:
-        raise CorruptionError(
-            f"state table {f.path} is missing from {store.url}; the materialization that lists it cannot "
-            "be restored (restore an older checkpoint or a savepoint)",
-            key=f.path,
-        ) from None
+        raise _missing(store, f) from None
     if len(data) != f.bytes or zlib.crc32(data) != f.crc32:
         raise CorruptionError(
             f"state table {f.path}: size or CRC-32 does not match the manifest; the file is corrupt",
@@ -603,11 +607,7 @@ class RangedTableFile:
         try:
             data = self.store.get_range(self.f.path, offset, length)
         except ObjectNotFoundError:
-            raise CorruptionError(
-                f"state table {self.f.path} is missing from {self.store.url}; the materialization that lists it "
-                "cannot be restored (restore an older checkpoint or a savepoint)",
-                key=self.f.path,
-            ) from None
+            raise _missing(self.store, self.f) from None
         if len(data) != length:
             raise CorruptionError(f"state table {self.f.path}: shorter than the manifest's {self.f.bytes} bytes",
                                   key=self.f.path)  # fmt: skip
