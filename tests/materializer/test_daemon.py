@@ -561,6 +561,9 @@ def test_trigger_returns_the_forced_cycle_even_if_unforced_cycles_ran_since(file
     try:
         file_job.write()
         file_job.checkpoint()
+        bg.trigger(timeout=20)  # checkpoint 1 materialized ("first"), by this or an unforced cycle
+        file_job.write()
+        file_job.checkpoint()  # checkpoint 2 is due by neither interval nor tail: only a forced cycle
         served = bg.daemon.wait_served
 
         def late_wake(ticket: int, timeout: float | None = None) -> bool:
@@ -573,6 +576,6 @@ def test_trigger_returns_the_forced_cycle_even_if_unforced_cycles_ran_since(file
         s = bg.trigger(timeout=20)
         assert bg.daemon.cycles >= cycles + 3  # unforced cycles ran after the forced one
         assert bg.daemon.last_summary is not None and bg.daemon.last_summary["action"] == "none"
-        assert (s["action"], s["reason"], s["materialization"]["checkpoint_id"]) == ("materialized", "first", 1)
+        assert (s["action"], s["reason"], s["materialization"]["checkpoint_id"]) == ("materialized", "forced", 2)
     finally:
         bg.stop()
