@@ -57,7 +57,7 @@ def test_the_background_loop_reopens_the_jobs_store_and_shares_a_wrapper(tmp_pat
         with start_background(job, interval_s=3600.0, run_gc=False) as bg:
             assert bg.daemon.store is not job.store and bg.daemon.store.url == job.store.url
             meta = job.checkpoint()
-            assert bg.trigger(timeout=30)["action"] == "materialized"
+            bg.trigger(timeout=30)  # materialized by the forced cycle, or by an unforced one before it
         assert job.latest_materialization().checkpoint_id == meta.checkpoint_id  # type: ignore[union-attr]
         faulty = FaultInjectingStore(job.store)
         assert reopen_store(faulty) is None
