@@ -256,20 +256,7 @@ class KeyedStateBackend:
         ws = self._ws
         if ws is None or self._loader is not None:
             return 0
-        cache, lo, hi, maxp = self._kcache, self._kg_lo, self._kg_hi, self.max_parallelism
-        want: dict[Any, tuple[type, bytes, int]] = {}
-        for key in keys:
-            try:
-                if key in cache or key in want:
-                    continue
-                kb = encode_key(key)
-            except Exception:  # noqa: BLE001 - set_current_key reports it for its record
-                continue
-            kg = key_group_of_bytes(kb, maxp)
-            if lo <= kg <= hi:
-                want[key] = (type(key), kb, kg)
-        ws.prefetch(want)
-        return len(want)
+        return ws.prefetch(keys, self._kg_lo, self._kg_hi)
 
     @property
     def current_key(self) -> Any:

@@ -24,6 +24,19 @@
  *     entry left that is in `present` is deleted, delete(prefix). With drop, the entries,
  *     extra[key] and resident[key] are removed and the key leaves `present`; without, a key
  *     written becomes present. Returns the number of puts and deletes.
+ * plan(keys, resident, lo, hi, max_parallelism, encode): the keys of a prefetch to read, in
+ *     their order: each key of the iterable once, not in `resident`, hashable and encodable
+ *     (exact ints of int64 and ASCII str of < 128 characters in C, others by encode(key);
+ *     a key that fails either is skipped), of a key group in lo..hi. Returns
+ *     (keys, infos, prefixes): lists of the keys, their (type, key bytes, key group) and
+ *     their records' database keys.
+ * install_many(keys, infos, raws, loads, present, index, primary, extra, resident): admit
+ *     for each key with its record already read (raws[i], None when there is none).
+ * clock_victims(resident, n, touched, current, missing): the resident keys an eviction
+ *     writes back, oldest first (CLOCK): of the oldest 3n, a key in `touched` leaves it and
+ *     moves to the back (a second chance), any other key but the current one is a victim,
+ *     up to n; if fewer than n were found, the oldest keys not chosen (touched or not, but
+ *     not the current one) fill up to n. `current` is the current key, or `missing`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -293,6 +306,267 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyLong_FromSsize_t(written);
 }
 
+#define TAG_INT64 0x03
+#define TAG_STR 0x06
+
+/* the canonical bytes of an exact int64 or a short ASCII str into out (>= 129 bytes): its
+ * length, or 0 for any other key (statelog/keys.py encode_key is the reference) */
+static Py_ssize_t encode_fast(PyObject *key, unsigned char *out) {
+    if (PyLong_CheckExact(key)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        uint64_t u = (uint64_t)v ^ ((uint64_t)1 << 63); /* v + 2**63, big-endian */
+        out[0] = TAG_INT64;
+        for (int i = 8; i >= 1; i--) {
+            out[i] = (unsigned char)(u & 0xFF);
+            u >>= 8;
+        }
+        return 9;
+    }
+    if (PyUnicode_CheckExact(key) && PyUnicode_IS_COMPACT_ASCII(key)) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(key);
+        if (n > 127) return 0;
+        out[0] = TAG_STR;
+        out[1] = (unsigned char)n; /* varint of n < 128: one byte */
+        memcpy(out + 2, PyUnicode_DATA(key), (size_t)n);
+        return n + 2;
+    }
+    return 0;
+}
+
+/* a failure of one key (unhashable, unencodable) skips it; other errors (KeyboardInterrupt,
+ * MemoryError) propagate: returns -1 for those */
+static int skip_key_error(void) {
+    if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+static PyObject *plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "plan(keys, resident: dict, lo, hi, max_parallelism, encode)");
+        return NULL;
+    }
+    PyObject *res = args[1], *encode = args[5];
+    long lo = PyLong_AsLong(args[2]), hi, maxp;
+    if (lo == -1 && PyErr_Occurred()) return NULL;
+    hi = PyLong_AsLong(args[3]);
+    if (hi == -1 && PyErr_Occurred()) return NULL;
+    maxp = PyLong_AsLong(args[4]);
+    if (maxp == -1 && PyErr_Occurred()) return NULL;
+    if (maxp <= 0 || maxp > 0x10000) {
+        PyErr_SetString(PyExc_ValueError, "plan: max_parallelism out of range");
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(args[0]);
+    if (it == NULL) return NULL;
+    PyObject *seen = PySet_New(NULL), *keys = PyList_New(0), *infos = PyList_New(0), *prefixes = PyList_New(0);
+    PyObject *key = NULL, *kb = NULL, *kgo = NULL, *info = NULL, *prefix = NULL;
+    if (seen == NULL || keys == NULL || infos == NULL || prefixes == NULL) goto fail;
+    unsigned char buf[6 + 130];
+    while ((key = PyIter_Next(it)) != NULL) {
+        int in = PyDict_Contains(res, key);
+        if (in == 0) in = PySet_Contains(seen, key);
+        if (in < 0) {
+            if (skip_key_error() < 0) goto fail;
+            Py_CLEAR(key);
+            continue;
+        }
+        if (in) {
+            Py_CLEAR(key);
+            continue;
+        }
+        Py_ssize_t n = encode_fast(key, buf + 6);
+        const unsigned char *kp;
+        if (n > 0) {
+            kp = buf + 6;
+        } else {
+            PyObject *argv[1] = {key};
+            kb = PyObject_Vectorcall(encode, argv, 1, NULL);
+            if (kb == NULL) {
+                if (skip_key_error() < 0) goto fail;
+                Py_CLEAR(key);
+                continue;
+            }
+            if (!PyBytes_Check(kb)) {
+                PyErr_SetString(PyExc_TypeError, "plan: encode returned no bytes");
+                goto fail;
+            }
+            kp = (const unsigned char *)PyBytes_AS_STRING(kb);
+            n = PyBytes_GET_SIZE(kb);
+            if (n > 0xFFFFFFFFLL) {
+                PyErr_SetString(PyExc_OverflowError, "plan: key bytes too long");
+                goto fail;
+            }
+        }
+        long kg = (long)(fmix32(crc32_of(kp, n)) % (uint32_t)maxp);
+        if (kg < lo || kg > hi) {
+            Py_CLEAR(kb);
+            Py_CLEAR(key);
+            continue;
+        }
+        if (kb == NULL && (kb = PyBytes_FromStringAndSize((const char *)kp, n)) == NULL) goto fail;
+        prefix = PyBytes_FromStringAndSize(NULL, 6 + n);
+        if (prefix == NULL) goto fail;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(prefix);
+        uint64_t head = ((uint64_t)kg << 32) | (uint64_t)n;
+        for (int i = 0; i < 6; i++) p[i] = (unsigned char)(head >> (8 * (5 - i)));
+        memcpy(p + 6, PyBytes_AS_STRING(kb), n);
+        kgo = PyLong_FromLong(kg);
+        if (kgo == NULL) goto fail;
+        info = PyTuple_Pack(3, (PyObject *)Py_TYPE(key), kb, kgo);
+        if (info == NULL) goto fail;
+        if (PySet_Add(seen, key) < 0 || PyList_Append(keys, key) < 0 || PyList_Append(infos, info) < 0 ||
+            PyList_Append(prefixes, prefix) < 0)
+            goto fail;
+        Py_CLEAR(info);
+        Py_CLEAR(kgo);
+        Py_CLEAR(prefix);
+        Py_CLEAR(kb);
+        Py_CLEAR(key);
+    }
+    if (PyErr_Occurred()) goto fail;
+    Py_DECREF(it);
+    Py_DECREF(seen);
+    PyObject *out = PyTuple_Pack(3, keys, infos, prefixes);
+    Py_DECREF(keys);
+    Py_DECREF(infos);
+    Py_DECREF(prefixes);
+    return out;
+fail:
+    Py_XDECREF(info);
+    Py_XDECREF(kgo);
+    Py_XDECREF(prefix);
+    Py_XDECREF(kb);
+    Py_XDECREF(key);
+    Py_DECREF(it);
+    Py_XDECREF(seen);
+    Py_XDECREF(keys);
+    Py_XDECREF(infos);
+    Py_XDECREF(prefixes);
+    return NULL;
+}
+
+/* install_many(keys, infos, raws, loads, present, index, primary, extra, resident) */
+static PyObject *install_many(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PySet_Check(args[4]) || !PyDict_Check(args[8]) || PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1]) ||
+        PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "install_many(keys: list, infos: list, raws: list (of one length), loads, present: set, "
+                        "index, primary, extra, resident: dict)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *infos = args[1], *raws = args[2], *loads = args[3], *present = args[4];
+    PyObject *res = args[8];
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(keys); k++) {
+        PyObject *key = PyList_GET_ITEM(keys, k), *raw = PyList_GET_ITEM(raws, k);
+        if (raw != Py_None) {
+            if (PySet_Add(present, key) < 0) return NULL;
+            PyObject *argv[1] = {raw};
+            PyObject *rec = PyObject_Vectorcall(loads, argv, 1, NULL);
+            if (rec == NULL) return NULL;
+            if (!PyDict_Check(rec)) {
+                Py_DECREF(rec);
+                PyErr_SetString(PyExc_TypeError, "install_many: a key's record is not a dict");
+                return NULL;
+            }
+            PyObject *iargs[5] = {key, rec, args[5], args[6], args[7]};
+            PyObject *r = install(module, iargs, 5);
+            Py_DECREF(rec);
+            if (r == NULL) return NULL;
+            Py_DECREF(r);
+        }
+        if (PyDict_SetItem(res, key, PyList_GET_ITEM(infos, k)) < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* the first (oldest) m keys of d, a new list */
+static PyObject *first_keys(PyObject *d, Py_ssize_t m) {
+    PyObject *out = PyList_New(0), *k, *v;
+    Py_ssize_t pos = 0;
+    if (out == NULL) return NULL;
+    while (PyList_GET_SIZE(out) < m && PyDict_Next(d, &pos, &k, &v)) {
+        if (PyList_Append(out, k) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static int is_current(PyObject *key, PyObject *cur, PyObject *missing) {
+    if (key == cur) return 1;
+    if (cur == missing) return 0;
+    return PyObject_RichCompareBool(key, cur, Py_EQ);
+}
+
+/* clock_victims(resident, n, touched, current, missing) */
+static PyObject *clock_victims(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PySet_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "clock_victims(resident: dict, n: int, touched: set, current, missing)");
+        return NULL;
+    }
+    PyObject *res = args[0], *touched = args[2], *cur = args[3], *missing = args[4];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) n = 0;
+    PyObject *victims = PyList_New(0), *oldest = NULL, *chosen = NULL;
+    if (victims == NULL) return NULL;
+    oldest = first_keys(res, n > PY_SSIZE_T_MAX / 3 ? PY_SSIZE_T_MAX : 3 * n);
+    if (oldest == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(oldest) && PyList_GET_SIZE(victims) < n; i++) {
+        PyObject *key = PyList_GET_ITEM(oldest, i);
+        int t = PySet_Contains(touched, key);
+        if (t < 0) goto fail;
+        if (t) { /* a second chance: to the back */
+            if (PySet_Discard(touched, key) < 0) goto fail;
+            PyObject *v = dict_take(res, key);
+            if (v == NULL) {
+                if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+                goto fail;
+            }
+            int rc = PyDict_SetItem(res, key, v);
+            Py_DECREF(v);
+            if (rc < 0) goto fail;
+            continue;
+        }
+        int c = is_current(key, cur, missing);
+        if (c < 0) goto fail;
+        if (!c && PyList_Append(victims, key) < 0) goto fail;
+    }
+    if (PyList_GET_SIZE(victims) < n) { /* mostly touched keys: the oldest go anyway */
+        Py_CLEAR(oldest);
+        chosen = PySet_New(victims);
+        if (chosen == NULL) goto fail;
+        oldest = first_keys(res, n > (PY_SSIZE_T_MAX - 1) / 2 ? PY_SSIZE_T_MAX : 2 * n + 1);
+        if (oldest == NULL) goto fail;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(oldest) && PyList_GET_SIZE(victims) < n; i++) {
+            PyObject *key = PyList_GET_ITEM(oldest, i);
+            int in = PySet_Contains(chosen, key);
+            if (in < 0) goto fail;
+            if (in) continue;
+            int c = is_current(key, cur, missing);
+            if (c < 0) goto fail;
+            if (c) continue;
+            if (PyList_Append(victims, key) < 0 || PySet_Discard(touched, key) < 0) goto fail;
+        }
+    }
+    Py_XDECREF(chosen);
+    Py_XDECREF(oldest);
+    return victims;
+fail:
+    Py_XDECREF(chosen);
+    Py_XDECREF(oldest);
+    Py_DECREF(victims);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"key_group", (PyCFunction)(void (*)(void))key_group, METH_FASTCALL,
      "key_group(key_bytes, max_parallelism): fmix32(crc32(key_bytes)) % max_parallelism"},
@@ -304,6 +578,12 @@ static PyMethodDef methods[] = {
      "admit(key, info, get, loads, present, index, primary, extra, resident): read a key's record into the dicts"},
     {"write_back", (PyCFunction)(void (*)(void))write_back, METH_FASTCALL,
      "write_back(keys, resident, drop, primary, sids, extra, present, put, delete, dumps, protocol)"},
+    {"plan", (PyCFunction)(void (*)(void))plan, METH_FASTCALL,
+     "plan(keys, resident, lo, hi, max_parallelism, encode): (keys, infos, prefixes) of a prefetch"},
+    {"install_many", (PyCFunction)(void (*)(void))install_many, METH_FASTCALL,
+     "install_many(keys, infos, raws, loads, present, index, primary, extra, resident): admit keys read"},
+    {"clock_victims", (PyCFunction)(void (*)(void))clock_victims, METH_FASTCALL,
+     "clock_victims(resident, n, touched, current, missing): the keys an eviction writes back"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -70,7 +70,7 @@ import rocksdict
 
 from statelog import _ext
 from statelog.errors import ConfigError, StatelogError
-from statelog.keys import decode_key, encode_key, key_group_of_bytes
+from statelog.keys import decode_key, encode_key, key_group_of_bytes, key_group_of_bytes_py
 
 log = logging.getLogger(__name__)
 
@@ -226,12 +226,80 @@ def _write_back_py(
     return written
 
 
+def _plan_py(
+    keys: Iterable[Any], resident: dict[Any, tuple[type, bytes, int]], lo: int, hi: int, maxp: int, encode: Any,
+) -> tuple[list[Any], list[tuple[type, bytes, int]], list[bytes]]:
+    """The keys of a prefetch to read, in their order: each of ``keys`` once, not resident,
+    hashable and encodable (others are skipped), of a key group in ``lo..hi``. Returns the
+    keys, their key infos and their records' database keys."""
+    seen: set[Any] = set()
+    out: tuple[list[Any], list[tuple[type, bytes, int]], list[bytes]] = ([], [], [])
+    for key in keys:
+        try:
+            if key in resident or key in seen:
+                continue
+            kb = encode(key)
+        except Exception:  # noqa: BLE001 - set_current_key reports it for its record
+            continue
+        kg = key_group_of_bytes_py(kb, maxp)
+        if lo <= kg <= hi:
+            seen.add(key)
+            out[0].append(key)
+            out[1].append((type(key), kb, kg))
+            out[2].append(_key_prefix_py(kg, kb))
+    return out
+
+
+def _install_many_py(
+    keys: list[Any], infos: list[tuple[type, bytes, int]], raws: list[bytes | None], loads: Any, present: set[Any],
+    index: dict[int, int], primary: list[dict[Any, Any]], extra: dict[Any, dict[int, Any]],
+    res: dict[Any, tuple[type, bytes, int]],
+) -> None:
+    """Make each of ``keys`` resident with its record already read (``raws``; ``None``: none)."""
+    for key, info, raw in zip(keys, infos, raws, strict=True):
+        if raw is not None:
+            present.add(key)
+            rec = loads(raw)
+            if not isinstance(rec, dict):
+                raise TypeError("install_many: a key's record is not a dict")
+            _install_py(key, rec, index, primary, extra)
+        res[key] = info
+
+
+def _clock_victims_py(res: dict[Any, Any], n: int, touched: set[Any], cur: Any, missing: Any) -> list[Any]:
+    """The resident keys an eviction writes back, oldest first (CLOCK): of the oldest ``3n``,
+    a key set current again since admitted or spared (``touched``) is spared once and moves to
+    the back; any other key but the current one is a victim, up to ``n``. If fewer were found
+    (mostly touched keys), the oldest not chosen fill up to ``n``."""
+    victims: list[Any] = []
+    for key in list(itertools.islice(res, 3 * n)):
+        if len(victims) >= n:
+            break
+        if key in touched:
+            touched.discard(key)
+            res[key] = res.pop(key)
+        elif key is not cur and not (cur is not missing and key == cur):
+            victims.append(key)
+    if len(victims) < n:
+        chosen = set(victims)
+        for key in list(itertools.islice(res, 2 * n + 1)):
+            if len(victims) >= n:
+                break
+            if key not in chosen and key is not cur and not (cur is not missing and key == cur):
+                victims.append(key)
+                touched.discard(key)
+    return victims
+
+
 # their C versions (statelog/_ext/workingset.c) when built: a miss runs them once or twice
 _C = _ext.load("workingset")
 _key_prefix = _C.key_prefix if _C is not None else _key_prefix_py
 _install = _C.install if _C is not None else _install_py
 _admit = _C.admit if _C is not None else _admit_py
 _write_back = _C.write_back if _C is not None else _write_back_py
+_plan = _C.plan if _C is not None else _plan_py
+_install_many = _C.install_many if _C is not None else _install_many_py
+_clock_victims = _C.clock_victims if _C is not None else _clock_victims_py
 
 
 def _disk_key(sid: int, kg: int, kb: bytes, nsb: bytes) -> bytes:
@@ -438,27 +506,18 @@ class WorkingSet:
 
     # -- prefetch: the keys of the next records, read in one batch ---------------------------
 
-    def prefetch(self, infos: dict[Any, tuple[type, bytes, int]]) -> None:
-        """Make the keys of ``infos`` (key -> key info) resident with one batched database read
-        (RocksDB's multi-get: cheaper per key than a read per record; those resident already
-        are left as they are)."""
-        res = self.resident
-        infos = {key: info for key, info in infos.items() if key not in res}
-        if not infos:
-            return
+    def prefetch(self, keys: Iterable[Any], lo: int, hi: int) -> int:
+        """Make the keys among ``keys`` that are not resident yet resident with one batched
+        database read (RocksDB's multi-get: cheaper per key than a read per record). Keys
+        that are unhashable or cannot be encoded, and keys of key groups outside ``lo..hi``,
+        are skipped. Returns the number of keys read."""
+        todo, infos, prefixes = _plan(keys, self.resident, lo, hi, self.max_parallelism, encode_key)
+        if not todo:
+            return 0
         self._check_open()
-        self._install_many(infos, self._multi_get([_key_prefix(info[2], info[1]) for info in infos.values()]))
-
-    def _multi_get(self, prefixes: list[bytes]) -> list[bytes | None]:
-        try:
-            return self._db.get(prefixes)
-        except Exception as e:  # noqa: BLE001 - RocksDB's errors are plain exceptions
-            raise self._failed(e) from None
-
-    def _install_many(self, infos: dict[Any, tuple[type, bytes, int]], raws: list[bytes | None]) -> None:
-        res, present, index, primary, extra = self.resident, self._present, self._sid_index, self._primary, self._extra
+        raws = self._multi_get(prefixes)
+        res = self.resident
         n = len(res)
-        todo = [(key, info, raw) for (key, info), raw in zip(infos.items(), raws, strict=True)]
         while n and n + len(todo) > self.resident_limit:
             self.evict_resident()
             if len(res) == n:
@@ -466,17 +525,20 @@ class WorkingSet:
             n = len(res)
         probe = not self._fixed and n < PROBE_KEYS <= n + len(todo)
         try:
-            for key, info, raw in todo:
-                if raw is not None:
-                    present.add(key)
-                    _install(key, _LOADS(raw), index, primary, extra)
-                res[key] = info
+            _install_many(todo, infos, raws, _LOADS, self._present, self._sid_index, self._primary, self._extra, res)
         except Exception as e:  # noqa: BLE001 - an unreadable record
             raise self._failed(e) from None
         if probe:  # measured once early, as admit() does
             self._sample_resident(list(itertools.islice(res, 64)), probe=True)
         self.misses += len(todo)
         self.prefetched += len(todo)
+        return len(todo)
+
+    def _multi_get(self, prefixes: list[bytes]) -> list[bytes | None]:
+        try:
+            return self._db.get(prefixes)
+        except Exception as e:  # noqa: BLE001 - RocksDB's errors are plain exceptions
+            raise self._failed(e) from None
 
     def _write_back_resident(self, keys: list[Any], batch: Any, drop: bool) -> None:
         """Write ``keys``' records into ``batch`` (see :func:`_write_back_py`)."""
@@ -491,24 +553,7 @@ class WorkingSet:
         res = self.resident
         n = max(1, int(len(res) * EVICT_FRACTION))
         cur = self.key_context.key if self.key_context is not None else _MISSING
-        touched = self.touched
-        victims: list[Any] = []
-        for key in list(itertools.islice(res, 3 * n)):
-            if key in touched:
-                touched.discard(key)
-                res[key] = res.pop(key)
-            elif key is not cur and not (cur is not _MISSING and key == cur):
-                victims.append(key)
-                if len(victims) == n:
-                    break
-        if len(victims) < n:  # mostly touched keys: the oldest go anyway
-            chosen = set(victims)
-            for key in list(itertools.islice(res, 2 * n + 1)):
-                if len(victims) == n:
-                    break
-                if key not in chosen and key is not cur and not (cur is not _MISSING and key == cur):
-                    victims.append(key)
-                    touched.discard(key)
+        victims = _clock_victims(res, n, self.touched, cur, _MISSING)
         if not self._fixed:
             self._sample_resident(victims[:16])
         batch = self._rocksdict.WriteBatch(raw_mode=True)

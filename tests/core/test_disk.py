@@ -112,7 +112,7 @@ def open_job(root: Path, store: str, state_dir: Path, **kw: Any) -> statelog.Sta
 def miss_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The working set's miss path in C (statelog/_ext/workingset.c) and its pure-Python reference."""
     if request.param == "python":
-        for name in ("_key_prefix", "_install", "_admit", "_write_back"):
+        for name in ("_key_prefix", "_install", "_admit", "_write_back", "_plan", "_install_many", "_clock_victims"):
             monkeypatch.setattr(disk, name, getattr(disk, name + "_py"))
     elif not _ext.FORCE_PYTHON:
         assert disk._C is not None, "statelog/_ext/workingset.c is not built (make venv builds it)"
@@ -273,6 +273,58 @@ def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
             done.append((found, present, primary, extra, res))
         assert done[0] == done[1]
         assert done[0][0] is (key != 2) and done[0][4] == {key: info}
+
+
+@pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
+@pytest.mark.parametrize("seed", range(40))
+def test_the_c_prefetch_and_eviction_paths_equal_their_python_references(seed: int) -> None:
+    """plan, install_many and clock_victims in C and in Python, on the same random inputs: keys of
+    every kind (exact ints, negative and beyond int64, bools, floats, ASCII and other strs,
+    long strs, tuples, unhashable and unencodable keys), resident or not, repeated, in and
+    out of the key-group range; records present or not; touched and current keys."""
+    rnd = random.Random(seed)
+
+    class Odd:  # hashable, but encode_key refuses it
+        pass
+
+    pool: list = [
+        *range(-3, 40), 2**63, -(2**63) - 1, True, False, 1.0, 2.5, "a", "ü", "x" * 127, "y" * 128, "z" * 300,
+        (1, "t"), None, b"b", [1], {"a": 1}, Odd(),
+    ]
+    keys = [rnd.choice(pool) for _ in range(rnd.randrange(0, 60))]
+    resident = {k: (type(k), encode_key(k), 0) for k in rnd.sample(range(-3, 40), rnd.randrange(0, 20))}
+    lo = rnd.randrange(0, 16)
+    hi = rnd.randrange(lo, 16)
+    plans = [impl(iter(keys), resident, lo, hi, 16, encode_key) for impl in (disk._C.plan, disk._plan_py)]
+    assert plans[0] == plans[1]
+    todo, infos, prefixes = (list(x) for x in plans[0])
+    assert all(lo <= info[2] <= hi and info[0] is type(k) for k, info in zip(todo, infos, strict=True))
+    sids = [1, 3][: rnd.randrange(0, 3)]
+    raws = [None if rnd.random() < 0.3 else pickle.dumps({sid: i for sid in [*sids, 9]}) for i in range(len(todo))]
+    done = []
+    for impl in (disk._C.install_many, disk._install_many_py):
+        present: set = set()
+        primary = [{} for _ in sids]
+        extra: dict = {}
+        res = dict(resident)
+        impl(todo, infos, raws, pickle.loads, present, {sid: i for i, sid in enumerate(sids)}, primary, extra, res)
+        done.append((present, primary, extra, list(res.items())))
+    assert done[0] == done[1]
+    assert len(done[0][3]) == len(resident) + len(todo)
+    order = list(range(rnd.randrange(1, 80)))
+    rnd.shuffle(order)
+    touched_init = {k for k in order if rnd.random() < rnd.choice([0.1, 0.5, 0.95])}
+    n = rnd.randrange(1, len(order) + 2)
+    missing = object()
+    cur = rnd.choice([missing, rnd.choice(order), 10**6])
+    out = []
+    for impl in (disk._C.clock_victims, disk._clock_victims_py):
+        res = {k: k for k in order}
+        touched = set(touched_init)
+        victims = impl(res, n, touched, cur, missing)
+        out.append((victims, list(res), touched))
+    assert out[0] == out[1]
+    assert cur not in out[0][0] and len(out[0][0]) == min(n, len(order) - (cur in order))
 
 
 def test_states_registered_late_keep_their_restored_entries(tmp_path: Path) -> None:
