@@ -38,6 +38,7 @@
 #include <limits.h>
 #ifndef Py_T_OBJECT_EX /* before Python 3.12 the member types are in structmember.h */
 #include "structmember.h"
+#include "keyenc.h"
 #define Py_T_OBJECT_EX T_OBJECT_EX
 #endif
 
@@ -265,43 +266,11 @@ ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObj
     return rb_append_key(rb, PyBytes_AS_STRING(kb), PyBytes_GET_SIZE(kb), kgo, nsb, op, v, fast, x);
 }
 
-/* The serialized key (statelog/keys.py, docs/format.md "Key encoding") of an exact int in
- * the int64 range or an exact ASCII str of at most 127 characters, written to out (at
- * least KEY_FAST_MAX bytes); returns its length, or 0 for any other key. The update fast
- * path uses it so that it need not read the cached key bytes object of the current key, a
- * cache miss per record when the keys are many: the key object itself was just hashed.
- * Keys equal in Python have one encoding (key encoding 2): a bool or an integral float is
- * not an exact int, so it returns 0 here and the cached bytes (the int's, normalized by
+/* encode_key_fast (keyenc.h): the update fast path uses it so that it need not read the
+ * cached key bytes object of the current key, a cache miss per record when the keys are
+ * many: the key object itself was just hashed. It returns 0 for a bool or an integral float
+ * (equal to an int key, key encoding 2), and the cached bytes (the int's, normalized by
  * keys.py) are written; the caller only uses it when the cached type is the key's type. */
-#define KEY_FAST_MAX 129
-#define TAG_INT64 0x03
-#define TAG_STR 0x06
-ALWAYS_INLINE Py_ssize_t encode_key_fast(PyObject *key, char *out) {
-    if (PyLong_CheckExact(key)) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
-        if (overflow || (v == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            return 0;
-        }
-        uint64_t u = (uint64_t)v ^ ((uint64_t)1 << 63); /* v + 2**63, big-endian */
-        out[0] = TAG_INT64;
-        for (int i = 8; i >= 1; i--) {
-            out[i] = (char)(u & 0xFF);
-            u >>= 8;
-        }
-        return 9;
-    }
-    if (PyUnicode_CheckExact(key) && PyUnicode_IS_COMPACT_ASCII(key)) {
-        Py_ssize_t n = PyUnicode_GET_LENGTH(key);
-        if (n > 127) return 0;
-        out[0] = TAG_STR;
-        out[1] = (char)n; /* varint of n < 128: one byte */
-        memcpy(out + 2, PyUnicode_DATA(key), (size_t)n);
-        return n + 2;
-    }
-    return 0;
-}
 
 static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     int vkind = VK_OBJECT;

@@ -41,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include "keyenc.h"
 
 static uint32_t crc_table[256];
 
@@ -306,38 +307,6 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyLong_FromSsize_t(written);
 }
 
-#define TAG_INT64 0x03
-#define TAG_STR 0x06
-
-/* the canonical bytes of an exact int64 or a short ASCII str into out (>= 129 bytes): its
- * length, or 0 for any other key (statelog/keys.py encode_key is the reference) */
-static Py_ssize_t encode_fast(PyObject *key, unsigned char *out) {
-    if (PyLong_CheckExact(key)) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
-        if (overflow || (v == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            return 0;
-        }
-        uint64_t u = (uint64_t)v ^ ((uint64_t)1 << 63); /* v + 2**63, big-endian */
-        out[0] = TAG_INT64;
-        for (int i = 8; i >= 1; i--) {
-            out[i] = (unsigned char)(u & 0xFF);
-            u >>= 8;
-        }
-        return 9;
-    }
-    if (PyUnicode_CheckExact(key) && PyUnicode_IS_COMPACT_ASCII(key)) {
-        Py_ssize_t n = PyUnicode_GET_LENGTH(key);
-        if (n > 127) return 0;
-        out[0] = TAG_STR;
-        out[1] = (unsigned char)n; /* varint of n < 128: one byte */
-        memcpy(out + 2, PyUnicode_DATA(key), (size_t)n);
-        return n + 2;
-    }
-    return 0;
-}
-
 /* a failure of one key (unhashable, unencodable) skips it; other errors (KeyboardInterrupt,
  * MemoryError) propagate: returns -1 for those */
 static int skip_key_error(void) {
@@ -367,7 +336,7 @@ static PyObject *plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *seen = PySet_New(NULL), *keys = PyList_New(0), *infos = PyList_New(0), *prefixes = PyList_New(0);
     PyObject *key = NULL, *kb = NULL, *kgo = NULL, *info = NULL, *prefix = NULL;
     if (seen == NULL || keys == NULL || infos == NULL || prefixes == NULL) goto fail;
-    unsigned char buf[6 + 130];
+    char buf[KEY_FAST_MAX];
     while ((key = PyIter_Next(it)) != NULL) {
         int in = PyDict_Contains(res, key);
         if (in == 0) in = PySet_Contains(seen, key);
@@ -380,10 +349,10 @@ static PyObject *plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_CLEAR(key);
             continue;
         }
-        Py_ssize_t n = encode_fast(key, buf + 6);
+        Py_ssize_t n = encode_key_fast(key, buf);
         const unsigned char *kp;
         if (n > 0) {
-            kp = buf + 6;
+            kp = (const unsigned char *)buf;
         } else {
             PyObject *argv[1] = {key};
             kb = PyObject_Vectorcall(encode, argv, 1, NULL);
