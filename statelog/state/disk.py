@@ -378,6 +378,10 @@ class WorkingSet:
         # resident keys set current again since admitted or spared (the backend's key setter
         # adds them): spared once by the next eviction
         self.touched: set[Any] = set()
+        # the keys the last prefetch made resident: their first records find them resident
+        # and mark them touched, but that use is their admission, not a second one (the next
+        # prefetch unmarks them, so that CLOCK spares only keys used again)
+        self._fetched: list[Any] = []
         self.resident_bytes = 400.0  # refined from samples at every eviction
         self.resident_limit = cache_entries or max(MIN_CACHE_ENTRIES, int(self.cache_bytes / self.resident_bytes))
         # figures (stats, benchmarks)
@@ -511,6 +515,9 @@ class WorkingSet:
         database read (RocksDB's multi-get: cheaper per key than a read per record). Keys
         that are unhashable or cannot be encoded, and keys of key groups outside ``lo..hi``,
         are skipped. Returns the number of keys read."""
+        if self._fetched:
+            self.touched.difference_update(self._fetched)
+            self._fetched = []
         todo, infos, prefixes = _plan(keys, self.resident, lo, hi, self.max_parallelism, encode_key)
         if not todo:
             return 0
@@ -530,6 +537,7 @@ class WorkingSet:
             raise self._failed(e) from None
         if probe:  # measured once early, as admit() does
             self._sample_resident(list(itertools.islice(res, 64)), probe=True)
+        self._fetched = todo
         self.misses += len(todo)
         self.prefetched += len(todo)
         return len(todo)
@@ -589,6 +597,7 @@ class WorkingSet:
         self._write_back_resident(list(res), batch, True)
         res.clear()
         self.touched.clear()
+        self._fetched = []
         if not batch.is_empty():
             self.written_back += batch.len()
             self._write(batch)
@@ -794,6 +803,7 @@ class WorkingSet:
         self._tables.clear()
         self.resident.clear()
         self.touched.clear()
+        self._fetched = []
         self._present.clear()
         self._extra.clear()
         for d in self._primary:

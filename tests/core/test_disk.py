@@ -148,6 +148,35 @@ def test_same_state_and_restore_as_in_memory_under_a_tiny_cache(
     assert sum(len(v) for v in views["disk"][0].values()) > 1000
 
 
+def test_a_prefetched_keys_first_record_is_its_admission_not_a_second_use(tmp_path: Path) -> None:
+    """CLOCK spares resident keys set current again since they were admitted. A prefetched
+    key's first record finds it resident (a hit, which marks it), but that record is the one
+    it was read for: the next prefetch unmarks it, so that an eviction takes keys used once
+    before a key used twice (else every prefetched key looks used twice and the eviction
+    degrades to first in, first out)."""
+    job = statelog.open((tmp_path / "r").as_uri(), max_parallelism=16, state_store="disk", state_dir=str(tmp_path / "ws"))
+    job.state_cache_entries = 20
+    b = job.backend("op")
+    count = b.get_state(DESCRIPTORS[0])
+    ws = b._ws
+
+    def batch(keys: list[int]) -> None:
+        b.prefetch(keys)
+        for k in keys:
+            b.set_current_key(k)
+            count.update(count.value() + 1)
+
+    batch(list(range(10)))
+    batch([*range(10, 20), 3])  # 3 used again
+    assert ws.touched == {*range(10, 20), 3}  # 0-9 unmarked: their one use was their admission
+    batch(list(range(20, 30)))  # 10 resident keys evicted to make room
+    assert 3 in ws.resident and not {0, 1, 2, 4, 5} & set(ws.resident)
+    for k in range(30):
+        b.set_current_key(k)
+        assert count.value() == 1 + (k == 3)
+    job.close()
+
+
 def test_prefetched_keys_are_resident_and_read_in_one_batch(tmp_path: Path) -> None:
     """prefetch() reads the records of the keys not resident in one multi-get, so the records
     that follow find their keys resident; it skips keys of other subtasks, unhashable and
