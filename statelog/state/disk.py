@@ -239,6 +239,8 @@ def _plan_py(
             if key in resident or key in seen:
                 continue
             kb = encode(key)
+        except MemoryError:
+            raise
         except Exception:  # noqa: BLE001 - set_current_key reports it for its record
             continue
         kg = key_group_of_bytes_py(kb, maxp)
