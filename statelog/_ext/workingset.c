@@ -150,6 +150,29 @@ static PyObject *install(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* make key resident with its record raw (borrowed; None: it has none): raw joins `present`
+ * and is installed from loads(raw); resident[key] = info. 0, or -1 with an error set. */
+static int install_raw(PyObject *module, PyObject *key, PyObject *info, PyObject *raw, PyObject *loads,
+                       PyObject *present, PyObject *index, PyObject *primary, PyObject *extra, PyObject *res) {
+    if (raw != Py_None) {
+        if (PySet_Add(present, key) < 0) return -1;
+        PyObject *argv[1] = {raw};
+        PyObject *rec = PyObject_Vectorcall(loads, argv, 1, NULL);
+        if (rec == NULL) return -1;
+        if (!PyDict_Check(rec)) {
+            Py_DECREF(rec);
+            PyErr_SetString(PyExc_TypeError, "a key's record is not a dict");
+            return -1;
+        }
+        PyObject *iargs[5] = {key, rec, index, primary, extra};
+        PyObject *r = install(module, iargs, 5);
+        Py_DECREF(rec);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return PyDict_SetItem(res, key, info);
+}
+
 /* admit(key, info, get, loads, present, index, primary, extra, resident) */
 static PyObject *admit(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 9 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 3 || !PySet_Check(args[4]) ||
@@ -167,26 +190,9 @@ static PyObject *admit(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     Py_DECREF(prefix);
     if (raw == NULL) return NULL;
     int found = raw != Py_None;
-    if (found) {
-        if (PySet_Add(args[4], key) < 0) { Py_DECREF(raw); return NULL; }
-        argv[0] = raw;
-        PyObject *rec = PyObject_Vectorcall(args[3], argv, 1, NULL);
-        Py_DECREF(raw);
-        if (rec == NULL) return NULL;
-        if (!PyDict_Check(rec)) {
-            Py_DECREF(rec);
-            PyErr_SetString(PyExc_TypeError, "admit: a key's record is not a dict");
-            return NULL;
-        }
-        PyObject *iargs[5] = {key, rec, args[5], args[6], args[7]};
-        PyObject *r = install(module, iargs, 5);
-        Py_DECREF(rec);
-        if (r == NULL) return NULL;
-        Py_DECREF(r);
-    } else {
-        Py_DECREF(raw);
-    }
-    if (PyDict_SetItem(args[8], key, info) < 0) return NULL;
+    int rc = install_raw(module, key, info, raw, args[3], args[4], args[5], args[6], args[7], args[8]);
+    Py_DECREF(raw);
+    if (rc < 0) return NULL;
     return PyBool_FromLong(found);
 }
 
@@ -433,24 +439,9 @@ static PyObject *install_many(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *keys = args[0], *infos = args[1], *raws = args[2], *loads = args[3], *present = args[4];
     PyObject *res = args[8];
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(keys); k++) {
-        PyObject *key = PyList_GET_ITEM(keys, k), *raw = PyList_GET_ITEM(raws, k);
-        if (raw != Py_None) {
-            if (PySet_Add(present, key) < 0) return NULL;
-            PyObject *argv[1] = {raw};
-            PyObject *rec = PyObject_Vectorcall(loads, argv, 1, NULL);
-            if (rec == NULL) return NULL;
-            if (!PyDict_Check(rec)) {
-                Py_DECREF(rec);
-                PyErr_SetString(PyExc_TypeError, "install_many: a key's record is not a dict");
-                return NULL;
-            }
-            PyObject *iargs[5] = {key, rec, args[5], args[6], args[7]};
-            PyObject *r = install(module, iargs, 5);
-            Py_DECREF(rec);
-            if (r == NULL) return NULL;
-            Py_DECREF(r);
-        }
-        if (PyDict_SetItem(res, key, PyList_GET_ITEM(infos, k)) < 0) return NULL;
+        if (install_raw(module, PyList_GET_ITEM(keys, k), PyList_GET_ITEM(infos, k), PyList_GET_ITEM(raws, k),
+                        loads, present, args[5], args[6], args[7], res) < 0)
+            return NULL;
     }
     Py_RETURN_NONE;
 }

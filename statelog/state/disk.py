@@ -177,17 +177,29 @@ def _install_py(key: Any, rec: dict[int, Any], index: dict[int, int], primary: l
             extra.setdefault(key, {})[sid] = entry
 
 
+def _install_raw_py(
+    key: Any, info: tuple[type, bytes, int], raw: bytes | None, loads: Any, present: set[Any], index: dict[int, int],
+    primary: list[dict[Any, Any]], extra: dict[Any, dict[int, Any]], res: dict[Any, tuple[type, bytes, int]],
+) -> None:
+    """Make ``key`` resident with its record ``raw`` (``None``: it has none): then it is
+    ``present`` and its entries are in the states' dicts."""
+    if raw is not None:
+        present.add(key)
+        rec = loads(raw)
+        if not isinstance(rec, dict):
+            raise TypeError("a key's record is not a dict")
+        _install_py(key, rec, index, primary, extra)
+    res[key] = info
+
+
 def _admit_py(
     key: Any, info: tuple[type, bytes, int], get: Any, loads: Any, present: set[Any], index: dict[int, int],
     primary: list[dict[Any, Any]], extra: dict[Any, dict[int, Any]], res: dict[Any, tuple[type, bytes, int]],
 ) -> bool:
     """Make ``key`` resident: its record, read by ``get``, into the states' dicts (when it has
     one: then it is ``present``). Returns whether it had one."""
-    raw = get(_key_prefix(info[2], info[1]))
-    if raw is not None:
-        present.add(key)
-        _install(key, loads(raw), index, primary, extra)
-    res[key] = info
+    raw = get(_key_prefix_py(info[2], info[1]))
+    _install_raw_py(key, info, raw, loads, present, index, primary, extra, res)
     return raw is not None
 
 
@@ -259,13 +271,7 @@ def _install_many_py(
 ) -> None:
     """Make each of ``keys`` resident with its record already read (``raws``; ``None``: none)."""
     for key, info, raw in zip(keys, infos, raws, strict=True):
-        if raw is not None:
-            present.add(key)
-            rec = loads(raw)
-            if not isinstance(rec, dict):
-                raise TypeError("install_many: a key's record is not a dict")
-            _install_py(key, rec, index, primary, extra)
-        res[key] = info
+        _install_raw_py(key, info, raw, loads, present, index, primary, extra, res)
 
 
 def _clock_victims_py(res: dict[Any, Any], n: int, touched: set[Any], cur: Any, missing: Any) -> list[Any]:
