@@ -32,6 +32,9 @@
  *     their records' database keys.
  * install_many(keys, infos, raws, loads, present, index, primary, extra, resident): admit
  *     for each key with its record already read (raws[i], None when there is none).
+ * rec_dumps(value, protocol), rec_loads(raw): a value of the database (a key's record or a
+ *     namespaced entry) to bytes and back: the compact form of plain types, or a pickle of
+ *     the given protocol (2 or later) for the others (reccodec.h).
  * clock_victims(resident, n, touched, current, missing): the resident keys an eviction
  *     writes back, oldest first (CLOCK): of the oldest 3n, a key in `touched` leaves it and
  *     moves to the back (a second chance), any other key but the current one is a victim,
@@ -42,6 +45,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include "keyenc.h"
+#include "reccodec.h"
+
+static PyObject *pickle_dumps, *pickle_loads;
 
 static uint32_t crc_table[256];
 
@@ -527,6 +533,38 @@ fail:
     return NULL;
 }
 
+/* rec_dumps(value, protocol) */
+static PyObject *rec_dumps(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "rec_dumps(value, protocol)");
+        return NULL;
+    }
+    PyObject *out = rec_compact(args[0]);
+    if (out != Py_None) return out;
+    Py_DECREF(out);
+    long proto = PyLong_AsLong(args[1]);
+    if (proto == -1 && PyErr_Occurred()) return NULL;
+    if (proto < 2) { /* a pickle must start with 0x80 (PROTO) to be told from the compact form */
+        PyErr_SetString(PyExc_ValueError, "rec_dumps: the pickle protocol must be 2 or later");
+        return NULL;
+    }
+    PyObject *argv[2] = {args[0], args[1]};
+    return PyObject_Vectorcall(pickle_dumps, argv, 2, NULL);
+}
+
+/* rec_loads(raw) */
+static PyObject *rec_loads(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "rec_loads(raw: bytes)");
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    if (n > 0 && p[0] == REC_MAGIC) return rec_parse(p, n);
+    if (n > 0 && p[0] == REC_PICKLE) return PyObject_Vectorcall(pickle_loads, args, 1, NULL);
+    return rec_corrupt(n ? "an unknown first byte" : "it is empty");
+}
+
 static PyMethodDef methods[] = {
     {"key_group", (PyCFunction)(void (*)(void))key_group, METH_FASTCALL,
      "key_group(key_bytes, max_parallelism): fmix32(crc32(key_bytes)) % max_parallelism"},
@@ -542,6 +580,10 @@ static PyMethodDef methods[] = {
      "plan(keys, resident, lo, hi, max_parallelism, encode): (keys, infos, prefixes) of a prefetch"},
     {"install_many", (PyCFunction)(void (*)(void))install_many, METH_FASTCALL,
      "install_many(keys, infos, raws, loads, present, index, primary, extra, resident): admit keys read"},
+    {"rec_dumps", (PyCFunction)(void (*)(void))rec_dumps, METH_FASTCALL,
+     "rec_dumps(value, protocol): a value of the database as bytes (compact form or pickle)"},
+    {"rec_loads", (PyCFunction)(void (*)(void))rec_loads, METH_FASTCALL,
+     "rec_loads(raw): the value of rec_dumps' bytes"},
     {"clock_victims", (PyCFunction)(void (*)(void))clock_victims, METH_FASTCALL,
      "clock_victims(resident, n, touched, current, missing): the keys an eviction writes back"},
     {NULL, NULL, 0, NULL},
@@ -551,5 +593,11 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "workingset", NULL
 
 PyMODINIT_FUNC PyInit_workingset(void) {
     crc_init();
+    PyObject *pickle = PyImport_ImportModule("pickle");
+    if (pickle == NULL) return NULL;
+    pickle_dumps = PyObject_GetAttrString(pickle, "dumps");
+    pickle_loads = PyObject_GetAttrString(pickle, "loads");
+    Py_DECREF(pickle);
+    if (pickle_dumps == NULL || pickle_loads == NULL) return NULL;
     return PyModule_Create(&moduledef);
 }

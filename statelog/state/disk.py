@@ -17,14 +17,16 @@ Layout (one database per backend; docs/format.md section 10)::
 
     a key's record:    key group (2 bytes, big-endian) | length of the key bytes (4 bytes,
                        big-endian) | key bytes
-                       -> pickle of {state id: entry} (its default-namespace entries)
+                       -> {state id: entry} (its default-namespace entries)
     namespaced entry:  the same | state id (2 bytes, big-endian) | namespace bytes
-                       -> pickle of the entry
+                       -> the entry
 
-(entries: the in-memory entries of the state kinds, statelog.state.appliers), so the entries
-of one key group are one contiguous range (dropped, iterated and bulk loaded in key-group
-order), and one read brings a key's entries of every state. State ids are given by each
-backend in the order it first sees each state.
+(values: a compact encoding of plain types, None, bool, int64, float, str, bytes and
+lists, tuples and dicts of them, else a pickle: _rec_dumps_py below; entries: the in-memory
+entries of the state kinds, statelog.state.appliers), so the entries of one key group are
+one contiguous range (dropped, iterated and bulk loaded in key-group order), and one read
+brings a key's entries of every state. State ids are given by each backend in the order it
+first sees each state.
 
 Two caches sit over the database, both keyed by the key object as the in-memory tables are:
 
@@ -60,6 +62,7 @@ import logging
 import os
 import pickle
 import shutil
+import struct
 import sys
 import tempfile
 import uuid
@@ -79,8 +82,6 @@ __all__ = ["DiskTable", "ResidentView", "WorkingSet", "WorkingSetError", "defaul
 DIR_PREFIX = "statelog-ws-"
 _TOMB: Any = object()  # a deleted entry not written back yet
 _MISSING: Any = object()
-_DUMPS = pickle.dumps
-_LOADS = pickle.loads
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 # The memory budget's split: the rest (about an eighth) is left for the allocator's slack.
@@ -299,6 +300,151 @@ def _clock_victims_py(res: dict[Any, Any], n: int, touched: set[Any], cur: Any, 
     return victims
 
 
+# -- the database's values: compact form of plain types, pickle for the rest ----------------
+# (docs/format.md section 10; statelog/_ext/reccodec.h is the C version)
+REC_MAGIC = 0x01
+_REC_PICKLE = 0x80  # a pickle of protocol 2 or later starts with PROTO
+_REC_MAX_DEPTH = 32
+_R_NONE, _R_FALSE, _R_TRUE, _R_INT, _R_FLOAT, _R_STR, _R_BYTES, _R_LIST, _R_TUPLE, _R_DICT = range(10)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_F64 = struct.Struct("<d")
+
+
+class _NotCompact(Exception):
+    """A value outside the compact form's types."""
+
+
+def _uv(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _rec_enc(o: Any, out: list[bytes], depth: int) -> None:
+    t = type(o)
+    if o is None:
+        out.append(b"\x00")
+    elif t is bool:
+        out.append(b"\x02" if o else b"\x01")
+    elif t is int:
+        if not _INT64[0] <= o <= _INT64[1]:
+            raise _NotCompact
+        out.append(bytes((_R_INT,)) + _uv(((o << 1) ^ (o >> 63)) & 0xFFFFFFFFFFFFFFFF))
+    elif t is float:
+        out.append(bytes((_R_FLOAT,)) + _F64.pack(o))
+    elif t is str or t is bytes:
+        if t is str:
+            try:
+                o = o.encode()
+            except UnicodeEncodeError:  # lone surrogates: pickle keeps them
+                raise _NotCompact from None
+        out.append(bytes((_R_STR if t is str else _R_BYTES,)) + _uv(len(o)) + o)
+    elif depth >= _REC_MAX_DEPTH:
+        raise _NotCompact
+    elif t is list or t is tuple:
+        out.append(bytes((_R_LIST if t is list else _R_TUPLE,)) + _uv(len(o)))
+        for e in o:
+            _rec_enc(e, out, depth + 1)
+    elif t is dict:
+        out.append(bytes((_R_DICT,)) + _uv(len(o)))
+        for k, v in o.items():
+            _rec_enc(k, out, depth + 1)
+            _rec_enc(v, out, depth + 1)
+    else:
+        raise _NotCompact
+
+
+def _rec_dumps_py(value: Any, protocol: int) -> bytes:
+    """A value of the database (a key's record or a namespaced entry) as bytes: the compact
+    form when it is made of None, bool, int of int64, float, str, bytes, and lists, tuples and
+    dicts of them (exact types, at most 32 deep), else a pickle (protocol 2 or later)."""
+    out = [bytes((REC_MAGIC,))]
+    try:
+        _rec_enc(value, out, 0)
+    except _NotCompact:
+        if protocol < 2:
+            raise ValueError("rec_dumps: the pickle protocol must be 2 or later") from None
+        return pickle.dumps(value, protocol)
+    return b"".join(out)
+
+
+def _rec_corrupt(what: str) -> ValueError:
+    return ValueError(f"a working-set value does not parse: {what}")
+
+
+def _rec_get_uv(raw: bytes, i: int) -> tuple[int, int]:
+    v = shift = 0
+    while shift < 64 and i < len(raw):
+        c = raw[i]
+        i += 1
+        if shift == 63 and c > 1:
+            break
+        v |= (c & 0x7F) << shift
+        if not c & 0x80:
+            return v, i
+        shift += 7
+    raise _rec_corrupt("a bad length or int")
+
+
+def _rec_dec(raw: bytes, i: int, depth: int) -> tuple[Any, int]:
+    if i >= len(raw):
+        raise _rec_corrupt("it ends inside a value")
+    tag = raw[i]
+    i += 1
+    if tag <= _R_TRUE:
+        return (None, False, True)[tag], i
+    if tag == _R_INT:
+        u, i = _rec_get_uv(raw, i)
+        return (u >> 1) ^ -(u & 1), i
+    if tag == _R_FLOAT:
+        if len(raw) - i < 8:
+            raise _rec_corrupt("it ends inside a float")
+        return _F64.unpack_from(raw, i)[0], i + 8
+    if tag in (_R_STR, _R_BYTES):
+        n, i = _rec_get_uv(raw, i)
+        if n > len(raw) - i:
+            raise _rec_corrupt("a length beyond its end")
+        b = raw[i : i + n]
+        return (b.decode() if tag == _R_STR else b), i + n
+    if tag in (_R_LIST, _R_TUPLE, _R_DICT):
+        if depth >= _REC_MAX_DEPTH:
+            raise _rec_corrupt("nested too deep")
+        n, i = _rec_get_uv(raw, i)
+        if n > (len(raw) - i) // (2 if tag == _R_DICT else 1):
+            raise _rec_corrupt("a count beyond its end")
+        if tag == _R_DICT:
+            d: dict[Any, Any] = {}
+            for _ in range(n):
+                k, i = _rec_dec(raw, i, depth + 1)
+                v, i = _rec_dec(raw, i, depth + 1)
+                d[k] = v
+            return d, i
+        items = []
+        for _ in range(n):
+            e, i = _rec_dec(raw, i, depth + 1)
+            items.append(e)
+        return (items if tag == _R_LIST else tuple(items)), i
+    raise _rec_corrupt("an unknown tag")
+
+
+def _rec_loads_py(raw: bytes) -> Any:
+    """The value of :func:`_rec_dumps_py`'s bytes; ValueError if they do not parse."""
+    if not isinstance(raw, bytes):
+        raise TypeError("rec_loads(raw: bytes)")
+    if raw[:1] == bytes((REC_MAGIC,)):
+        v, i = _rec_dec(raw, 1, 0)
+        if i != len(raw):
+            raise _rec_corrupt("bytes follow the value")
+        return v
+    if raw[:1] == bytes((_REC_PICKLE,)):
+        return pickle.loads(raw)
+    raise _rec_corrupt("an unknown first byte" if raw else "it is empty")
+
+
+
 # their C versions (statelog/_ext/workingset.c) when built: a miss runs them once or twice
 _C = _ext.load("workingset")
 _key_prefix = _C.key_prefix if _C is not None else _key_prefix_py
@@ -308,6 +454,8 @@ _write_back = _C.write_back if _C is not None else _write_back_py
 _plan = _C.plan if _C is not None else _plan_py
 _install_many = _C.install_many if _C is not None else _install_many_py
 _clock_victims = _C.clock_victims if _C is not None else _clock_victims_py
+_DUMPS = _C.rec_dumps if _C is not None else _rec_dumps_py
+_LOADS = _C.rec_loads if _C is not None else _rec_loads_py
 
 
 def _disk_key(sid: int, kg: int, kb: bytes, nsb: bytes) -> bytes:
@@ -482,6 +630,13 @@ class WorkingSet:
         try:
             return self._db.get(key)
         except Exception as e:  # noqa: BLE001 - RocksDB's errors (corruption, I/O) are plain exceptions
+            raise self._failed(e) from None
+
+    def loads(self, raw: bytes) -> Any:
+        """The value of a database value's bytes (a value that does not parse fails the task)."""
+        try:
+            return _LOADS(raw)
+        except Exception as e:  # noqa: BLE001 - ValueError, or a broken pickle's error
             raise self._failed(e) from None
 
     def _write(self, batch: Any) -> None:
@@ -723,7 +878,7 @@ class WorkingSet:
             rec = records.get(pre)
             if rec is None:
                 raw = self.get(pre)
-                rec = records[pre] = _LOADS(raw) if raw is not None else {}
+                rec = records[pre] = self.loads(raw) if raw is not None else {}
             rec[sid] = e
         for pre, rec in records.items():
             batch.put(pre, _DUMPS(rec, _PROTOCOL))
@@ -853,7 +1008,7 @@ class DiskTable:
         raw = ws.get(_disk_key(self.sid, ki[2], ki[1], self.nsb))
         if raw is None:
             return _MISSING
-        v = _LOADS(raw)
+        v = ws.loads(raw)
         ws.grew()  # before caching: the entry returned must not be the one written back
         self.cache[key] = v
         return v

@@ -114,6 +114,8 @@ def miss_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     if request.param == "python":
         for name in ("_key_prefix", "_install", "_admit", "_write_back", "_plan", "_install_many", "_clock_victims"):
             monkeypatch.setattr(disk, name, getattr(disk, name + "_py"))
+        monkeypatch.setattr(disk, "_DUMPS", disk._rec_dumps_py)
+        monkeypatch.setattr(disk, "_LOADS", disk._rec_loads_py)
     elif not _ext.FORCE_PYTHON:
         assert disk._C is not None, "statelog/_ext/workingset.c is not built (make venv builds it)"
     return request.param
@@ -354,6 +356,128 @@ def test_the_c_prefetch_and_eviction_paths_equal_their_python_references(seed: i
         out.append((victims, list(res), touched))
     assert out[0] == out[1]
     assert cur not in out[0][0] and len(out[0][0]) == min(n, len(order) - (cur in order))
+
+
+def _plain_value(rnd: random.Random, depth: int = 0) -> Any:
+    """A random value of the record codec's compact types (nested lists, tuples and dicts)."""
+    kinds = ["none", "bool", "int", "float", "str", "bytes"] + (["list", "tuple", "dict"] * 2 if depth < 4 else [])
+    k = rnd.choice(kinds)
+    if k == "none":
+        return None
+    if k == "bool":
+        return rnd.random() < 0.5
+    if k == "int":
+        return rnd.choice([0, 1, -1, 63, 64, -64, -65, 2**63 - 1, -(2**63), rnd.randrange(-(2**63), 2**63),
+                           rnd.randrange(-300, 300)])  # fmt: skip
+    if k == "float":
+        return rnd.choice([0.0, -0.0, 1.5, -2.25e300, float("inf"), float("-inf"), float("nan"), rnd.random()])
+    if k == "str":
+        return rnd.choice(["", "a", "abc" * rnd.randrange(0, 60), "ü€", "日本語" * rnd.randrange(1, 4), "\x00\x7f"])
+    if k == "bytes":
+        return bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 200)))
+    items = [_plain_value(rnd, depth + 1) for _ in range(rnd.randrange(0, 6))]
+    if k == "list":
+        return items
+    if k == "tuple":
+        return tuple(items)
+    return {rnd.choice([rnd.randrange(-5, 5), f"k{rnd.randrange(9)}", (1, "t"), b"b", None, 2.5]): v for v in items}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal with the same types all the way down (1, 1.0 and True differ; NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b and str(a) == str(b) or (a != a and b != b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(k, j) for k, j in zip(a, b, strict=True)) and all(
+            _same(a[k], b[k]) for k in a)
+    return a == b
+
+
+class _IntSub(int):
+    """Not an exact int: the compact form leaves it to pickle."""
+
+
+def _outcome(f: Any, raw: bytes) -> tuple:
+    try:
+        return ("ok", repr(f(raw)))
+    except Exception as e:  # noqa: BLE001 - a changed first byte may make it a (broken) pickle
+        return ("error", type(e).__name__)
+
+
+@pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
+@pytest.mark.parametrize("seed", range(40))
+def test_the_c_record_codec_equals_its_python_reference(seed: int) -> None:
+    """rec_dumps and rec_loads in C and in Python (docs/format.md section 10): the same bytes for
+    the same value; each reads the other's bytes back to the same value with the same types;
+    values outside the compact form (ints beyond int64, lone surrogates, sets, subclasses,
+    nesting deeper than 32) are pickles; and bytes that do not parse (every truncation, random
+    changes) raise in both alike."""
+    rnd = random.Random(seed)
+    values = [_plain_value(rnd) for _ in range(20)]
+    deep: Any = 1
+    for _ in range(33):
+        deep = [deep]
+    odd = [2**63, -(2**63) - 1, "\ud800", {1, 2}, _IntSub(3), deep, {"a": [1, frozenset()]}, (1, 2.5, 10**30)]
+    for v in values + odd:
+        raws = [f(v, pickle.HIGHEST_PROTOCOL) for f in (disk._C.rec_dumps, disk._rec_dumps_py)]
+        assert raws[0] == raws[1]
+        raw = raws[0]
+        assert raw[0] == (0x80 if any(v is o for o in odd) else 0x01)
+        for f in (disk._C.rec_loads, disk._rec_loads_py):
+            assert _same(f(raw), v) if raw[0] == 0x01 else f(raw) == v
+        if raw[0] == 0x01:
+            for cut in range(1, len(raw)):  # every truncation: a clear error in both
+                for f in (disk._C.rec_loads, disk._rec_loads_py):
+                    with pytest.raises(ValueError, match="does not parse"):
+                        f(raw[:cut])
+            for _ in range(30):  # a changed byte: both read the same value or both refuse it
+                b = bytearray(raw)
+                b[rnd.randrange(len(b))] = rnd.randrange(256)
+                assert _outcome(disk._C.rec_loads, bytes(b)) == _outcome(disk._rec_loads_py, bytes(b))
+    for f in (disk._C.rec_loads, disk._rec_loads_py):
+        for bad in (b"", b"\x02abc", b"\x01", b"\x01\x00\x00", b"\x01\x0a"):
+            with pytest.raises(ValueError, match="does not parse"):
+                f(bad)
+    for f in (disk._C.rec_dumps, disk._rec_dumps_py):
+        with pytest.raises(ValueError, match="protocol"):
+            f({1, 2}, 1)
+
+
+def test_records_of_plain_values_are_stored_in_the_compact_form(tmp_path: Path, miss_path: str) -> None:
+    """A key's record of plain values is written in the compact form, one of other values as a
+    pickle, and both read back (format.md section 10)."""
+    import decimal
+
+    job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
+    b = job.backend("op", changelog=False)
+    v = b.get_state(statelog.ValueStateDescriptor("v", pa.int64()))
+    m = b.get_state(statelog.MapStateDescriptor("m", key_type=pa.string(), value_type=pa.int64()))
+    for k in range(40):
+        b.set_current_key(k)
+        v.update(k * 7 - 100)
+        m.put_all({"a": k, "ü": -k})
+    ws = b._ws
+    ws.release()
+    raw = ws.get(disk._key_prefix_py(ws.key_info(3)[2], encode_key(3)))
+    assert raw is not None and raw[0] == disk.REC_MAGIC
+    rec = disk._LOADS(raw)
+    assert sorted(rec.values(), key=repr) == sorted([-79, {"a": 3, "ü": -3}], key=repr)
+    for k in range(40):
+        b.set_current_key(k)
+        assert v.value() == k * 7 - 100 and dict(m.items()) == {"a": k, "ü": -k}
+    w = b.get_state(statelog.ValueStateDescriptor("w", pa.decimal128(10, 2)))
+    b.set_current_key(5)
+    w.update(decimal.Decimal("1.25"))
+    ws.release()
+    raw = ws.get(disk._key_prefix_py(ws.key_info(5)[2], encode_key(5)))
+    assert raw is not None and raw[0] == 0x80  # a Decimal: a pickle
+    b.set_current_key(5)
+    assert w.value() == decimal.Decimal("1.25") and v.value() == -65
+    job.close()
 
 
 def test_states_registered_late_keep_their_restored_entries(tmp_path: Path) -> None:
