@@ -21,9 +21,10 @@
  * write_back(keys, resident, drop, primary, sids, extra, present, put, delete, dumps,
  *     protocol): for each key, its entries of every state (primary[i][key] as sids[i], plus
  *     extra[key]) become one record, put(prefix, dumps(record, protocol)); a key with no
- *     entry left that is in `present` is deleted, delete(prefix). With drop, the entries,
- *     extra[key] and resident[key] are removed and the key leaves `present`; without, a key
- *     written becomes present. Returns the number of puts and deletes.
+ *     entry left that is in `present` is deleted, delete(prefix). The puts and deletes are
+ *     made in the order of their database keys, after every key is done. With drop, the
+ *     entries, extra[key] and resident[key] are removed and the key leaves `present`;
+ *     without, a key written becomes present. Returns the number of puts and deletes.
  * plan(keys, resident, lo, hi, max_parallelism, encode): the keys of a prefetch to read, in
  *     their order: each key of the iterable once, not in `resident`, hashable and encodable
  *     (exact ints of int64 and ASCII str of < 128 characters in C, others by encode(key);
@@ -219,6 +220,26 @@ static PyObject *call2(PyObject *f, PyObject *a, PyObject *b) {
     return PyObject_Vectorcall(f, argv, 2, NULL);
 }
 
+typedef struct {
+    PyObject *prefix; /* the record's database key (bytes) */
+    PyObject *data;   /* the record's value, or NULL: delete the record */
+} wb_op;
+
+static int wb_op_cmp(const void *a, const void *b) {
+    PyObject *x = ((const wb_op *)a)->prefix, *y = ((const wb_op *)b)->prefix;
+    Py_ssize_t nx = PyBytes_GET_SIZE(x), ny = PyBytes_GET_SIZE(y);
+    int c = memcmp(PyBytes_AS_STRING(x), PyBytes_AS_STRING(y), (size_t)(nx < ny ? nx : ny));
+    return c != 0 ? c : (nx > ny) - (nx < ny);
+}
+
+static void wb_ops_free(wb_op *ops, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(ops[i].prefix);
+        Py_XDECREF(ops[i].data);
+    }
+    PyMem_Free(ops);
+}
+
 static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 11 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[3]) ||
         !PyList_Check(args[4]) || !PyDict_Check(args[5]) || !PySet_Check(args[6]) ||
@@ -232,8 +253,13 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *present = args[6], *put = args[7], *del = args[8], *dumps = args[9], *proto = args[10];
     int drop = PyObject_IsTrue(args[2]);
     if (drop < 0) return NULL;
-    Py_ssize_t ntables = PyList_GET_SIZE(primary), written = 0;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(keys); k++) {
+    Py_ssize_t ntables = PyList_GET_SIZE(primary), nkeys = PyList_GET_SIZE(keys), nops = 0;
+    /* the puts and deletes, issued in database-key order once every key is done: RocksDB's
+     * memtable inserts keys in order from where the last one went (its skip list keeps that
+     * place), so a sorted batch costs a third less than one in eviction order */
+    wb_op *ops = PyMem_Malloc(sizeof(wb_op) * (size_t)(nkeys ? nkeys : 1));
+    if (ops == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t k = 0; k < nkeys; k++) {
         PyObject *key = PyList_GET_ITEM(keys, k);
         Py_INCREF(key);
         PyObject *info = PyDict_GetItemWithError(res, key);
@@ -281,18 +307,19 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
         if (PyDict_GET_SIZE(rec) > 0) {
             data = call2(dumps, rec, proto);
             if (data == NULL) goto fail;
-            r = call2(put, prefix, data);
-            if (r == NULL) goto fail;
-            written++;
+            if (!PyBytes_Check(data)) {
+                PyErr_SetString(PyExc_TypeError, "write_back: dumps did not return bytes");
+                goto fail;
+            }
+            ops[nops].prefix = Py_NewRef(prefix);
+            ops[nops++].data = Py_NewRef(data);
             if (!drop && PySet_Add(present, key) < 0) goto fail;
         } else {
             int in = PySet_Contains(present, key);
             if (in < 0) goto fail;
             if (in) {
-                PyObject *argv[1] = {prefix};
-                r = PyObject_Vectorcall(del, argv, 1, NULL);
-                if (r == NULL) goto fail;
-                written++;
+                ops[nops].prefix = Py_NewRef(prefix);
+                ops[nops++].data = NULL;
                 if (PySet_Discard(present, key) < 0) goto fail;
             }
         }
@@ -314,9 +341,21 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_XDECREF(rec);
         Py_XDECREF(prefix);
         Py_DECREF(key);
+        wb_ops_free(ops, nops);
         return NULL;
     }
-    return PyLong_FromSsize_t(written);
+    qsort(ops, (size_t)nops, sizeof(wb_op), wb_op_cmp);
+    for (Py_ssize_t i = 0; i < nops; i++) {
+        PyObject *r = ops[i].data != NULL ? call2(put, ops[i].prefix, ops[i].data)
+                                          : PyObject_Vectorcall(del, &ops[i].prefix, 1, NULL);
+        if (r == NULL) {
+            wb_ops_free(ops, nops);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    wb_ops_free(ops, nops);
+    return PyLong_FromSsize_t(nops);
 }
 
 /* a failure of one key (unhashable, unencodable) skips it; other errors (KeyboardInterrupt,

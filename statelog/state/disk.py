@@ -210,9 +210,11 @@ def _write_back_py(
     dumps: Any, protocol: int,
 ) -> int:
     """Write each of ``keys``' entries of every state as one record (``put``); a key with no
-    entry left whose record is in the database is deleted (``delete``). With ``drop`` the keys
-    stop being resident: their entries leave the dicts. Returns the puts and deletes."""
-    written = 0
+    entry left whose record is in the database is deleted (``delete``). The puts and deletes
+    are made in the order of their database keys, after every key is done (RocksDB's memtable
+    inserts a sorted batch faster). With ``drop`` the keys stop being resident: their entries
+    leave the dicts. Returns the puts and deletes."""
+    ops: list[tuple[bytes, bytes | None]] = []
     for key in keys:
         info = res[key]
         pre = _key_prefix(info[2], info[1])
@@ -225,18 +227,25 @@ def _write_back_py(
         if more:
             rec.update(more)
         if rec:
-            put(pre, dumps(rec, protocol))
-            written += 1
+            data = dumps(rec, protocol)
+            if not isinstance(data, bytes):
+                raise TypeError("write_back: dumps did not return bytes")
+            ops.append((pre, data))
             if not drop:
                 present.add(key)
         elif key in present:
-            delete(pre)
-            written += 1
+            ops.append((pre, None))
             present.discard(key)
         if drop:
             present.discard(key)
             del res[key]
-    return written
+    ops.sort(key=lambda op: op[0])
+    for pre, data in ops:
+        if data is None:
+            delete(pre)
+        else:
+            put(pre, data)
+    return len(ops)
 
 
 def _plan_py(
