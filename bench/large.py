@@ -49,6 +49,17 @@ def _rss_kib(field: str = "VmRSS") -> int:
     return 0
 
 
+def _schedstat() -> tuple[int, int]:
+    """This thread's nanoseconds on a CPU and waiting for one (runnable but not running), from
+    ``/proc/thread-self/schedstat``; zeros where the kernel does not keep them."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            on, wait = f.read().split()[:2]
+        return int(on), int(wait)
+    except (OSError, ValueError):
+        return 0, 0
+
+
 def _zipf_keys(n: int, count: int, seed: int) -> list[int]:
     import numpy as np
 
@@ -121,9 +132,14 @@ def child_job(store: str, keys: int, records: int, memory: str, root: str, seqdi
             maybe_checkpoint(k)
     load_s = time.perf_counter() - t0
     rates: dict[str, list[float]] = {"uniform": [], "zipf": []}
+    # the task thread's share of each phase on a CPU and waiting for one (the other threads,
+    # the changelog's flusher and RocksDB's compactions, share the machine's cores with it)
+    on_cpu: dict[str, list[float]] = {"uniform": [], "zipf": []}
+    runq: dict[str, list[float]] = {"uniform": [], "zipf": []}
     for r in range(ROUNDS):
         for dist in ("uniform", "zipf"):
             seq = np.load(_sequence_path(seqdir, keys, r, dist)).tolist()
+            s0 = _schedstat()
             t = time.perf_counter()
             for start in range(0, len(seq), BATCH):
                 batch = seq[start : start + BATCH]
@@ -134,7 +150,11 @@ def child_job(store: str, keys: int, records: int, memory: str, root: str, seqdi
                     put(names[i % 3], i)
                     if not i & 4095:
                         maybe_checkpoint(i)
-            rates[dist].append(records / (time.perf_counter() - t))
+            wall = time.perf_counter() - t
+            s1 = _schedstat()
+            rates[dist].append(records / wall)
+            on_cpu[dist].append(round((s1[0] - s0[0]) / 1e9 / wall, 3))
+            runq[dist].append(round((s1[1] - s0[1]) / 1e9 / wall, 3))
     t = time.perf_counter()
     job.checkpoint(sources={"i": -1})
     ckpt_ms.append((time.perf_counter() - t) * 1000)
@@ -150,6 +170,8 @@ def child_job(store: str, keys: int, records: int, memory: str, root: str, seqdi
     out = {
         "load_keys_per_s": round(keys / load_s),
         "rates": rates,
+        "on_cpu": on_cpu,
+        "runq": runq,
         "checkpoint_ms": ckpt_ms,
         "disk_bytes": ws.disk_bytes() if ws is not None else 0,
         "cache": ws.stats() if ws is not None else None,
@@ -272,6 +294,11 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
             results[f"updates_per_s_memory_{dist}"] = round(statistics.median(mem))
             results[f"updates_per_s_memory_{dist}_spread"] = [round(min(mem)), round(max(mem))]
             results[f"ratio_{dist}"] = round(statistics.median(ratios), 3)
+            # per phase: the task thread's share of the phase on a CPU and waiting for one
+            results[f"task_thread_on_cpu_{dist}"] = {"disk": disk["on_cpu"][dist],
+                                                     "memory": mem1["on_cpu"][dist] + mem2["on_cpu"][dist]}
+            results[f"task_thread_runq_{dist}"] = {"disk": disk["runq"][dist],
+                                                   "memory": mem1["runq"][dist] + mem2["runq"][dist]}
         results.update(
             keys=keys, memory_keys=mem_keys, records_per_phase=records, rounds=ROUNDS, state_memory=memory,
             peak_rss_mib=disk["peak_rss_mib"], peak_rss_mib_memory_store=max(mem1["peak_rss_mib"], mem2["peak_rss_mib"]),
