@@ -589,6 +589,29 @@ def test_a_corrupt_local_file_fails_clearly_and_the_checkpoint_rebuilds_it(tmp_p
     job.close()
 
 
+@pytest.mark.parametrize("how", ["set_current_key", "prefetch"])
+def test_a_value_that_does_not_parse_fails_the_task_clearly(tmp_path: Path, miss_path: str, how: str) -> None:
+    """A record whose bytes do not parse (format.md section 10) fails the task with
+    WorkingSetError, which says to restart from the checkpoint, when it is read."""
+    job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
+    b = job.backend("op", changelog=False)
+    v = b.get_state(statelog.ValueStateDescriptor("v", pa.int64()))
+    for k in range(20):
+        b.set_current_key(k)
+        v.update(k)
+    ws = b._ws
+    ws.release()
+    ws._db.put(disk._key_prefix_py(ws.key_info(7)[2], encode_key(7)), bytes([disk.REC_MAGIC, 9, 0x7F]))
+    b.set_current_key(6)
+    assert v.value() == 6
+    with pytest.raises(WorkingSetError, match="does not parse.*restart the job from its latest checkpoint"):
+        if how == "prefetch":
+            b.prefetch([5, 7])
+        else:
+            b.set_current_key(7)
+    job.close(flush=False)
+
+
 def test_drop_key_groups_removes_cached_and_stored_entries(tmp_path: Path) -> None:
     job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
     b = job.backend("op")
