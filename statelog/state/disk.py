@@ -335,9 +335,9 @@ def _uv(n: int) -> bytes:
 def _rec_enc(o: Any, out: list[bytes], depth: int) -> None:
     t = type(o)
     if o is None:
-        out.append(b"\x00")
+        out.append(bytes((_R_NONE,)))
     elif t is bool:
-        out.append(b"\x02" if o else b"\x01")
+        out.append(bytes((_R_TRUE if o else _R_FALSE,)))
     elif t is int:
         if not _INT64[0] <= o <= _INT64[1]:
             raise _NotCompact
@@ -451,7 +451,6 @@ def _rec_loads_py(raw: bytes) -> Any:
     if raw[:1] == bytes((_REC_PICKLE,)):
         return pickle.loads(raw)
     raise _rec_corrupt("an unknown first byte" if raw else "it is empty")
-
 
 
 # their C versions (statelog/_ext/workingset.c) when built: a miss runs them once or twice
