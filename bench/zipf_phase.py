@@ -8,8 +8,11 @@ with ``bench large``'s record (``value() + 1`` update, one map put). The first 2
 records warm up (lazy imports, caches) and a checkpoint is taken; the rest run inside
 ``functools.reduce``, so that callgrind counts only them::
 
-    PYTHONHASHSEED=0 valgrind --tool=callgrind --collect-atstart=no \\
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --fair-sched=yes --collect-atstart=no \\
         --toggle-collect=functools_reduce python -m bench.zipf_phase 100000 120000 8MB
+
+(``--fair-sched=yes``: valgrind runs one thread at a time, and without it the writer lease's
+renewal thread may not run before the checkpoint, which then fails with ``LeaseLostError``.)
 
 It prints the working set's counters (keys read, prefetched, resident, evictions) to stderr.
 Results: docs/performance.md, "Disk-backed working set".
