@@ -1,12 +1,12 @@
 /* The values of the disk-backed working set's database (docs/format.md section 10): a key's
  * record ({state id: entry}) and a namespaced entry. A value made of plain types only (None,
  * bool, int of int64, float, str, bytes, and lists, tuples and dicts of them, nested at most
- * REC_MAX_DEPTH deep; exact types, not subclasses) is written in a compact form that starts
+ * REC_MAX_DEPTH deep; exact types, not subclasses) is written in a plain form that starts
  * with REC_MAGIC; any other is a pickle (protocol 2 or later, so its first byte is 0x80).
  * rec_dumps and rec_loads here are the C versions of _rec_dumps_py and _rec_loads_py in
  * statelog/state/disk.py; tests compare them.
  *
- * compact form: REC_MAGIC | value
+ * plain form: REC_MAGIC | value
  * value:  R_NONE | R_FALSE | R_TRUE
  *       | R_INT   zigzag LEB128 of the int64
  *       | R_FLOAT 8 bytes, IEEE 754 binary64, little-endian
@@ -74,7 +74,7 @@ static int rec_put_bytes(rec_buf *b, int tag, const char *s, Py_ssize_t len) {
     return 0;
 }
 
-/* 1: written; 0: not of the compact form's types (nothing set, the buffer may hold part of
+/* 1: written; 0: not of the plain form's types (nothing set, the buffer may hold part of
  * it); -1: an error is set. */
 static int rec_enc(rec_buf *b, PyObject *o, int depth) {
     PyTypeObject *t = Py_TYPE(o);
@@ -147,9 +147,9 @@ static int rec_enc(rec_buf *b, PyObject *o, int depth) {
     return 0;
 }
 
-/* the compact form of o as a new bytes object; Py_None (a new reference) when o is not of
+/* the plain form of o as a new bytes object; Py_None (a new reference) when o is not of
  * its types; NULL with an error set */
-static PyObject *rec_compact(PyObject *o) {
+static PyObject *rec_plain(PyObject *o) {
     rec_buf b;
     b.p = b.stack;
     b.n = 0;
@@ -245,7 +245,7 @@ static PyObject *rec_dec(const unsigned char **pp, const unsigned char *end, int
     }
 }
 
-/* a value of the compact form (its first byte REC_MAGIC) */
+/* a value of the plain form (its first byte REC_MAGIC) */
 static PyObject *rec_parse(const unsigned char *p, Py_ssize_t n) {
     const unsigned char *end = p + n;
     p++;

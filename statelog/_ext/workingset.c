@@ -34,7 +34,7 @@
  * install_many(keys, infos, raws, loads, present, index, primary, extra, resident): admit
  *     for each key with its record already read (raws[i], None when there is none).
  * rec_dumps(value, protocol), rec_loads(raw): a value of the database (a key's record or a
- *     namespaced entry) to bytes and back: the compact form of plain types, or a pickle of
+ *     namespaced entry) to bytes and back: the plain form for plain types, or a pickle of
  *     the given protocol (2 or later) for the others (reccodec.h).
  * clock_victims(resident, n, touched, current, missing): the resident keys an eviction
  *     writes back, oldest first (CLOCK): of the oldest 3n, a key in `touched` leaves it and
@@ -579,12 +579,12 @@ static PyObject *rec_dumps(PyObject *module, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "rec_dumps(value, protocol)");
         return NULL;
     }
-    PyObject *out = rec_compact(args[0]);
+    PyObject *out = rec_plain(args[0]);
     if (out != Py_None) return out;
     Py_DECREF(out);
     long proto = PyLong_AsLong(args[1]);
     if (proto == -1 && PyErr_Occurred()) return NULL;
-    if (proto < 2) { /* a pickle must start with 0x80 (PROTO) to be told from the compact form */
+    if (proto < 2) { /* a pickle must start with 0x80 (PROTO) to be told from the plain form */
         PyErr_SetString(PyExc_ValueError, "rec_dumps: the pickle protocol must be 2 or later");
         return NULL;
     }
@@ -621,7 +621,7 @@ static PyMethodDef methods[] = {
     {"install_many", (PyCFunction)(void (*)(void))install_many, METH_FASTCALL,
      "install_many(keys, infos, raws, loads, present, index, primary, extra, resident): admit keys read"},
     {"rec_dumps", (PyCFunction)(void (*)(void))rec_dumps, METH_FASTCALL,
-     "rec_dumps(value, protocol): a value of the database as bytes (compact form or pickle)"},
+     "rec_dumps(value, protocol): a value of the database as bytes (plain form or pickle)"},
     {"rec_loads", (PyCFunction)(void (*)(void))rec_loads, METH_FASTCALL,
      "rec_loads(raw): the value of rec_dumps' bytes"},
     {"clock_victims", (PyCFunction)(void (*)(void))clock_victims, METH_FASTCALL,

@@ -21,7 +21,7 @@ Layout (one database per backend; docs/format.md section 10)::
     namespaced entry:  the same | state id (2 bytes, big-endian) | namespace bytes
                        -> the entry
 
-(values: a compact encoding of plain types, None, bool, int64, float, str, bytes and
+(values: a plain encoding of plain types, None, bool, int64, float, str, bytes and
 lists, tuples and dicts of them, else a pickle: _rec_dumps_py below; entries: the in-memory
 entries of the state kinds, statelog.state.appliers), so the entries of one key group are
 one contiguous range (dropped, iterated and bulk loaded in key-group order), and one read
@@ -309,7 +309,7 @@ def _clock_victims_py(res: dict[Any, Any], n: int, touched: set[Any], cur: Any, 
     return victims
 
 
-# -- the database's values: compact form of plain types, pickle for the rest ----------------
+# -- the database's values: plain form of plain types, pickle for the rest ----------------
 # (docs/format.md section 10; statelog/_ext/reccodec.h is the C version)
 REC_MAGIC = 0x01
 _REC_PICKLE = 0x80  # a pickle of protocol 2 or later starts with PROTO
@@ -319,8 +319,8 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 _F64 = struct.Struct("<d")
 
 
-class _NotCompact(Exception):
-    """A value outside the compact form's types."""
+class _NotPlain(Exception):
+    """A value outside the plain form's types."""
 
 
 def _uv(n: int) -> bytes:
@@ -340,7 +340,7 @@ def _rec_enc(o: Any, out: list[bytes], depth: int) -> None:
         out.append(bytes((_R_TRUE if o else _R_FALSE,)))
     elif t is int:
         if not _INT64[0] <= o <= _INT64[1]:
-            raise _NotCompact
+            raise _NotPlain
         out.append(bytes((_R_INT,)) + _uv(((o << 1) ^ (o >> 63)) & 0xFFFFFFFFFFFFFFFF))
     elif t is float:
         out.append(bytes((_R_FLOAT,)) + _F64.pack(o))
@@ -349,10 +349,10 @@ def _rec_enc(o: Any, out: list[bytes], depth: int) -> None:
             try:
                 o = o.encode()
             except UnicodeEncodeError:  # lone surrogates: pickle keeps them
-                raise _NotCompact from None
+                raise _NotPlain from None
         out.append(bytes((_R_STR if t is str else _R_BYTES,)) + _uv(len(o)) + o)
     elif depth >= _REC_MAX_DEPTH:
-        raise _NotCompact
+        raise _NotPlain
     elif t is list or t is tuple:
         out.append(bytes((_R_LIST if t is list else _R_TUPLE,)) + _uv(len(o)))
         for e in o:
@@ -363,17 +363,17 @@ def _rec_enc(o: Any, out: list[bytes], depth: int) -> None:
             _rec_enc(k, out, depth + 1)
             _rec_enc(v, out, depth + 1)
     else:
-        raise _NotCompact
+        raise _NotPlain
 
 
 def _rec_dumps_py(value: Any, protocol: int) -> bytes:
-    """A value of the database (a key's record or a namespaced entry) as bytes: the compact
+    """A value of the database (a key's record or a namespaced entry) as bytes: the plain
     form when it is made of None, bool, int of int64, float, str, bytes, and lists, tuples and
     dicts of them (exact types, at most 32 deep), else a pickle (protocol 2 or later)."""
     out = [bytes((REC_MAGIC,))]
     try:
         _rec_enc(value, out, 0)
-    except _NotCompact:
+    except _NotPlain:
         if protocol < 2:
             raise ValueError("rec_dumps: the pickle protocol must be 2 or later") from None
         return pickle.dumps(value, protocol)

@@ -362,7 +362,7 @@ def test_the_c_prefetch_and_eviction_paths_equal_their_python_references(seed: i
 
 
 def _plain_value(rnd: random.Random, depth: int = 0) -> Any:
-    """A random value of the record codec's compact types (nested lists, tuples and dicts)."""
+    """A random value of the record codec's plain types (nested lists, tuples and dicts)."""
     kinds = ["none", "bool", "int", "float", "str", "bytes"] + (["list", "tuple", "dict"] * 2 if depth < 4 else [])
     k = rnd.choice(kinds)
     if k == "none":
@@ -401,7 +401,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 class _IntSub(int):
-    """Not an exact int: the compact form leaves it to pickle."""
+    """Not an exact int: the plain form leaves it to pickle."""
 
 
 def _outcome(f: Any, raw: bytes) -> tuple:
@@ -416,7 +416,7 @@ def _outcome(f: Any, raw: bytes) -> tuple:
 def test_the_c_record_codec_equals_its_python_reference(seed: int) -> None:
     """rec_dumps and rec_loads in C and in Python (docs/format.md section 10): the same bytes for
     the same value; each reads the other's bytes back to the same value with the same types;
-    values outside the compact form (ints beyond int64, lone surrogates, sets, subclasses,
+    values outside the plain form (ints beyond int64, lone surrogates, sets, subclasses,
     nesting deeper than 32) are pickles; and bytes that do not parse (every truncation, random
     changes) raise in both alike."""
     rnd = random.Random(seed)
@@ -450,8 +450,8 @@ def test_the_c_record_codec_equals_its_python_reference(seed: int) -> None:
             f({1, 2}, 1)
 
 
-def test_records_of_plain_values_are_stored_in_the_compact_form(tmp_path: Path, miss_path: str) -> None:
-    """A key's record of plain values is written in the compact form, one of other values as a
+def test_records_of_plain_values_are_stored_in_the_plain_form(tmp_path: Path, miss_path: str) -> None:
+    """A key's record of plain values is written in the plain form, one of other values as a
     pickle, and both read back (format.md section 10)."""
     import decimal
 
