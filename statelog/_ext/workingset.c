@@ -264,7 +264,7 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyObject *key = PyList_GET_ITEM(keys, k);
         Py_INCREF(key);
         PyObject *info = PyDict_GetItemWithError(res, key);
-        PyObject *rec = NULL, *prefix = NULL, *data = NULL, *r = NULL, *more = NULL;
+        PyObject *rec = NULL, *prefix = NULL, *data = NULL, *more = NULL;
         if (info == NULL) {
             if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
             goto fail;
@@ -328,7 +328,6 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
             if (PySet_Discard(present, key) < 0) goto fail;
             if (PyDict_DelItem(res, key) < 0) goto fail;
         }
-        Py_XDECREF(r);
         Py_XDECREF(data);
         Py_XDECREF(more);
         Py_DECREF(rec);
@@ -336,7 +335,6 @@ static PyObject *write_back(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(key);
         continue;
     fail:
-        Py_XDECREF(r);
         Py_XDECREF(data);
         Py_XDECREF(more);
         Py_XDECREF(rec);
