@@ -110,7 +110,7 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     desc = _descriptor()
     gc.collect()
     before = _rss_mib()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     job = statelog.open(root, store_options=options, create=False, on_demand_restore=on_demand)
     b = job.backend(UID, subtask=subtask, parallelism=parallelism, restore=checkpoint, changelog=False)
     state = b.get_state(desc)
@@ -119,13 +119,14 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     first = time.perf_counter() - t0
     b.wait_loaded()
     full = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     gc.collect()
     after = _rss_mib()
     assert value in (key, -key), (key, value)
     peak = _peak_rss_mib()
     live = _release_free_memory() - before
     job.close()
-    return {"first_record_s": first, "fully_loaded_s": full, "peak_rss_mib": peak,
+    return {"first_record_s": first, "fully_loaded_s": full, "cpu_s": cpu, "peak_rss_mib": peak,
             "loaded_mib": after - before, "peak_over_loaded": (peak - before) / max(after - before, 1e-9),
             "live_mib": live, "peak_over_live": (peak - before) / max(live, 1e-9)}  # fmt: skip
 

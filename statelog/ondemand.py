@@ -84,7 +84,8 @@ UNIT_ROWS = 131_072  # rows of such a piece, about (whole key groups)
 FETCH_AHEAD_BYTES = 256 << 20  # table file bytes take_all fetches before it decodes them
 FETCH_THREADS = 4
 TAIL_PIECE_ROWS = 4096  # change records turned into Python objects between two safe points
-TOUCH_WHOLE_BYTES = 256 << 10  # a key group's own tail reads larger segments in ranges
+TOUCH_WHOLE_BYTES = 1 << 20  # a key group's own tail reads larger segments in ranges
+IO_THREADS = 4  # segments a key group's own tail reads at once
 
 # a key group's state in the loader; _PARTIAL: some of its slices were handed out, the rest not
 _UNLOADED, _PREPARING, _READY, _TAKEN, _PARTIAL = range(5)
@@ -214,6 +215,9 @@ class KeyGroupLoader:
         self.rows = 0
         self.records = 0
         self.started = time.monotonic()
+        # a touch's requests: its tail's segments (IO_THREADS at once), read by a helper thread
+        # while the task thread reads the key group's table files
+        self._io: tuple[cf.ThreadPoolExecutor, cf.ThreadPoolExecutor] | None = None
         self._thread = threading.Thread(target=self._run, name="statelog-ondemand-restore", daemon=True)
 
     @property
@@ -272,15 +276,17 @@ class KeyGroupLoader:
             self._state[kg] = _PREPARING
             self._urgent += 1
         try:
-            if mode == "first":
+            tail: cf.Future[Records] | None = None
+            if mode == "first":  # its tail is read meanwhile (on a remote store: other requests)
+                tail = self._pools()[1].submit(self._kg_tail, kg)
                 if kb is not None and self._slice_bounds(kg):
                     mode, i = "slice", self._slice_of(kg, kb)
                 else:
                     mode = "whole"
             if mode == "slice":
-                prepared = self._prepare_slice(kg, i)
-            else:
-                prepared = self._prepare(kg) if mode == "whole" else self._prepare_rest(kg)
+                prepared = self._prepare_slice(kg, i, tail)
+            else:  # the whole key group, or what is left of it after the slices handed out
+                prepared = self._prepare_rest(kg, tail)
         except BaseException as e:
             self.installed()
             self._fail(e)
@@ -340,20 +346,21 @@ class KeyGroupLoader:
                     self._state[kg] = _PREPARING
                 if claimed:
                     runs.extend(self._units(claimed))
-        # the files' bytes are fetched first, as an eager restore does (in waves of at most
-        # FETCH_AHEAD_BYTES): fetching is Python work for an S3 store, and fetching while this
-        # thread builds entries would make both wait for the GIL
+        # the files' bytes are fetched by FETCH_THREADS threads in order, in waves of at most
+        # FETCH_AHEAD_BYTES; a piece's decoding starts once its files are in (the decoding
+        # thread waits on a file's lock while it is being fetched)
         waves = self._fetch_waves(runs)
+        fetcher = cf.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="statelog-ondemand-fetch")
         pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs))), thread_name_prefix="statelog-ondemand-decode")
         try:
+            self._fetch_wave(waves.popleft() if waves else [], fetcher)
+            ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
             for kg in partial:  # the rest of key groups loaded by slices so far
                 p = self._prepare_rest(kg)
                 with self._cond:
                     self._state[kg] = _TAKEN
                     self._taken += 1
                 yield p
-            self._fetch_wave(waves.popleft() if waves else [])
-            ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
             yield from self.take_ready()
             with self._cond:  # the whole tail, if the background thread is reading it
                 while self._tail is None and self.error is None and self._thread.is_alive():
@@ -366,7 +373,7 @@ class KeyGroupLoader:
             tail_kgs: list[int] = []
             for i, run in enumerate(runs):
                 if waves and waves[0][0][2] <= i:  # the next wave starts with this run's files
-                    self._fetch_wave(waves.popleft())
+                    self._fetch_wave(waves.popleft(), fetcher)
                 decoded = ahead.popleft().result()
                 if i + DECODE_AHEAD < len(runs):
                     ahead.append(pool.submit(self._decode, runs[i + DECODE_AHEAD]))
@@ -391,6 +398,7 @@ class KeyGroupLoader:
             self._fail(e)
             raise
         finally:
+            fetcher.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _units(self, kgs: list[int]) -> list[list[int]]:
@@ -420,12 +428,12 @@ class KeyGroupLoader:
                 size += f.bytes
         return waves
 
-    def _fetch_wave(self, wave: list[tuple[_File, TableFile, int]]) -> None:
-        if not wave:
-            return
-        with cf.ThreadPoolExecutor(min(FETCH_THREADS, len(wave)), thread_name_prefix="statelog-ondemand-fetch") as pool:
-            for fut in [pool.submit(self._fetch_ahead, entry, f) for entry, f, _i in wave]:
-                fut.result()
+    def _fetch_wave(self, wave: list[tuple[_File, TableFile, int]], fetcher: cf.Executor) -> None:
+        """Start fetching ``wave``'s files. A fetch that fails leaves its file unfetched: the
+        decoding that needs it fetches it again and raises the error (or, for a store that
+        failed once, goes on)."""
+        for entry, f, _i in wave:
+            fetcher.submit(self._fetch_ahead, entry, f)
 
     def close(self) -> None:
         with self._cond:
@@ -434,6 +442,22 @@ class KeyGroupLoader:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         self._ready.clear()
+        with self._stats_lock:
+            pools, self._io = self._io, None
+        for pool in pools or ():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _pools(self) -> tuple[cf.ThreadPoolExecutor, cf.ThreadPoolExecutor]:
+        """``(requests, touch tails)``: the threads that read segments for a touch, and the
+        one that reads a touched key group's tail with them (it waits for the first pool's
+        threads, so it is not one of them)."""
+        with self._stats_lock:
+            if self._io is None:
+                self._io = (
+                    cf.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="statelog-ondemand-io"),
+                    cf.ThreadPoolExecutor(1, thread_name_prefix="statelog-ondemand-touch"),
+                )
+            return self._io
 
     def _raise_error(self) -> None:
         if self.error is not None:
@@ -526,9 +550,6 @@ class KeyGroupLoader:
 
     # -- preparing key groups (either thread) --------------------------------------------------
 
-    def _prepare(self, kg: int) -> PreparedKeyGroup:
-        return self._prepare_many([kg])[0]
-
     # -- slices of a key group ------------------------------------------------------------------
 
     def _slice_bounds(self, kg: int) -> list[bytes]:
@@ -569,20 +590,21 @@ class KeyGroupLoader:
             self._kg_tails[kg] = tail
         return tail
 
-    def _prepare_slice(self, kg: int, i: int) -> PreparedKeyGroup:
+    def _prepare_slice(self, kg: int, i: int, tail: cf.Future[Records] | None = None) -> PreparedKeyGroup:
         """Slice ``i`` of key group ``kg``: the row groups of its table files that may hold its
-        keys, decoded, its rows and its share of the key group's tail."""
+        keys, decoded, its rows and its share of the key group's tail (``tail``: being read)."""
         lo, hi = self._slice_range(kg, i)
         decoded = []
         for (info, f, _mine), entry in self._files_of.get(kg, ()):
             with entry.lock:
                 data = self._source(entry, f)
             decoded.append((info, decode_key_range(data, f, kg, lo, hi, info)))
-        return self._entries([kg], decoded, {kg: self._tail_of_slices(kg, self._kg_tail(kg), {i}, True)})[0]
+        kg_tail = self._kg_tail(kg) if tail is None else tail.result()
+        return self._entries([kg], decoded, {kg: self._tail_of_slices(kg, kg_tail, {i}, True)})[0]
 
-    def _prepare_rest(self, kg: int) -> PreparedKeyGroup:
-        """What is left of key group ``kg`` after the slices handed out (by the thread that
-        holds it as _PREPARING)."""
+    def _prepare_rest(self, kg: int, tail: cf.Future[Records] | None = None) -> PreparedKeyGroup:
+        """What is left of key group ``kg`` after the slices handed out, all of it if none was
+        (by the thread that holds it as _PREPARING; ``tail``: its tail, being read)."""
         taken = sorted(self._slices_taken.get(kg, ()))
         decoded = self._decode([kg])
         if taken:
@@ -595,12 +617,12 @@ class KeyGroupLoader:
                     drop = m if drop is None else pc.or_(drop, m)
                 out.append((info, rows.filter(pc.invert(drop))))
             decoded = out
-        tail = self._kg_tail(kg)
+        records = self._kg_tail(kg) if tail is None else tail.result()
         with self._tail_lock:
             self._kg_tails.pop(kg, None)
         if taken:
-            tail = self._tail_of_slices(kg, tail, set(taken), False)
-        return self._entries([kg], decoded, {kg: tail})[0]
+            records = self._tail_of_slices(kg, records, set(taken), False)
+        return self._entries([kg], decoded, {kg: records})[0]
 
     def _tail_of_slices(self, kg: int, tail: Records, slices: set[int], inside: bool) -> Records:
         """The records of ``tail`` (key group ``kg``'s) whose key is in one of ``slices``
@@ -744,13 +766,17 @@ class KeyGroupLoader:
         background thread's safe points between pieces of blocks). A segment is read whole
         for the ``whole`` tail; for some key groups, a segment over TOUCH_WHOLE_BYTES is read
         in ranges (its footer and the blocks of those key groups, format.md 4.2)."""
-        reader, limit = (self._reader, WHOLE_OBJECT_LIMIT) if whole else (self._touch_reader, TOUCH_WHOLE_BYTES)
+        if whole:
+            reader, limit, pool = self._reader, WHOLE_OBJECT_LIMIT, None
+        else:
+            reader, limit, pool = self._touch_reader, TOUCH_WHOLE_BYTES, self._pools()[0]
         tail: dict[int, Records] = {}
         for r in self._ranges:
             sub = r.restrict(kgr)
             if sub is None:
                 continue
-            for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments, limit):
+            for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments, limit, pool,
+                                           IO_THREADS):  # fmt: skip
                 for i in range(0, batch.table.num_rows, TAIL_PIECE_ROWS):
                     self._pause_for_task()
                     piece = ChangeBatch(batch.state, batch.table.slice(i, TAIL_PIECE_ROWS))

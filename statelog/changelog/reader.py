@@ -7,9 +7,11 @@ blocks of one stream, checks every checksum and yields the change records of a
 
 from __future__ import annotations
 
+import collections
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,12 +152,15 @@ class SegmentReader:
 
     def read_range(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any,
-        whole_limit: int = WHOLE_OBJECT_LIMIT,
+        whole_limit: int = WHOLE_OBJECT_LIMIT, executor: Executor | None = None, ahead: int = 4,
     ) -> Iterator[ChangeBatch]:
         """Yield the change batches of ``stream`` with seq in ``[start, end)`` and key group in range.
 
         Segments up to ``whole_limit`` bytes are read whole, larger ones in ranges (a reader
-        of a few blocks, e.g. of one key group, gives a small limit; :meth:`footer`).
+        of a few blocks, e.g. of one key group, gives a small limit; :meth:`footer`). With an
+        ``executor``, its threads read up to ``ahead`` segments at once (the footer and the
+        blocks of each) ahead of the batches yielded: on a remote store, a range of several
+        segments then waits for about one segment's requests instead of all of them in turn.
 
         The segments must cover ``[start, end)`` without a gap, and each must hold the span
         of ``stream`` the reference claims; otherwise records would be skipped silently, so
@@ -173,20 +178,14 @@ class SegmentReader:
                 f"({names}): records from {pos} are missing; the checkpoint metadata is inconsistent",
                 key=segments[-1].name if segments else None,
             )
-        for seg in segments:
-            footer = self.footer(seg.name, seg.size, whole_limit)  # a failing store raises StoreError, never corruption
-            if not any((sp.stream, sp.start, sp.end) == (stream, seg.start, seg.end) for sp in footer.streams):
-                raise CorruptionError(
-                    f"changelog segment {seg.name} does not hold records [{seg.start}, {seg.end}) of stream "
-                    f"{stream}, which the checkpoint metadata references",
-                    key=seg.name,
-                )
-            for info in footer.blocks:
-                if info.stream != stream or info.last_seq < start or info.first_seq >= end:
-                    continue
-                if not key_groups.overlaps(info.kg_min, info.kg_max):
-                    continue
-                table = self.block(seg.name, info)
+        if executor is None:  # a block at a time
+            loads: Iterator[Iterable[tuple[fmt.BlockInfo, pa.Table]]] = (
+                self._segment_blocks(stream, start, end, key_groups, seg, whole_limit) for seg in segments
+            )
+        else:
+            loads = self._segment_blocks_ahead(stream, start, end, key_groups, segments, whole_limit, executor, ahead)
+        for blocks in loads:
+            for info, table in blocks:
                 if info.first_seq < start or info.last_seq >= end:
                     seq = table.column("seq")
                     table = table.filter(pc.and_(pc.greater_equal(seq, start), pc.less(seq, end)))
@@ -197,7 +196,55 @@ class SegmentReader:
                     )
                 if table.num_rows:
                     yield ChangeBatch(info.state, table)
+
+    def _segment_blocks(
+        self, stream: str, start: int, end: int, key_groups: KeyGroupRange, seg: Any, whole_limit: int
+    ) -> Iterator[tuple[fmt.BlockInfo, pa.Table]]:
+        """The blocks of segment ``seg`` that may hold records of ``stream`` in ``[start, end)``
+        and in ``key_groups``, each read, verified and decoded as it is iterated (unfiltered)."""
+        footer = self.footer(seg.name, seg.size, whole_limit)  # a failing store raises StoreError, never corruption
+        if not any((sp.stream, sp.start, sp.end) == (stream, seg.start, seg.end) for sp in footer.streams):
+            raise CorruptionError(
+                f"changelog segment {seg.name} does not hold records [{seg.start}, {seg.end}) of stream "
+                f"{stream}, which the checkpoint metadata references",
+                key=seg.name,
+            )
+        try:
+            for info in footer.blocks:
+                if info.stream != stream or info.last_seq < start or info.first_seq >= end:
+                    continue
+                if key_groups.overlaps(info.kg_min, info.kg_max):
+                    yield info, self.block(seg.name, info)
+        finally:
             self.forget(seg.name)
+
+    def _read_segment(
+        self, stream: str, start: int, end: int, key_groups: KeyGroupRange, seg: Any, whole_limit: int
+    ) -> list[tuple[fmt.BlockInfo, pa.Table]]:
+        return list(self._segment_blocks(stream, start, end, key_groups, seg, whole_limit))
+
+    def _segment_blocks_ahead(
+        self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any, whole_limit: int,
+        executor: Executor, ahead: int,
+    ) -> Iterator[list[tuple[fmt.BlockInfo, pa.Table]]]:  # fmt: skip
+        """The blocks of each segment in order (:meth:`_segment_blocks`), read by ``executor``'s
+        threads up to ``ahead`` segments ahead of the caller, so that their requests wait on
+        the store at the same time."""
+        pending: collections.deque[Future[list[tuple[fmt.BlockInfo, pa.Table]]]] = collections.deque()
+        todo = iter(segments)
+        try:
+            while True:
+                while len(pending) < max(1, ahead):
+                    seg = next(todo, None)
+                    if seg is None:
+                        break
+                    pending.append(executor.submit(self._read_segment, stream, start, end, key_groups, seg, whole_limit))
+                if not pending:
+                    return
+                yield pending.popleft().result()
+        finally:
+            for fut in pending:
+                fut.cancel()
 
     def verify_segment(self, name: str, size: int | None = None) -> fmt.SegmentFooter:
         """Read and check every byte of a segment (header, footer, each block)."""

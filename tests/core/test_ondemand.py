@@ -25,6 +25,7 @@ import statelog.ondemand
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
+from statelog.store.faulty import FaultInjectingStore
 from statelog.keys import encode_key
 from statelog.materialization import load_manifest
 
@@ -313,6 +314,38 @@ def test_opening_reads_no_table_file_and_loading_fetches_each_once(built) -> Non
             assert b.restore_stats["rows"] == sum(
                 f.rows for name, fs in manifest.operators["op"].files.items() if not name.startswith("__") for f in fs
             )
+
+
+def test_a_first_touch_reads_its_tail_while_it_reads_its_table_files(built) -> None:
+    """A first touch's requests for table files and for its tail's segments are in flight at
+    once: the first of each kind waits for the other (read one after the other, the first
+    would wait in vain, and the touch would fail)."""
+    root, info = built
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=info["c2"])
+        v = b.get_state(V)
+        loader = b._loader
+        assert loader is not None
+        started = {"materializations/": threading.Event(), "changelog/": threading.Event()}
+        met: list[str] = []
+
+        def meet(_op: str, key: str) -> None:
+            mine = next(p for p in started if key.startswith(p))
+            other = next(p for p in started if p != mine)
+            if not started[mine].is_set():
+                started[mine].set()
+                assert started[other].wait(20), f"{key} was read alone"
+                met.append(mine)
+
+        store = FaultInjectingStore(loader.store)
+        for op in ("get", "get_range"):
+            store.before(op, meet)
+        loader.store = loader._touch_reader.store = store
+        b.set_current_key(17)
+        assert v.value() == info["want_v"][17]
+        assert sorted(met) == sorted(started)
+        b.wait_loaded()
+        assert _view(b) == _eager(root, info["c2"])
 
 
 def test_the_background_thread_pauses_while_the_task_thread_prepares_and_installs(built) -> None:

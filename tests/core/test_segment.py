@@ -223,3 +223,63 @@ def test_the_persisted_format_module_holds_no_in_memory_layout_or_encoder() -> N
     assert fmt.block_schema(pa.int64(), None, False).names == [
         "seq", "key_group", "op", "key", "namespace", "user_key", "value", "expires_ms",
     ]
+
+
+def test_a_range_over_several_segments_reads_the_same_with_threads_reading_ahead(tmp_path) -> None:
+    """``read_range`` with an executor: the segments' requests are made by its threads at once
+    (two of them meet at a barrier, which reads one at a time would never reach), the batches
+    are those of the plain read, in the same order, whole or in ranges, for any key groups; a
+    corrupt segment among them fails with its name as the plain read does."""
+    import concurrent.futures as cf
+    import threading
+
+    from statelog.store.faulty import FaultInjectingStore
+
+    def meeting(inner):
+        """``inner`` whose first two reads each wait for the other."""
+        store, barrier, reads, lock = FaultInjectingStore(inner), threading.Barrier(2, timeout=20), [0], threading.Lock()
+
+        def meet(_op: str, _key: str) -> None:
+            with lock:
+                reads[0] += 1
+                first_two = reads[0] <= 2
+            if first_two:
+                barrier.wait()
+
+        store.before("get", meet)
+        store.before("get_range", meet)
+        return store, barrier, reads
+
+    store = open_store(tmp_path.as_uri())
+    enc = BlockEncoder()
+    rng = random.Random(3)
+    refs, seq = [], 0
+    for i in range(6):  # 6 segments of one stream, the larger ones split by key-group range
+        n = rng.choice([50, 9_000])
+        seqs, cols = _records(n, [rng.randrange(128) for _ in range(200)], seq)
+        end = seqs[-1] + 1
+        batch = enc.encode_batch("count", pa.int64(), None, False, seqs, cols)
+        data, footer = encode_segment("w1", i, 1234, [StreamChunk("op.0.a/count", "count", seq, end, [batch])], enc)
+        name = f"changelog/w1/{i:010d}.seg"
+        store.put(name, data)
+        refs.append(SegmentRef(name, len(data), seq, end, footer.streams[0].bytes))
+        seq = end
+
+    def read(reader: SegmentReader, kgr: KeyGroupRange, whole_limit: int, pool=None, start=0, end=seq):
+        return [(b.state, [r[:5] for r in b.rows()])
+                for b in reader.read_range("op.0.a/count", start, end, kgr, refs, whole_limit, pool, 3)]  # fmt: skip
+
+    with cf.ThreadPoolExecutor(3) as pool:
+        for kgr, whole_limit, start, end in [(KeyGroupRange(0, 127), 4 << 20, 0, seq), (KeyGroupRange(17, 17), 0, 0, seq),
+                                             (KeyGroupRange(40, 90), 0, 101, seq - 7), (KeyGroupRange(3, 3), 4 << 20, 0, seq)]:  # fmt: skip
+            met, barrier, reads = meeting(store)
+            plain = read(SegmentReader(store), kgr, whole_limit, None, start, end)
+            assert plain and read(SegmentReader(met), kgr, whole_limit, pool, start, end) == plain
+            assert reads[0] > 2 and not barrier.broken
+        path = tmp_path / refs[4].name
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        for p in (None, pool):
+            with pytest.raises(CorruptionError, match=refs[4].name):
+                read(SegmentReader(store), KeyGroupRange(0, 127), 4 << 20, p)
