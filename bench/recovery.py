@@ -1,6 +1,6 @@
 """Recovery: eager vs on-demand restore, time to the first record, to fully loaded, and memory.
 
-``python -m bench recovery --json [--sizes 1000000,10000000] [--rounds 5] [--no-s3]``
+``python -m bench.recovery --json [--sizes 1000000,10000000] [--rounds 9] [--no-s3]``
 
 For each store (a ``file://`` root and a SeaweedFS ``s3://`` root started here) and each state
 size, a ``ValueState<int64>`` of N int keys is written, checkpointed, materialized, and 1 % of
@@ -18,7 +18,11 @@ and reports ``first_record_s`` (from ``statelog.open`` to the value of a random 
 process's maximum RSS) and ``loaded_mib`` (RSS after the load minus RSS before the open: the
 loaded state; ``live_mib`` the same after the allocators gave back the memory they keep
 free, the state's own size, and ``peak_over_live``). Eager and on-demand alternate within each round; medians over the rounds are
-reported with their spread, and the ratios on-demand / eager side by side.
+reported with their spread, and the ratios on-demand / eager side by side: the median of
+the per-round ratios (``_ratio_``) and the ratio of the medians (``_ratio_of_medians_``).
+States of up to ``SMALL`` keys get twice the rounds: their loads take 0.1-0.5 s, where this
+machine's noise (+-30 %) weighs most, and their rounds are cheap. ``cpu_s`` is the process's
+CPU time from the open to fully loaded (every thread).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 SIZES = (1_000_000, 10_000_000)
+SMALL = 1_000_000  # states up to this many keys get twice the rounds
 QUICK_SIZES = (20_000, 100_000)
 TAIL_SHARE = 0.01
 UID = "counter"
@@ -161,7 +166,7 @@ def _median(xs: list[float]) -> dict[str, float]:
 
 
 def run(quick: bool = False, root: str | None = None, progress: bool = True, sizes: tuple[int, ...] | None = None,
-        rounds: int = 5, s3: bool = True) -> dict[str, Any]:  # fmt: skip
+        rounds: int = 9, s3: bool = True) -> dict[str, Any]:  # fmt: skip
     import statelog
 
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
@@ -191,7 +196,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, siz
                     k = next(x for x in range(key, key + 10_000)
                              if statelog.subtask_for_key_group(128, par, statelog.key_group_of(x, 128)) == subtask)  # fmt: skip
                     runs: dict[str, list[dict[str, float]]] = {"eager": [], "on_demand": []}
-                    for r in range(rounds):
+                    for r in range(rounds * (2 if n <= SMALL else 1)):
                         order = ("eager", "on_demand") if r % 2 == 0 else ("on_demand", "eager")
                         for mode in order:
                             args = [url, json.dumps(options), str(cid), str(subtask), str(par),
@@ -204,12 +209,15 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, siz
                                       f"{m['loaded_mib']:.0f} MiB", file=sys.stderr)  # fmt: skip
                     prefix = f"{store}_n{n}_{case}"
                     for mode, ms in runs.items():
-                        for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib", "loaded_mib", "peak_over_loaded",
-                                       "live_mib", "peak_over_live"):  # fmt: skip
+                        for metric in ("first_record_s", "fully_loaded_s", "cpu_s", "peak_rss_mib", "loaded_mib",
+                                       "peak_over_loaded", "live_mib", "peak_over_live"):  # fmt: skip
                             result[f"{prefix}_{mode}_{metric}"] = _median([m[metric] for m in ms])
-                    for metric in ("first_record_s", "fully_loaded_s", "peak_rss_mib"):
+                    result[f"{prefix}_rounds"] = len(runs["eager"])
+                    for metric in ("first_record_s", "fully_loaded_s", "cpu_s", "peak_rss_mib"):
                         ratios = [o[metric] / e[metric] for o, e in zip(runs["on_demand"], runs["eager"], strict=True)]
                         result[f"{prefix}_ratio_{metric}"] = _median(ratios)
+                        result[f"{prefix}_ratio_of_medians_{metric}"] = round(
+                            result[f"{prefix}_on_demand_{metric}"]["median"] / result[f"{prefix}_eager_{metric}"]["median"], 4)
     finally:
         if server is not None:
             server.stop()
@@ -223,7 +231,7 @@ def main(argv: list[str]) -> int:
         return 0
     p = argparse.ArgumentParser(prog="python -m bench.recovery")
     p.add_argument("--sizes", default=None, help="comma-separated key counts (default 1000000,10000000)")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=9, help="rounds per case (twice as many for small states)")
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
