@@ -110,6 +110,7 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
 
     import statelog
     import statelog.ondemand  # noqa: F401
+    import statelog.store.local  # noqa: F401
     import statelog.store.s3  # noqa: F401
 
     desc = _descriptor()

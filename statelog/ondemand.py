@@ -351,12 +351,15 @@ class KeyGroupLoader:
         # thread waits on a file's lock while it is being fetched)
         waves = self._fetch_waves(runs)
         fetcher = cf.ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="statelog-ondemand-fetch")
-        pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs))), thread_name_prefix="statelog-ondemand-decode")
+        pool = cf.ThreadPoolExecutor(max(1, min(DECODE_AHEAD, len(runs) + len(partial))),
+                                     thread_name_prefix="statelog-ondemand-decode")  # fmt: skip
         try:
             self._fetch_wave(waves.popleft() if waves else [], fetcher)
+            # the rest of key groups loaded by slices so far, decoded by the pool first
+            rests = [pool.submit(self._rest_rows, kg) for kg in partial]
             ahead = collections.deque(pool.submit(self._decode, run) for run in runs[:DECODE_AHEAD])
-            for kg in partial:  # the rest of key groups loaded by slices so far
-                p = self._prepare_rest(kg)
+            for kg, rows in zip(partial, rests, strict=True):
+                p = self._prepare_rest(kg, decoded=rows.result())
                 with self._cond:
                     self._state[kg] = _TAKEN
                     self._taken += 1
@@ -602,27 +605,37 @@ class KeyGroupLoader:
         kg_tail = self._kg_tail(kg) if tail is None else tail.result()
         return self._entries([kg], decoded, {kg: self._tail_of_slices(kg, kg_tail, {i}, True)})[0]
 
-    def _prepare_rest(self, kg: int, tail: cf.Future[Records] | None = None) -> PreparedKeyGroup:
+    def _prepare_rest(
+        self, kg: int, tail: cf.Future[Records] | None = None, decoded: list[tuple[StateInfo, pa.Table]] | None = None
+    ) -> PreparedKeyGroup:
         """What is left of key group ``kg`` after the slices handed out, all of it if none was
-        (by the thread that holds it as _PREPARING; ``tail``: its tail, being read)."""
+        (by the thread that holds it as _PREPARING; ``tail``: its tail, being read;
+        ``decoded``: its rows, :meth:`_rest_rows`, if they were decoded already)."""
         taken = sorted(self._slices_taken.get(kg, ()))
-        decoded = self._decode([kg])
-        if taken:
-            out = []
-            for info, rows in decoded:
-                keys = rows.column("key")
-                drop = None
-                for i in taken:
-                    m = key_range_mask(keys, *self._slice_range(kg, i))
-                    drop = m if drop is None else pc.or_(drop, m)
-                out.append((info, rows.filter(pc.invert(drop))))
-            decoded = out
+        if decoded is None:
+            decoded = self._rest_rows(kg)
         records = self._kg_tail(kg) if tail is None else tail.result()
         with self._tail_lock:
             self._kg_tails.pop(kg, None)
         if taken:
             records = self._tail_of_slices(kg, records, set(taken), False)
         return self._entries([kg], decoded, {kg: records})[0]
+
+    def _rest_rows(self, kg: int) -> list[tuple[StateInfo, pa.Table]]:
+        """The rows of key group ``kg`` without those of the slices handed out, decoded."""
+        taken = sorted(self._slices_taken.get(kg, ()))
+        decoded = self._decode([kg])
+        if not taken:
+            return decoded
+        out = []
+        for info, rows in decoded:
+            keys = rows.column("key")
+            drop = None
+            for i in taken:
+                m = key_range_mask(keys, *self._slice_range(kg, i))
+                drop = m if drop is None else pc.or_(drop, m)
+            out.append((info, rows.filter(pc.invert(drop))))
+        return out
 
     def _tail_of_slices(self, kg: int, tail: Records, slices: set[int], inside: bool) -> Records:
         """The records of ``tail`` (key group ``kg``'s) whose key is in one of ``slices``
