@@ -445,7 +445,7 @@ class KeyGroupLoader:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         self._ready.clear()
-        with self._stats_lock:
+        with self._cond:
             pools, self._io = self._io, None
         for pool in pools or ():
             pool.shutdown(wait=True, cancel_futures=True)
@@ -454,7 +454,7 @@ class KeyGroupLoader:
         """``(requests, touch tails)``: the threads that read segments for a touch, and the
         one that reads a touched key group's tail with them (it waits for the first pool's
         threads, so it is not one of them)."""
-        with self._stats_lock:
+        with self._cond:
             if self._io is None:
                 self._io = (
                     cf.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="statelog-ondemand-io"),
@@ -551,9 +551,7 @@ class KeyGroupLoader:
             last = files
         return runs
 
-    # -- preparing key groups (either thread) --------------------------------------------------
-
-    # -- slices of a key group ------------------------------------------------------------------
+    # -- preparing key groups (either thread), slices of a key group ---------------------------
 
     def _slice_bounds(self, kg: int) -> list[bytes]:
         """The bounds of key group ``kg``'s slices (``[]``: it is loaded whole), from the row
