@@ -328,12 +328,15 @@ def test_a_first_touch_reads_its_tail_while_it_reads_its_table_files(built) -> N
         assert loader is not None
         started = {"materializations/": threading.Event(), "changelog/": threading.Event()}
         met: list[str] = []
+        lock = threading.Lock()
 
         def meet(_op: str, key: str) -> None:
             mine = next(p for p in started if key.startswith(p))
             other = next(p for p in started if p != mine)
-            if not started[mine].is_set():
+            with lock:  # (the tail's segments are read by several threads)
+                first = not started[mine].is_set()
                 started[mine].set()
+            if first:
                 assert started[other].wait(20), f"{key} was read alone"
                 met.append(mine)
 
