@@ -25,9 +25,9 @@ import statelog.ondemand
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
-from statelog.store.faulty import FaultInjectingStore
 from statelog.keys import encode_key
 from statelog.materialization import load_manifest
+from statelog.store.faulty import FaultInjectingStore
 
 MAXP = 32
 N = 3000
