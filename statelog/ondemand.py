@@ -17,9 +17,10 @@ may pass a timer). Everything else is loaded per key group by a :class:`KeyGroup
 * a task thread that waits for the whole state
   (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`)
   stops the background thread and loads the rest as an eager restore does
-  (:meth:`KeyGroupLoader.take_all`): the remaining files fetched first, decoded by a pool
-  ahead of it, keys and entries built a piece of whole key groups at a time, the tail
-  replayed once at the end, with no hand-over between threads.
+  (:meth:`KeyGroupLoader.take_all`): the remaining files fetched in order by a pool, each
+  piece of whole key groups decoded by another as soon as its files are in, ahead of the
+  task thread, which builds the piece's keys and entries at once; the tail replayed once at
+  the end, with no hand-over between threads.
 
 A key group with several row groups of its own in a table file is loaded by *slices*, the
 key ranges of those row groups (their statistics on ``key``): a first touch prepares the
