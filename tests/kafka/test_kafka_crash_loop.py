@@ -21,7 +21,7 @@ from tests.s3server import RootSpec
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.fault]
 
 KILLS = 20
-PER_SPLIT = 4000
+PER_SPLIT = 5000  # 20 s of input per split at RATE: room for 20 kills when restarts are quick
 RATE = 250  # records/s per source subtask: the job outlasts the kills (1-3 s per restart)
 
 
