@@ -87,6 +87,11 @@ FETCH_THREADS = 4
 TAIL_PIECE_ROWS = 4096  # change records turned into Python objects between two safe points
 TOUCH_WHOLE_BYTES = 1 << 20  # a key group's own tail reads larger segments in ranges
 IO_THREADS = 4  # segments a key group's own tail reads at once
+TOUCH_KEEP_BYTES = 64 << 20  # decoded blocks of small segments kept for other key groups' touches
+# a segment read costs about as much as turning this many bytes of a segment into records: a
+# tail of at most this many bytes per segment is read whole by the first key group that needs
+# it (a touch of a key group alone would read every segment, and so would the next one)
+SEGMENT_READ_COST_BYTES = 16 << 10
 
 # a key group's state in the loader; _PARTIAL: some of its slices were handed out, the rest not
 _UNLOADED, _PREPARING, _READY, _TAKEN, _PARTIAL = range(5)
@@ -208,9 +213,17 @@ class KeyGroupLoader:
         self._file_bytes = 0
         self._stats_lock = threading.Lock()
         # one reader for the whole tail (segments read whole) and one for the tails of key
-        # groups read alone (larger segments read in ranges), each caching the footers it read
+        # groups read alone (larger segments read in ranges), each caching the footers it read;
+        # the second keeps the decoded blocks of the segments it read whole (a tail of many small
+        # segments, one per checkpoint, is then read once, not once per key group touched) until
+        # the whole tail is in
         self._reader = SegmentReader(store)
-        self._touch_reader = SegmentReader(store)
+        self._touch_reader = SegmentReader(store, keep_bytes=TOUCH_KEEP_BYTES)
+        # a tail of many small segments (one per checkpoint since the last materialization,
+        # say) is read whole once, by the first thread that needs a part of it, instead
+        segments = {s.name: s.size for r in ranges for s in r.segments}
+        self._whole_first = sum(segments.values()) <= SEGMENT_READ_COST_BYTES * len(segments)
+        self._whole_lock = threading.Lock()
         self.files_fetched = 0  # whole
         self.files_ranged = 0  # read in ranges (some of them fetched whole later)
         self.rows = 0
@@ -446,6 +459,7 @@ class KeyGroupLoader:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
         self._ready.clear()
+        self._touch_reader.drop_kept()
         with self._cond:
             pools, self._io = self._io, None
         for pool in pools or ():
@@ -578,6 +592,8 @@ class KeyGroupLoader:
 
     def _kg_tail(self, kg: int) -> Records:
         """The tail of key group ``kg``, kept while it is loaded by slices."""
+        if self._whole_first:
+            self._read_whole_tail()
         with self._tail_lock:
             tail = self._kg_tails.get(kg)
             if tail is not None:
@@ -767,17 +783,26 @@ class KeyGroupLoader:
         return {kg: tail.get(kg, {}) for kg in kgs}
 
     def _read_whole_tail(self) -> None:
-        tail = self._read_tail(self.key_groups, whole=True)
-        with self._tail_lock:
-            for kg in self._tail_alone:  # read alone meanwhile (and handed out)
-                tail.pop(kg, None)
-            self._tail = tail
+        """Read the whole tail, once (by the first thread that needs it)."""
+        with self._whole_lock:
+            with self._tail_lock:
+                if self._tail is not None:
+                    return
+            tail = self._read_tail(self.key_groups, whole=True)
+            with self._tail_lock:
+                for kg in self._tail_alone:  # read alone meanwhile (and handed out)
+                    tail.pop(kg, None)
+                self._tail = tail
+        self._touch_reader.drop_kept()
 
     def _read_tail(self, kgr: KeyGroupRange, whole: bool = False) -> dict[int, Records]:
         """The change records of key groups ``kgr`` per key group and state, in order (the
         background thread's safe points between pieces of blocks). A segment is read whole
         for the ``whole`` tail; for some key groups, a segment over TOUCH_WHOLE_BYTES is read
-        in ranges (its footer and the blocks of those key groups, format.md 4.2)."""
+        in ranges (its footer and the blocks of those key groups, format.md 4.2). The whole
+        tail of a tail read whole first is read without safe points: a task thread may be
+        waiting for it."""
+        pause = not (whole and self._whole_first)
         if whole:
             reader, limit, pool = self._reader, WHOLE_OBJECT_LIMIT, None
         else:
@@ -790,7 +815,8 @@ class KeyGroupLoader:
             for batch in reader.read_range(sub.stream, sub.start, sub.end, sub.key_groups, sub.segments, limit, pool,
                                            IO_THREADS):  # fmt: skip
                 for i in range(0, batch.table.num_rows, TAIL_PIECE_ROWS):
-                    self._pause_for_task()
+                    if pause:
+                        self._pause_for_task()
                     piece = ChangeBatch(batch.state, batch.table.slice(i, TAIL_PIECE_ROWS))
                     for _seq, kg, op, kb, nsb, ukey, value, exp in piece.rows():
                         tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))

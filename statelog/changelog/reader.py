@@ -15,6 +15,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,6 +24,10 @@ from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, from_arrow
+
+# a kept block (SegmentReader keep_bytes): its info, its rows, their order by key group, and
+# their key groups in that order
+_KeptBlock = tuple[fmt.BlockInfo, pa.Table, np.ndarray, np.ndarray]
 
 WHOLE_OBJECT_LIMIT = 4 << 20  # segments up to this size are read with one request
 TAIL_READ_BYTES = 64 << 10  # a larger segment's end read at once: its trailer and (mostly) its footer
@@ -74,12 +79,18 @@ class SegmentReader:
     ``retryable`` tells whether to try again later).
     """
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, keep_bytes: int = 0) -> None:
         self.store = store
         self._footers: dict[str, fmt.SegmentFooter] = {}
         self._whole: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
+        # with keep_bytes: the decoded blocks of segments read whole, per (segment, stream),
+        # with their rows' order by key group, kept (up to keep_bytes of Arrow data) for later
+        # reads of other key groups, which then take their rows without a request or a decoding
+        self._keep_bytes = keep_bytes
+        self._kept: dict[tuple[str, str], list[_KeptBlock]] = {}
+        self._kept_size = 0
 
     def _get(self, name: str) -> bytes:
         try:
@@ -150,6 +161,16 @@ class SegmentReader:
         with self._lock:
             self._whole.pop(name, None)
 
+    def drop_kept(self) -> None:
+        """Let go of the blocks kept for later reads (``keep_bytes``)."""
+        with self._lock:
+            self._kept.clear()
+            self._kept_size = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._kept_size
+
     def read_range(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any,
         whole_limit: int = WHOLE_OBJECT_LIMIT, executor: Executor | None = None, ahead: int = 4,
@@ -179,17 +200,17 @@ class SegmentReader:
                 key=segments[-1].name if segments else None,
             )
         if executor is None:  # a block at a time
-            loads: Iterator[Iterable[tuple[fmt.BlockInfo, pa.Table]]] = (
+            loads: Iterator[Iterable[tuple[fmt.BlockInfo, pa.Table, bool]]] = (
                 self._segment_blocks(stream, start, end, key_groups, seg, whole_limit) for seg in segments
             )
         else:
             loads = self._segment_blocks_ahead(stream, start, end, key_groups, segments, whole_limit, executor, ahead)
         for blocks in loads:
-            for info, table in blocks:
+            for info, table, in_range in blocks:
                 if info.first_seq < start or info.last_seq >= end:
                     seq = table.column("seq")
                     table = table.filter(pc.and_(pc.greater_equal(seq, start), pc.less(seq, end)))
-                if info.kg_min < key_groups.start or info.kg_max > key_groups.end:
+                if not in_range and (info.kg_min < key_groups.start or info.kg_max > key_groups.end):
                     kg = table.column("key_group")
                     table = table.filter(
                         pc.and_(pc.greater_equal(kg, key_groups.start), pc.less_equal(kg, key_groups.end))
@@ -199,9 +220,11 @@ class SegmentReader:
 
     def _segment_blocks(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, seg: Any, whole_limit: int
-    ) -> Iterator[tuple[fmt.BlockInfo, pa.Table]]:
+    ) -> Iterator[tuple[fmt.BlockInfo, pa.Table, bool]]:
         """The blocks of segment ``seg`` that may hold records of ``stream`` in ``[start, end)``
-        and in ``key_groups``, each read, verified and decoded as it is iterated (unfiltered)."""
+        and in ``key_groups``, each read, verified and decoded as it is iterated, as ``(info,
+        rows, in_range)``: ``in_range`` when its rows are those of ``key_groups`` only (a kept
+        block's), else unfiltered."""
         footer = self.footer(seg.name, seg.size, whole_limit)  # a failing store raises StoreError, never corruption
         if not any((sp.stream, sp.start, sp.end) == (stream, seg.start, seg.end) for sp in footer.streams):
             raise CorruptionError(
@@ -209,28 +232,63 @@ class SegmentReader:
                 f"{stream}, which the checkpoint metadata references",
                 key=seg.name,
             )
+        if self._keep_bytes and seg.size <= whole_limit:
+            for info, table, order, kgs in self._kept_blocks(stream, seg, footer):
+                if info.last_seq < start or info.first_seq >= end:
+                    continue
+                lo, hi = np.searchsorted(kgs, key_groups.start, "left"), np.searchsorted(kgs, key_groups.end, "right")
+                if lo < hi:
+                    if lo > 0 or hi < len(kgs):  # a key group's rows are in order; several: sorted back
+                        table = table.take(order[lo:hi] if key_groups.start == key_groups.end else np.sort(order[lo:hi]))
+                    yield info, table, True
+            return
         try:
             for info in footer.blocks:
                 if info.stream != stream or info.last_seq < start or info.first_seq >= end:
                     continue
                 if key_groups.overlaps(info.kg_min, info.kg_max):
-                    yield info, self.block(seg.name, info)
+                    yield info, self.block(seg.name, info), False
         finally:
             self.forget(seg.name)
 
+    def _kept_blocks(self, stream: str, seg: Any, footer: fmt.SegmentFooter) -> list[_KeptBlock]:
+        """Every block of ``stream`` in segment ``seg`` (read whole), decoded, with the order of
+        its rows by key group (stable: a key group's rows stay in sequence order) and their key
+        groups in that order; kept if ``keep_bytes`` leaves room."""
+        with self._lock:
+            kept = self._kept.get((seg.name, stream))
+        if kept is not None:
+            return kept
+        blocks: list[_KeptBlock] = []
+        try:
+            for info in footer.blocks:
+                if info.stream == stream:
+                    table = self.block(seg.name, info)
+                    kgs = table.column("key_group").to_numpy()
+                    order = np.argsort(kgs, kind="stable")
+                    blocks.append((info, table, order, kgs[order]))
+        finally:
+            self.forget(seg.name)
+        size = sum(t.nbytes + o.nbytes + k.nbytes for _i, t, o, k in blocks)
+        with self._lock:
+            if (seg.name, stream) not in self._kept and self._kept_size + size <= self._keep_bytes:
+                self._kept[(seg.name, stream)] = blocks
+                self._kept_size += size
+        return blocks
+
     def _read_segment(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, seg: Any, whole_limit: int
-    ) -> list[tuple[fmt.BlockInfo, pa.Table]]:
+    ) -> list[tuple[fmt.BlockInfo, pa.Table, bool]]:
         return list(self._segment_blocks(stream, start, end, key_groups, seg, whole_limit))
 
     def _segment_blocks_ahead(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, segments: Any, whole_limit: int,
         executor: Executor, ahead: int,
-    ) -> Iterator[list[tuple[fmt.BlockInfo, pa.Table]]]:  # fmt: skip
+    ) -> Iterator[list[tuple[fmt.BlockInfo, pa.Table, bool]]]:  # fmt: skip
         """The blocks of each segment in order (:meth:`_segment_blocks`), read by ``executor``'s
         threads up to ``ahead`` segments ahead of the caller, so that their requests wait on
         the store at the same time."""
-        pending: collections.deque[Future[list[tuple[fmt.BlockInfo, pa.Table]]]] = collections.deque()
+        pending: collections.deque[Future[list[tuple[fmt.BlockInfo, pa.Table, bool]]] | list[tuple[fmt.BlockInfo, pa.Table, bool]]] = collections.deque()  # fmt: skip
         todo = iter(segments)
         try:
             while True:
@@ -238,13 +296,19 @@ class SegmentReader:
                     seg = next(todo, None)
                     if seg is None:
                         break
-                    pending.append(executor.submit(self._read_segment, stream, start, end, key_groups, seg, whole_limit))
+                    args = (stream, start, end, key_groups, seg, whole_limit)
+                    with self._lock:
+                        kept = (seg.name, stream) in self._kept
+                    # a kept segment's blocks are at hand: taken here, not by a thread
+                    pending.append(self._read_segment(*args) if kept else executor.submit(self._read_segment, *args))
                 if not pending:
                     return
-                yield pending.popleft().result()
+                got = pending.popleft()
+                yield got if isinstance(got, list) else got.result()
         finally:
             for fut in pending:
-                fut.cancel()
+                if not isinstance(fut, list):
+                    fut.cancel()
 
     def verify_segment(self, name: str, size: int | None = None) -> fmt.SegmentFooter:
         """Read and check every byte of a segment (header, footer, each block)."""

@@ -72,17 +72,20 @@ def _build(root: str) -> dict[str, Any]:
         return {"c2": c2.checkpoint_id, "manifest": manifest, "want_v": want_v, "segment_versions": versions}
 
 
-@pytest.fixture(params=["whole", "sliced", "split"])
+@pytest.fixture(params=["whole", "sliced", "split", "tail-first"])
 def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict[str, Any]]:
     """``sliced``: the state tables have row groups of at most 16 rows, each key group of 8
     rows or more its own, so key groups (about 100 rows) load by slices of a row group.
     ``sliced`` and ``split``: touches read table files in ranges (footer, row groups).
     ``split``: the tail's segments are version 2, each stream's records in blocks of about
-    32 rows by key-group range (format.md 4.2), so a touch reads one block of a segment."""
+    32 rows by key-group range (format.md 4.2), so a touch reads one block of a segment.
+    ``tail-first``: the first key group that needs its tail reads the whole tail (as for a
+    tail of many small segments); otherwise a touch reads its key group's records alone."""
+    monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 1 << 30 if request.param == "tail-first" else 0)
     if request.param == "sliced":
         monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
         monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
-    if request.param != "whole":  # a touch reads a file's footer and row groups, not the whole file
+    if request.param in ("sliced", "split"):  # a touch reads a file's footer and row groups, not the whole file
         monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
     if request.param == "split":  # and a touch reads the tail's segments in ranges
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 64)
@@ -91,7 +94,8 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     root = (tmp_path / "root").as_uri()
     info = _build(root)
     assert (b"\x00\x02" in info["segment_versions"]) == (request.param == "split")
-    info["ranged"] = request.param != "whole"
+    info["ranged"] = request.param in ("sliced", "split")
+    info["tail_first"] = request.param == "tail-first"
     return root, info
 
 
@@ -343,7 +347,8 @@ def test_a_first_touch_reads_its_tail_while_it_reads_its_table_files(built) -> N
         store = FaultInjectingStore(loader.store)
         for op in ("get", "get_range"):
             store.before(op, meet)
-        loader.store = loader._touch_reader.store = store
+        loader.store = loader._touch_reader.store = loader._reader.store = store
+        assert loader._whole_first == info["tail_first"]
         b.set_current_key(17)
         assert v.value() == info["want_v"][17]
         assert sorted(met) == sorted(started)
@@ -423,3 +428,44 @@ def test_a_key_waits_only_for_its_slice_and_the_rest_loads_without_the_slices_ha
     job.close()
     want[V.name][(key, None)] = 1_000_000
     assert _eager(root, c3.checkpoint_id) == want
+
+
+@pytest.mark.parametrize("tail_first", [True, False], ids=["tail-first", "kept-blocks"])
+def test_a_tail_of_many_small_segments_is_read_once_however_many_key_groups_are_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tail_first: bool
+) -> None:
+    """A tail of a small segment per checkpoint (no materialization), its keys touched one by
+    one: each segment is read once for all the touches, not once per key group. By default
+    (``tail-first``: its segments are small) the first key group that needs its tail reads the
+    whole tail; when touches read their key groups alone, the blocks of the segments they read
+    whole are kept for the next touches. The state equals the values written either way."""
+    if not tail_first:
+        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+    root = (tmp_path / "root").as_uri()
+    with statelog.open(root, max_parallelism=MAXP) as job:
+        b = job.backend("op")
+        v = b.get_state(V)
+        for c in range(12):
+            for i in range(40):
+                b.set_current_key(i)
+                v.update(c * 100 + i)
+            last = job.checkpoint()
+    with _open(root, background=False) as job:
+        b = job.backend("op", restore=last.checkpoint_id)
+        loader = b._loader
+        assert loader is not None and loader._whole_first == tail_first
+        assert len({s.name for r in loader._ranges for s in r.segments}) == 12
+        reads: list[str] = []
+        store = FaultInjectingStore(loader.store)
+        for op in ("get", "get_range"):
+            store.before(op, lambda _op, key: reads.append(key))
+        loader.store = loader._reader.store = loader._touch_reader.store = store
+        v = b.get_state(V)
+        for i in range(40):
+            b.set_current_key(i)
+            assert v.value() == 1100 + i
+        segments = [k for k in reads if k.startswith("changelog/")]
+        assert len(segments) == len(set(segments)) == 12, segments
+        assert len({statelog.key_group_of(i, MAXP) for i in range(40)}) > 12
+        b.wait_loaded()
+        assert {k: x for k, _ns, x in v.entries()} == {i: 1100 + i for i in range(40)}

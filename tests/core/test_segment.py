@@ -283,3 +283,57 @@ def test_a_range_over_several_segments_reads_the_same_with_threads_reading_ahead
         for p in (None, pool):
             with pytest.raises(CorruptionError, match=refs[4].name):
                 read(SegmentReader(store), KeyGroupRange(0, 127), 4 << 20, p)
+
+
+def test_a_reader_that_keeps_blocks_reads_each_small_segment_once_for_any_key_groups(tmp_path) -> None:
+    """``SegmentReader(keep_bytes=...)``: the blocks of a segment read whole are kept, decoded
+    and ordered by key group, so that a read of other key groups makes no request; every read
+    equals the plain reader's (each key group's records in sequence order, several key groups'
+    in the order of the segment), with or without an executor; past ``keep_bytes`` nothing is
+    kept, and the reads are still equal."""
+    import concurrent.futures as cf
+
+    from statelog.store.faulty import FaultInjectingStore
+
+    store = open_store(tmp_path.as_uri())
+    enc = BlockEncoder()
+    rng = random.Random(11)
+    refs, seq = [], 0
+    for i in range(5):  # 5 small segments of one stream, records of random key groups
+        seqs, cols = _records(300, [rng.randrange(128) for _ in range(120)], seq)
+        end = seqs[-1] + 1
+        batch = enc.encode_batch("count", pa.int64(), None, False, seqs, cols)
+        data, footer = encode_segment("w1", i, 1234, [StreamChunk("op.0.a/count", "count", seq, end, [batch])], enc)
+        name = f"changelog/w1/{i:010d}.seg"
+        store.put(name, data)
+        refs.append(SegmentRef(name, len(data), seq, end, footer.streams[0].bytes))
+        seq = end
+    gets: list[str] = []
+    counted = FaultInjectingStore(store)
+    for op in ("get", "get_range"):
+        counted.before(op, lambda _op, key: gets.append(key))
+
+    def read(reader: SegmentReader, kgr: KeyGroupRange, pool=None, start=0, end=seq):
+        return [(b.state, [r[:5] for r in b.rows()])
+                for b in reader.read_range("op.0.a/count", start, end, kgr, refs, 4 << 20, pool, 3)]  # fmt: skip
+
+    reads = [(KeyGroupRange(17, 17), 0, seq), (KeyGroupRange(0, 127), 0, seq), (KeyGroupRange(3, 3), 0, seq),
+             (KeyGroupRange(40, 90), 301, seq - 7), (KeyGroupRange(127, 127), 0, seq)]  # fmt: skip
+    with cf.ThreadPoolExecutor(3) as pool:
+        for p in (None, pool):
+            keeping = SegmentReader(counted, keep_bytes=64 << 20)
+            gets.clear()
+            for kgr, start, end in reads:
+                plain = read(SegmentReader(store), kgr, None, start, end)
+                assert plain and read(keeping, kgr, p, start, end) == plain
+                for _state, rows in plain:  # (the plain reader's order: by sequence)
+                    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+            assert sorted(gets) == [r.name for r in refs]  # each segment once, for 5 reads
+            assert keeping.kept_bytes > 0
+            keeping.drop_kept()
+            assert keeping.kept_bytes == 0
+            small = SegmentReader(counted, keep_bytes=1)  # no room: nothing kept
+            gets.clear()
+            for kgr, start, end in reads:
+                assert read(small, kgr, p, start, end) == read(SegmentReader(store), kgr, None, start, end)
+            assert small.kept_bytes == 0 and len(gets) > len(refs)
