@@ -25,9 +25,9 @@ from statelog.keys import KeyGroupRange
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, from_arrow
 
-# a kept block (SegmentReader keep_bytes): its info, its rows, their order by key group, and
-# their key groups in that order
-_KeptBlock = tuple[fmt.BlockInfo, pa.Table, np.ndarray, np.ndarray]
+# a kept block (SegmentReader keep_bytes): its rows, their order by key group, and their key
+# groups in that order
+_KeptBlock = tuple[pa.Table, np.ndarray, np.ndarray]
 
 WHOLE_OBJECT_LIMIT = 4 << 20  # segments up to this size are read with one request
 TAIL_READ_BYTES = 64 << 10  # a larger segment's end read at once: its trailer and (mostly) its footer
@@ -85,11 +85,12 @@ class SegmentReader:
         self._whole: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
-        # with keep_bytes: the decoded blocks of segments read whole, per (segment, stream),
-        # with their rows' order by key group, kept (up to keep_bytes of Arrow data) for later
-        # reads of other key groups, which then take their rows without a request or a decoding
+        # with keep_bytes: the bytes of the segments read whole, and their blocks once decoded
+        # with their rows' order by key group, kept (up to keep_bytes in all) for later reads of
+        # other key groups, which then take their rows without a request or a second decoding
         self._keep_bytes = keep_bytes
-        self._kept: dict[tuple[str, str], list[_KeptBlock]] = {}
+        self._held: set[str] = set()  # segments whose bytes (in _whole) are kept
+        self._kept: dict[tuple[str, int], _KeptBlock] = {}  # (segment, block offset)
         self._kept_size = 0
 
     def _get(self, name: str) -> bytes:
@@ -164,6 +165,9 @@ class SegmentReader:
     def drop_kept(self) -> None:
         """Let go of the blocks kept for later reads (``keep_bytes``)."""
         with self._lock:
+            for name in self._held:
+                self._whole.pop(name, None)
+            self._held.clear()
             self._kept.clear()
             self._kept_size = 0
 
@@ -232,49 +236,55 @@ class SegmentReader:
                 f"{stream}, which the checkpoint metadata references",
                 key=seg.name,
             )
-        if self._keep_bytes and seg.size <= whole_limit:
-            for info, table, order, kgs in self._kept_blocks(stream, seg, footer):
-                if info.last_seq < start or info.first_seq >= end:
+        keep = bool(self._keep_bytes) and seg.size <= whole_limit
+        try:
+            for info in footer.blocks:
+                if info.stream != stream or info.last_seq < start or info.first_seq >= end:
                     continue
+                if not key_groups.overlaps(info.kg_min, info.kg_max):
+                    continue
+                if not keep:
+                    yield info, self.block(seg.name, info), False
+                    continue
+                table, order, kgs = self._kept_block(seg.name, info)
                 lo, hi = np.searchsorted(kgs, key_groups.start, "left"), np.searchsorted(kgs, key_groups.end, "right")
                 if lo < hi:
                     if lo > 0 or hi < len(kgs):  # a key group's rows are in order; several: sorted back
                         table = table.take(order[lo:hi] if key_groups.start == key_groups.end else np.sort(order[lo:hi]))
                     yield info, table, True
-            return
-        try:
-            for info in footer.blocks:
-                if info.stream != stream or info.last_seq < start or info.first_seq >= end:
-                    continue
-                if key_groups.overlaps(info.kg_min, info.kg_max):
-                    yield info, self.block(seg.name, info), False
         finally:
-            self.forget(seg.name)
+            if not (keep and self._hold(seg.name, seg.size)):
+                self.forget(seg.name)
 
-    def _kept_blocks(self, stream: str, seg: Any, footer: fmt.SegmentFooter) -> list[_KeptBlock]:
-        """Every block of ``stream`` in segment ``seg`` (read whole), decoded, with the order of
-        its rows by key group (stable: a key group's rows stay in sequence order) and their key
-        groups in that order; kept if ``keep_bytes`` leaves room."""
+    def _hold(self, name: str, size: int) -> bool:
+        """Keep the bytes of segment ``name`` (read whole) if ``keep_bytes`` leaves room."""
         with self._lock:
-            kept = self._kept.get((seg.name, stream))
+            if name in self._held:
+                return True
+            if name not in self._whole or self._kept_size + size > self._keep_bytes:
+                return False
+            self._held.add(name)
+            self._kept_size += size
+            return True
+
+    def _kept_block(self, name: str, info: fmt.BlockInfo) -> _KeptBlock:
+        """Block ``info`` of segment ``name`` decoded, with the order of its rows by key group
+        (stable: a key group's rows stay in sequence order) and their key groups in that order;
+        kept if ``keep_bytes`` leaves room."""
+        with self._lock:
+            kept = self._kept.get((name, info.offset))
         if kept is not None:
             return kept
-        blocks: list[_KeptBlock] = []
-        try:
-            for info in footer.blocks:
-                if info.stream == stream:
-                    table = self.block(seg.name, info)
-                    kgs = table.column("key_group").to_numpy()
-                    order = np.argsort(kgs, kind="stable")
-                    blocks.append((info, table, order, kgs[order]))
-        finally:
-            self.forget(seg.name)
-        size = sum(t.nbytes + o.nbytes + k.nbytes for _i, t, o, k in blocks)
+        table = self.block(name, info)
+        kgs = table.column("key_group").to_numpy()
+        order = np.argsort(kgs, kind="stable")
+        kept = (table, order, kgs[order])
+        size = table.nbytes + order.nbytes + kgs.nbytes
         with self._lock:
-            if (seg.name, stream) not in self._kept and self._kept_size + size <= self._keep_bytes:
-                self._kept[(seg.name, stream)] = blocks
+            if (name, info.offset) not in self._kept and self._kept_size + size <= self._keep_bytes:
+                self._kept[(name, info.offset)] = kept
                 self._kept_size += size
-        return blocks
+        return kept
 
     def _read_segment(
         self, stream: str, start: int, end: int, key_groups: KeyGroupRange, seg: Any, whole_limit: int
@@ -298,8 +308,8 @@ class SegmentReader:
                         break
                     args = (stream, start, end, key_groups, seg, whole_limit)
                     with self._lock:
-                        kept = (seg.name, stream) in self._kept
-                    # a kept segment's blocks are at hand: taken here, not by a thread
+                        kept = seg.name in self._held
+                    # a kept segment's bytes are at hand: its blocks are taken here, not by a thread
                     pending.append(self._read_segment(*args) if kept else executor.submit(self._read_segment, *args))
                 if not pending:
                     return
