@@ -23,6 +23,13 @@ the per-round ratios (``_ratio_``) and the ratio of the medians (``_ratio_of_med
 States of up to ``SMALL`` keys get twice the rounds: their loads take 0.1-0.5 s, where this
 machine's noise (+-30 %) weighs most, and their rounds are cheap. ``cpu_s`` is the process's
 CPU time from the open to fully loaded (every thread).
+
+``python -m bench.recovery --json --small-tail [--rounds 9] [--no-s3]`` measures instead a
+tail of many small segments: ``SMALL_TAIL_CHECKPOINTS`` checkpoints of
+``SMALL_TAIL_UPDATES`` updates each (a segment each, no materialization) over
+``SMALL_TAIL_KEYS`` keys; a restore then reads ``SMALL_TAIL_TOUCHED`` random keys one after
+the other (``touched_s``, from the open) and waits for the rest (``fully_loaded_s``), eager
+and on demand alternately, each in a fresh process.
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ SMALL = 1_000_000  # states up to this many keys get twice the rounds
 QUICK_SIZES = (20_000, 100_000)
 TAIL_SHARE = 0.01
 UID = "counter"
+SMALL_TAIL_KEYS = 2000
+SMALL_TAIL_CHECKPOINTS = 60
+SMALL_TAIL_UPDATES = 200
+SMALL_TAIL_TOUCHED = 200
 
 
 def _rss_mib() -> float:
@@ -137,6 +148,84 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
             "live_mib": live, "peak_over_live": (peak - before) / max(live, 1e-9)}  # fmt: skip
 
 
+def build_small_tail(root: str, options: dict[str, Any]) -> int:
+    """A tail of ``SMALL_TAIL_CHECKPOINTS`` small segments; the last checkpoint's id."""
+    import statelog
+
+    desc = _descriptor()
+    rng = random.Random(2)
+    with statelog.open(root, store_options=options) as job:
+        b = job.backend(UID)
+        state = b.get_state(desc)
+        for c in range(SMALL_TAIL_CHECKPOINTS):
+            for _ in range(SMALL_TAIL_UPDATES):
+                b.set_current_key(rng.randrange(SMALL_TAIL_KEYS))
+                state.update(c)
+            last = job.checkpoint()
+    return last.checkpoint_id
+
+
+def measure_touches(root: str, options: dict[str, Any], checkpoint: int, on_demand: bool) -> dict[str, float]:
+    """Open at ``checkpoint``, read ``SMALL_TAIL_TOUCHED`` random keys, wait for the rest."""
+    import pyarrow.parquet  # noqa: F401
+
+    import statelog
+    import statelog.ondemand  # noqa: F401
+    import statelog.store.local  # noqa: F401
+    import statelog.store.s3  # noqa: F401
+
+    desc = _descriptor()
+    keys = random.Random(3).sample(range(SMALL_TAIL_KEYS), SMALL_TAIL_TOUCHED)
+    t0 = time.perf_counter()
+    job = statelog.open(root, store_options=options, create=False, on_demand_restore=on_demand)
+    b = job.backend(UID, restore=checkpoint, changelog=False)
+    state = b.get_state(desc)
+    values = []
+    for k in keys:
+        b.set_current_key(k)
+        values.append(state.value())
+    touched = time.perf_counter() - t0
+    b.wait_loaded()
+    full = time.perf_counter() - t0
+    assert all(v is not None and 0 <= v < SMALL_TAIL_CHECKPOINTS for v in values), values
+    job.close()
+    return {"touched_s": touched, "fully_loaded_s": full}
+
+
+def run_small_tail(rounds: int, s3: bool, progress: bool) -> dict[str, Any]:
+    result: dict[str, Any] = {"small_tail": {"keys": SMALL_TAIL_KEYS, "checkpoints": SMALL_TAIL_CHECKPOINTS,
+                                             "updates": SMALL_TAIL_UPDATES, "touched": SMALL_TAIL_TOUCHED},
+                              "rounds": rounds}  # fmt: skip
+    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    server = None
+    stores: list[tuple[str, str, dict[str, Any]]] = [("file", (tmp / "file").as_uri(), {})]
+    try:
+        if s3:
+            from tests.s3server import start_seaweedfs
+
+            server = start_seaweedfs(tmp / "s3")
+            spec = server.unique_root()
+            stores.append(("s3", spec.url, dict(spec.options)))
+        for store, url, options in stores:
+            cid = build_small_tail(url, options)
+            runs: dict[str, list[dict[str, float]]] = {"eager": [], "on_demand": []}
+            for r in range(rounds):
+                for mode in (("eager", "on_demand") if r % 2 == 0 else ("on_demand", "eager")):
+                    runs[mode].append(_child(["touches", url, json.dumps(options), str(cid),
+                                              "1" if mode == "on_demand" else "0"]))  # fmt: skip
+                    if progress:
+                        print(f"  {store} small tail {mode}: {runs[mode][-1]}", file=sys.stderr)
+            for metric in ("touched_s", "fully_loaded_s"):
+                for mode, ms in runs.items():
+                    result[f"{store}_small_tail_{mode}_{metric}"] = _median([m[metric] for m in ms])
+                ratios = [o[metric] / e[metric] for o, e in zip(runs["on_demand"], runs["eager"], strict=True)]
+                result[f"{store}_small_tail_ratio_{metric}"] = _median(ratios)
+    finally:
+        if server is not None:
+            server.stop()
+    return result
+
+
 def _release_free_memory() -> float:
     """RSS after the allocators gave back the memory they keep free for reuse (Arrow's pool,
     glibc's arenas): the loaded state's own size, which ``loaded_mib`` overstates by what the
@@ -155,8 +244,10 @@ def _release_free_memory() -> float:
 
 
 def _child(args: list[str]) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "bench.recovery", "measure", *args], capture_output=True,
-                         text=True, timeout=3600)  # fmt: skip
+    if args[0] != "touches":
+        args = ["measure", *args]
+    out = subprocess.run([sys.executable, "-m", "bench.recovery", *args], capture_output=True, text=True,
+                         timeout=3600)  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -230,13 +321,22 @@ def main(argv: list[str]) -> int:
         root, options, cid, subtask, par, on_demand, key = argv[1:]
         print(json.dumps(measure(root, json.loads(options), int(cid), int(subtask), int(par), on_demand == "1", int(key))))
         return 0
+    if argv and argv[0] == "touches":
+        root, options, cid, on_demand = argv[1:]
+        print(json.dumps(measure_touches(root, json.loads(options), int(cid), on_demand == "1")))
+        return 0
     p = argparse.ArgumentParser(prog="python -m bench.recovery")
     p.add_argument("--sizes", default=None, help="comma-separated key counts (default 1000000,10000000)")
     p.add_argument("--rounds", type=int, default=9, help="rounds per case (twice as many for small states)")
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--small-tail", action="store_true", help="a tail of many small segments, keys read one by one")
     a = p.parse_args(argv)
+    if a.small_tail:
+        result = run_small_tail(a.rounds, not a.no_s3, not a.json)
+        print(json.dumps(result, sort_keys=True) if a.json else json.dumps(result, indent=1, sort_keys=True))
+        return 0
     sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
     result = run(quick=a.quick, progress=not a.json, sizes=sizes, rounds=a.rounds, s3=not a.no_s3)
     print(json.dumps(result, sort_keys=True) if a.json else json.dumps(result, indent=1, sort_keys=True))

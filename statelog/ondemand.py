@@ -287,8 +287,30 @@ class KeyGroupLoader:
                     mode = "first"
                     break
                 self._cond.wait(0.05)  # the background thread is preparing it
-            self._state[kg] = _PREPARING
-            self._urgent += 1
+            if mode == "first" and self._whole_first and not self._files_of and not self._raw_keys:
+                # only a small tail to load: every key group at once, as an eager restore does
+                claimed = [k for k, s in self._state.items() if s == _UNLOADED]
+                for k in claimed:
+                    self._state[k] = _PREPARING
+                self._urgent += 1
+                mode = "all"
+            else:
+                self._state[kg] = _PREPARING
+                self._urgent += 1
+        if mode == "all":
+            try:
+                self._read_whole_tail()
+                prepared = self._tail_part(claimed)
+            except BaseException as e:
+                self.installed()
+                self._fail(e)
+                raise
+            with self._cond:
+                for k in claimed:
+                    self._state[k] = _TAKEN
+                self._taken += len(claimed)
+                self._cond.notify_all()
+            return prepared
         try:
             tail: cf.Future[Records] | None = None
             if mode == "first":  # its tail is read meanwhile (on a remote store: other requests)
