@@ -35,7 +35,11 @@ verified against the size and CRC-32 its manifest recorded once, its bytes kept 
 last key group was prepared; each preparation decodes only the row groups of its key groups)
 and its share of the changelog tail: the background thread reads the whole tail first and
 splits it by key group; a key group needed before that reads its own records alone (the
-reader filters blocks by key group before decoding rows). An object that is missing or corrupt
+reader filters blocks by key group before decoding rows, and keeps the segments it read whole,
+and their decoded blocks, for the next key groups), unless the tail is one of small segments
+(``SEGMENT_READ_COST_BYTES`` per segment at most): then the first thread that needs a part of
+it reads it whole, once, and if there is no table file to load, the first touch installs it
+for every key group at once. An object that is missing or corrupt
 fails the preparation of the first key group that needs it, with the object's name; the error
 is raised in the task thread at its next installation, never swallowed.
 
