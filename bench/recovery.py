@@ -244,8 +244,7 @@ def _release_free_memory() -> float:
 
 
 def _child(args: list[str]) -> dict[str, float]:
-    if args[0] != "touches":
-        args = ["measure", *args]
+    """``python -m bench.recovery measure|touches ...`` in a fresh process: its figures."""
     out = subprocess.run([sys.executable, "-m", "bench.recovery", *args], capture_output=True, text=True,
                          timeout=3600)  # fmt: skip
     if out.returncode != 0:
@@ -293,7 +292,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, siz
                         for mode in order:
                             args = [url, json.dumps(options), str(cid), str(subtask), str(par),
                                     "1" if mode == "on_demand" else "0", str(k)]  # fmt: skip
-                            runs[mode].append(_child(args))
+                            runs[mode].append(_child(["measure", *args]))
                             if progress:
                                 m = runs[mode][-1]
                                 print(f"  {store} n={n:,} {case} {mode}: first {m['first_record_s']:.3f}s, full "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -73,6 +74,25 @@ def _records(n: int, kgs: list[int], seq0: int) -> tuple[list[int], list[list]]:
     cols = [[f"k{i % 3000}".encode() for i in range(n)], [kgs[i % len(kgs)] for i in range(n)], [b"\x00"] * n,
             [Op.PUT.value] * n, seqs]
     return seqs, cols
+
+
+def _put_stream_segments(
+    store, enc: BlockEncoder, count: int, size: Callable[[], int], kg_count: int, rng: random.Random
+) -> tuple[list[SegmentRef], int]:
+    """``count`` segments of stream ``op.0.a/count``, stored, each of ``size()`` put records of
+    ``kg_count`` random key groups (:func:`_records`); their references and the next seq."""
+    refs, seq = [], 0
+    for i in range(count):
+        n = size()
+        seqs, cols = _records(n, [rng.randrange(128) for _ in range(kg_count)], seq)
+        end = seqs[-1] + 1
+        batch = enc.encode_batch("count", pa.int64(), None, False, seqs, cols)
+        data, footer = encode_segment("w1", i, 1234, [StreamChunk("op.0.a/count", "count", seq, end, [batch])], enc)
+        name = f"changelog/w1/{i:010d}.seg"
+        store.put(name, data)
+        refs.append(SegmentRef(name, len(data), seq, end, footer.streams[0].bytes))
+        seq = end
+    return refs, seq
 
 
 @pytest.mark.parametrize("shape", ["uniform", "skewed"])
@@ -253,17 +273,8 @@ def test_a_range_over_several_segments_reads_the_same_with_threads_reading_ahead
     store = open_store(tmp_path.as_uri())
     enc = BlockEncoder()
     rng = random.Random(3)
-    refs, seq = [], 0
-    for i in range(6):  # 6 segments of one stream, the larger ones split by key-group range
-        n = rng.choice([50, 9_000])
-        seqs, cols = _records(n, [rng.randrange(128) for _ in range(200)], seq)
-        end = seqs[-1] + 1
-        batch = enc.encode_batch("count", pa.int64(), None, False, seqs, cols)
-        data, footer = encode_segment("w1", i, 1234, [StreamChunk("op.0.a/count", "count", seq, end, [batch])], enc)
-        name = f"changelog/w1/{i:010d}.seg"
-        store.put(name, data)
-        refs.append(SegmentRef(name, len(data), seq, end, footer.streams[0].bytes))
-        seq = end
+    # 6 segments of one stream, the larger ones split by key-group range
+    refs, seq = _put_stream_segments(store, enc, 6, lambda: rng.choice([50, 9_000]), 200, rng)
 
     def read(reader: SegmentReader, kgr: KeyGroupRange, whole_limit: int, pool=None, start=0, end=seq):
         return [(b.state, [r[:5] for r in b.rows()])
@@ -298,16 +309,8 @@ def test_a_reader_that_keeps_blocks_reads_each_small_segment_once_for_any_key_gr
     store = open_store(tmp_path.as_uri())
     enc = BlockEncoder()
     rng = random.Random(11)
-    refs, seq = [], 0
-    for i in range(5):  # 5 small segments of one stream, records of random key groups
-        seqs, cols = _records(300, [rng.randrange(128) for _ in range(120)], seq)
-        end = seqs[-1] + 1
-        batch = enc.encode_batch("count", pa.int64(), None, False, seqs, cols)
-        data, footer = encode_segment("w1", i, 1234, [StreamChunk("op.0.a/count", "count", seq, end, [batch])], enc)
-        name = f"changelog/w1/{i:010d}.seg"
-        store.put(name, data)
-        refs.append(SegmentRef(name, len(data), seq, end, footer.streams[0].bytes))
-        seq = end
+    # 5 small segments of one stream, records of random key groups
+    refs, seq = _put_stream_segments(store, enc, 5, lambda: 300, 120, rng)
     gets: list[str] = []
     counted = FaultInjectingStore(store)
     for op in ("get", "get_range"):
