@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,16 +197,7 @@ def run_small_tail(rounds: int, s3: bool, progress: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"small_tail": {"keys": SMALL_TAIL_KEYS, "checkpoints": SMALL_TAIL_CHECKPOINTS,
                                              "updates": SMALL_TAIL_UPDATES, "touched": SMALL_TAIL_TOUCHED},
                               "rounds": rounds}  # fmt: skip
-    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
-    server = None
-    stores: list[tuple[str, str, dict[str, Any]]] = [("file", (tmp / "file").as_uri(), {})]
-    try:
-        if s3:
-            from tests.s3server import start_seaweedfs
-
-            server = start_seaweedfs(tmp / "s3")
-            spec = server.unique_root()
-            stores.append(("s3", spec.url, dict(spec.options)))
+    with _stores(None, s3) as stores:
         for store, url, options in stores:
             cid = build_small_tail(url, options)
             runs: dict[str, list[dict[str, float]]] = {"eager": [], "on_demand": []}
@@ -220,10 +212,27 @@ def run_small_tail(rounds: int, s3: bool, progress: bool) -> dict[str, Any]:
                     result[f"{store}_small_tail_{mode}_{metric}"] = _median([m[metric] for m in ms])
                 ratios = [o[metric] / e[metric] for o, e in zip(runs["on_demand"], runs["eager"], strict=True)]
                 result[f"{store}_small_tail_ratio_{metric}"] = _median(ratios)
+    return result
+
+
+@contextlib.contextmanager
+def _stores(root: str | None, s3: bool) -> Iterator[list[tuple[str, str, dict[str, Any]]]]:
+    """``(name, root URL, store options)`` of a ``file://`` root (``root`` or a new one) and,
+    with ``s3``, of a SeaweedFS ``s3://`` root started here and stopped at the end."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
+    stores: list[tuple[str, str, dict[str, Any]]] = [("file", root or (tmp / "file").as_uri(), {})]
+    server = None
+    try:
+        if s3:
+            from tests.s3server import start_seaweedfs
+
+            server = start_seaweedfs(tmp / "s3")
+            spec = server.unique_root()
+            stores.append(("s3", spec.url, dict(spec.options)))
+        yield stores
     finally:
         if server is not None:
             server.stop()
-    return result
 
 
 def _release_free_memory() -> float:
@@ -262,17 +271,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, siz
 
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     result: dict[str, Any] = {"sizes": list(sizes), "rounds": rounds, "tail_share": TAIL_SHARE}
-    tmp = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
-    server = None
-    stores: list[tuple[str, str, dict[str, Any]]] = []
-    try:
-        stores.append(("file", root or (tmp / "file").as_uri(), {}))
-        if s3:
-            from tests.s3server import start_seaweedfs
-
-            server = start_seaweedfs(tmp / "s3")
-            spec = server.unique_root()
-            stores.append(("s3", spec.url, dict(spec.options)))
+    with _stores(root, s3) as stores:
         for store, base, options in stores:
             for n in sizes:
                 url = f"{base.rstrip('/')}/n{n}"
@@ -309,9 +308,6 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, siz
                         result[f"{prefix}_ratio_{metric}"] = _median(ratios)
                         result[f"{prefix}_ratio_of_medians_{metric}"] = round(
                             result[f"{prefix}_on_demand_{metric}"]["median"] / result[f"{prefix}_eager_{metric}"]["median"], 4)
-    finally:
-        if server is not None:
-            server.stop()
     return result
 
 
