@@ -598,10 +598,17 @@ class RangedTableFile:
                                   "the file is corrupt", key=f.path)  # fmt: skip
         self._parts: list[tuple[int, bytes]] = [(f.bytes - n, tail)]
         self._verified: set[int] = set()
-        self.pf = pq.ParquetFile(pa.PythonFile(_Parts(self), mode="r"), page_checksum_verification=True)
-        if self.pf.metadata.num_row_groups != len(f.row_group_crc32):
-            raise CorruptionError(f"state table {f.path}: {self.pf.metadata.num_row_groups} row groups, the "
+        self.metadata = pq.ParquetFile(pa.PythonFile(_Parts(self), mode="r")).metadata  # the footer's
+        if self.metadata.num_row_groups != len(f.row_group_crc32):
+            raise CorruptionError(f"state table {f.path}: {self.metadata.num_row_groups} row groups, the "
                                   f"manifest lists {len(f.row_group_crc32)}; the file is corrupt", key=f.path)  # fmt: skip
+
+    def reader(self) -> pq.ParquetFile:
+        """A Parquet reader of the parts fetched, for one thread: Arrow's reader pre-buffers the
+        row groups a read asks for in a cache of its own, which a read from another thread
+        would replace; each decode opens one (with the footer already parsed)."""
+        return pq.ParquetFile(pa.PythonFile(_Parts(self), mode="r"), metadata=self.metadata,
+                              page_checksum_verification=True)  # fmt: skip
 
     def _get(self, offset: int, length: int) -> bytes:
         try:
@@ -617,7 +624,7 @@ class RangedTableFile:
 
     def need(self, groups: Iterable[int]) -> None:
         """Fetch and verify row groups ``groups`` unless held (adjacent ones in one read)."""
-        md = self.pf.metadata
+        md = self.metadata
         with self._lock:
             todo = sorted(set(groups) - self._verified)
             runs: list[list[int]] = []
@@ -742,7 +749,7 @@ def _of_state(table: pa.Table, f: TableFile, info: StateInfo | None) -> pa.Table
 
 def _open_verified(data: bytes | RangedTableFile, f: TableFile) -> pq.ParquetFile:
     if isinstance(data, RangedTableFile):
-        return data.pf
+        return data.reader()
     try:
         return pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as e:

@@ -749,3 +749,30 @@ def test_a_table_file_read_in_ranges_fails_on_the_corrupt_part_it_reads_naming_t
     path.unlink()
     with pytest.raises(CorruptionError, match=r"state table t\.parquet is missing"):
         RangedTableFile(store, f)
+
+
+def test_a_table_file_read_in_ranges_decodes_from_several_threads_at_once(tmp_path) -> None:
+    """Threads decoding key groups and key slices of one RangedTableFile at once (as an
+    on-demand restore's pool does) each get the rows a read of the whole file gives; Arrow's
+    read cache of one reader is not shared between them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from statelog.keys import KeyGroupRange
+    from statelog.materialization import (
+        RangedTableFile,
+        decode_key_range,
+        decode_table_file,
+        key_slices,
+    )
+
+    store, f, _table, data = _ranged_fixture(tmp_path)
+    want = {g: decode_table_file(data, f, KeyGroupRange(g, g)) for g in range(8)}
+    lo, hi = key_slices(data, f, 6)[1:3]
+    want_slice = decode_key_range(data, f, 6, lo, hi)
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(20):
+            ranged = RangedTableFile(store, f)
+            jobs = [pool.submit(decode_table_file, ranged, f, KeyGroupRange(g, g)) for g in range(8)]
+            jobs.append(pool.submit(decode_key_range, ranged, f, 6, lo, hi))
+            assert [j.result() for j in jobs[:8]] == [want[g] for g in range(8)]
+            assert jobs[8].result().equals(want_slice)
