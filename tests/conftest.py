@@ -5,11 +5,15 @@
 * ``store_root`` (function, parametrized ``file`` / ``s3``): the same test on both stores.
 * ``kafka_broker`` (session): a :class:`tests.kafka_broker.KafkaBroker` (noida-db on loopback):
   ``.bootstrap_servers``, ``.config(**overrides)``, ``.create_topic(name=None, partitions=1)``.
+
+Every Spark JVM of the session (the in-process session, the CLI's, the clusters' drivers and
+executors) reads ``tests/spark/conf/spark-defaults.conf``: ``SPARK_CONF_DIR`` is set here.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +82,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
+SPARK_CONF_DIR = Path(__file__).parent / "spark" / "conf"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ["SPARK_CONF_DIR"] = str(SPARK_CONF_DIR)  # before any JVM starts; inherited
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         config.pluginmanager.register(_GroupCheck(), "statelog-group-check")
 

@@ -17,6 +17,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from pathlib import Path
 
 import pyspark
 
+from tests.s3server import S3Server
+
+REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 90.0
 SPARK_HOME = Path(pyspark.__file__).parent
 SPARK_CLASS = SPARK_HOME / "bin" / "spark-class"
@@ -34,6 +38,22 @@ def clean_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("AWS_")}
     env["SPARK_HOME"] = str(SPARK_HOME)
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    return env
+
+
+def driver_env(s3: S3Server, **extra: str) -> dict[str, str]:
+    """The environment of a driver process of the cluster tests: the S3 endpoint and
+    credentials in ``AWS_*`` only, this repository on the path, ``extra`` added."""
+    env = clean_env()
+    env.update({
+        "AWS_ENDPOINT_URL": s3.endpoint,
+        "AWS_REGION": s3.region,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        **extra,
+    })  # fmt: skip
     return env
 
 
@@ -55,8 +75,19 @@ class SparkCluster:
         return sorted(p for p in self.work_dir.rglob("*") if p.is_file() and (p.suffix == ".log" or p.name in (
             "stdout", "stderr")))
 
-    def log_text(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in self.logs)
+    def log_mark(self) -> dict[Path, int]:
+        """The size of every log now: :meth:`log_text` ``since`` it reads only what came after
+        (a cluster shared by several tests)."""
+        return {p: p.stat().st_size for p in self.logs}
+
+    def log_text(self, since: dict[Path, int] | None = None) -> str:
+        marks = since or {}
+        parts = []
+        for p in self.logs:
+            with p.open("rb") as f:
+                f.seek(marks.get(p, 0))
+                parts.append(f.read().decode(errors="replace"))
+        return "\n".join(parts)
 
     def stop(self, timeout: float = 15.0) -> None:
         for proc in reversed(self.processes):
@@ -100,6 +131,7 @@ def start_cluster(work_dir: Path, cores: int = 2, memory: str = "1g",
     work_dir.mkdir(parents=True, exist_ok=True)
     env = clean_env()
     env["SPARK_DAEMON_MEMORY"] = "256m"
+    env["SPARK_DAEMON_JAVA_OPTS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as spark-defaults.conf's
     env["SPARK_LOG_DIR"] = str(work_dir)
     env["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
     port = _free_port()

@@ -5,6 +5,10 @@
 * ``built_file`` / ``built_s3`` (session): the job of :mod:`tests.spark.jobs` (every state kind,
   four checkpoints) on ``file://`` and on the SeaweedFS S3 server; ``built`` is parametrized
   over both. Tests must not write to these roots (restore tests use their own).
+* ``standalone_cluster`` (session): a standalone master and two workers of 2 cores each on
+  loopback (``tests/spark/cluster.py``), for the tests marked ``xdist_group("cluster")``: one
+  cluster serves them all, one application at a time; a test reads the logs written since
+  its start (:meth:`~tests.spark.cluster.SparkCluster.log_mark`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.s3server import RootSpec, S3Server
-from tests.spark import jobs
+from tests.spark import cluster, jobs
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +41,12 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.SparkCluster]:
+    with cluster.start_cluster(tmp_path_factory.mktemp("cluster"), cores=2, memory="1g", workers=2) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

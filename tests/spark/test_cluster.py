@@ -1,7 +1,8 @@
 """The data sources and the restore job on a real standalone cluster, S3 settings in the driver's env only.
 
-A master and a worker run on 127.0.0.1 (``tests/spark/cluster.py``); the worker, and so its
-executors, has no ``AWS_*`` variable. The driver program (``cluster_driver.py``, a separate
+The session's standalone cluster (``standalone_cluster``: a master and two workers on
+127.0.0.1, ``tests/spark/cluster.py``) runs it; the workers, and so their executors, have no
+``AWS_*`` variable. The driver program (``cluster_driver.py``, a separate
 process: one SparkContext per process) has the SeaweedFS endpoint and credentials in its
 ``AWS_*`` environment and passes no store option. The executors must read the state exactly
 (the driver ships the resolved store settings inside the pickled reader), and the secret key
@@ -11,7 +12,6 @@ must appear in no plan, log, event log or command line.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -24,14 +24,14 @@ import statelog
 from tests.s3server import S3Server
 from tests.spark import cluster, jobs
 
-pytestmark = [pytest.mark.slow, pytest.mark.s3]
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.xdist_group("cluster")]
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_TIMEOUT = 300.0
 
 
 def test_executors_without_aws_env_read_s3_state_and_the_secret_stays_hidden(
-    s3_server: S3Server, built_s3: jobs.Built, tmp_path: Path
+    s3_server: S3Server, built_s3: jobs.Built, standalone_cluster: cluster.SparkCluster, tmp_path: Path
 ) -> None:
     b = built_s3
     secret = s3_server.secret_key
@@ -40,21 +40,14 @@ def test_executors_without_aws_env_read_s3_state_and_the_secret_stays_hidden(
     out, event_log = tmp_path / "result.pickle", tmp_path / "events"
     event_log.mkdir()
     args = tmp_path / "args.json"
-    with cluster.start_cluster(tmp_path / "cluster") as c:
-        args.write_text(json.dumps({"master": c.master_url, "root": b.root, "rescale_root": rescale_root,
-                                    "c2": b.c2, "c3": b.c3, "out": str(out), "event_log": event_log.as_uri()}))
-        env = cluster.clean_env()
-        env.update({
-            "AWS_ENDPOINT_URL": s3_server.endpoint,
-            "AWS_REGION": s3_server.region,
-            "AWS_ACCESS_KEY_ID": s3_server.access_key,
-            "AWS_SECRET_ACCESS_KEY": secret,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        })
-        run = subprocess.run([sys.executable, "-m", "tests.spark.cluster_driver", str(args)], cwd=REPO, env=env,
-                             capture_output=True, timeout=DRIVER_TIMEOUT)
-        cluster_logs = c.log_text()
+    c = standalone_cluster
+    mark = c.log_mark()
+    args.write_text(json.dumps({"master": c.master_url, "root": b.root, "rescale_root": rescale_root,
+                                "c2": b.c2, "c3": b.c3, "out": str(out), "event_log": event_log.as_uri()}))
+    env = cluster.driver_env(s3_server)
+    run = subprocess.run([sys.executable, "-m", "tests.spark.cluster_driver", str(args)], cwd=REPO, env=env,
+                         capture_output=True, timeout=DRIVER_TIMEOUT)
+    cluster_logs = c.log_text(since=mark)
     driver_output = run.stdout.decode(errors="replace") + run.stderr.decode(errors="replace")
     assert run.returncode == 0, driver_output[-5000:]
     result = pickle.loads(out.read_bytes())

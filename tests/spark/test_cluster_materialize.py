@@ -1,7 +1,8 @@
 """``statelog materializer run --engine spark`` on a real standalone cluster and an S3 root.
 
-A master and a worker run on 127.0.0.1 (``tests/spark/cluster.py``); the worker, and so its
-executors, has no ``AWS_*`` variable. The CLI runs as a separate process (one SparkContext
+The session's standalone cluster (``standalone_cluster``: a master and two workers on
+127.0.0.1, ``tests/spark/cluster.py``) runs it; the workers, and so their executors, have no
+``AWS_*`` variable. The CLI runs as a separate process (one SparkContext
 per process) with the SeaweedFS endpoint and credentials in its ``AWS_*`` environment only
 and no store option; the executors must write the tables with the settings the driver
 resolved and shipped inside the pickled tasks. The published materialization must equal
@@ -27,13 +28,15 @@ from tests.s3server import S3Server
 from tests.spark import cluster, jobs
 from tests.spark.test_materialize import assert_same_tables
 
-pytestmark = [pytest.mark.slow, pytest.mark.s3]
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.xdist_group("cluster")]
 
 REPO = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT = 300.0
 
 
-def test_materializer_engine_spark_on_a_cluster_without_aws_env(s3_server: S3Server, tmp_path: Path) -> None:
+def test_materializer_engine_spark_on_a_cluster_without_aws_env(
+    s3_server: S3Server, standalone_cluster: cluster.SparkCluster, tmp_path: Path
+) -> None:
     secret = s3_server.secret_key
     root = f"s3://{s3_server.bucket}/cluster-mat-{uuid.uuid4().hex}"
     b = jobs.build(root, s3_server.options(), seed=9, ops=120)
@@ -41,27 +44,19 @@ def test_materializer_engine_spark_on_a_cluster_without_aws_env(s3_server: S3Ser
     event_log.mkdir()
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()
-    with cluster.start_cluster(tmp_path / "cluster") as c:
-        (conf_dir / "spark-defaults.conf").write_text(
-            "spark.executor.memory 512m\nspark.cores.max 2\nspark.eventLog.enabled true\n"
-            f"spark.eventLog.dir {event_log.as_uri()}\nspark.eventLog.compress false\n"
-        )
-        env = cluster.clean_env()
-        env.update({
-            "AWS_ENDPOINT_URL": s3_server.endpoint,
-            "AWS_REGION": s3_server.region,
-            "AWS_ACCESS_KEY_ID": s3_server.access_key,
-            "AWS_SECRET_ACCESS_KEY": secret,
-            "SPARK_CONF_DIR": str(conf_dir),
-            "PYSPARK_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        })
-        run = subprocess.run(
-            [sys.executable, "-m", "tools", "-vv", "materializer", "run", root, "--once", "--engine", "spark",
-             "--spark-master", c.master_url, "--no-gc", "--max-tail-bytes", "1", "--json"],
-            cwd=REPO, env=env, capture_output=True, timeout=CLI_TIMEOUT,
-        )
-        cluster_logs = c.log_text()
+    c = standalone_cluster
+    mark = c.log_mark()
+    (conf_dir / "spark-defaults.conf").write_text(
+        (Path(os.environ["SPARK_CONF_DIR"]) / "spark-defaults.conf").read_text() + "spark.executor.memory 512m\nspark.cores.max 2\nspark.eventLog.enabled true\n"
+        f"spark.eventLog.dir {event_log.as_uri()}\nspark.eventLog.compress false\n"
+    )
+    env = cluster.driver_env(s3_server, SPARK_CONF_DIR=str(conf_dir))
+    run = subprocess.run(
+        [sys.executable, "-m", "tools", "-vv", "materializer", "run", root, "--once", "--engine", "spark",
+         "--spark-master", c.master_url, "--no-gc", "--max-tail-bytes", "1", "--json"],
+        cwd=REPO, env=env, capture_output=True, timeout=CLI_TIMEOUT,
+    )
+    cluster_logs = c.log_text(since=mark)
     out, err = run.stdout.decode(errors="replace"), run.stderr.decode(errors="replace")
     assert run.returncode == 0, (out + err)[-5000:]
     summary = json.loads(out)

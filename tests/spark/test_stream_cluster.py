@@ -1,7 +1,8 @@
 """A stream job on a real Spark cluster: its workers are the tasks of a barrier stage.
 
-A standalone master and two workers (2 cores each, ``tests/spark/cluster.py``) run on
-127.0.0.1; the workers, and so their executors, have no ``AWS_*`` variable. The driver
+The session's standalone cluster (``standalone_cluster``: a master and two workers of 2 cores
+each on 127.0.0.1, ``tests/spark/cluster.py``) runs it; the workers, and so their executors,
+have no ``AWS_*`` variable. The driver
 program (``stream_driver.py``, a separate process: one SparkContext per process) runs the
 clicks job at parallelism 4 with ``cluster="spark"`` on an ``s3://`` root (SeaweedFS; the
 endpoint and credentials only in the driver's environment), SIGKILLs the Python process of
@@ -27,7 +28,7 @@ from tests.runtime import jobs
 from tests.s3server import S3Server
 from tests.spark import cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.fault]
+pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.fault, pytest.mark.xdist_group("cluster")]
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_TIMEOUT = 600.0
@@ -36,27 +37,20 @@ RATE = 500.0  # records/s per split: ~6 s of input, so the kill lands mid-run
 
 
 def test_clicks_at_parallelism_4_on_a_standalone_cluster_survive_a_killed_task(
-    s3_server: S3Server, tmp_path: Path
+    s3_server: S3Server, standalone_cluster: cluster.SparkCluster, tmp_path: Path
 ) -> None:
     root = f"s3://{s3_server.bucket}/stream-cluster-{uuid.uuid4().hex}"
     out, result_path, args = tmp_path / "out", tmp_path / "result.json", tmp_path / "args.json"
-    with cluster.start_cluster(tmp_path / "cluster", cores=2, memory="1g", workers=2) as c:
-        args.write_text(json.dumps({"master": c.master_url, "root": root, "out": str(out), "per_split": PER_SPLIT,
-                                    "rate": RATE, "parallelism": 4, "result": str(result_path)}))
-        env = cluster.clean_env()
-        env.update({
-            "AWS_ENDPOINT_URL": s3_server.endpoint,
-            "AWS_REGION": s3_server.region,
-            "AWS_ACCESS_KEY_ID": s3_server.access_key,
-            "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
-            "PYSPARK_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        })
-        driver_log = tmp_path / "driver.log"
-        with driver_log.open("wb") as log:
-            run = subprocess.run([sys.executable, "-m", "tests.spark.stream_driver", str(args)], cwd=REPO, env=env,
-                                 stdout=log, stderr=subprocess.STDOUT, timeout=DRIVER_TIMEOUT)
-        cluster_logs = c.log_text()
+    c = standalone_cluster
+    mark = c.log_mark()
+    args.write_text(json.dumps({"master": c.master_url, "root": root, "out": str(out), "per_split": PER_SPLIT,
+                                "rate": RATE, "parallelism": 4, "result": str(result_path)}))
+    env = cluster.driver_env(s3_server)
+    driver_log = tmp_path / "driver.log"
+    with driver_log.open("wb") as log:
+        run = subprocess.run([sys.executable, "-m", "tests.spark.stream_driver", str(args)], cwd=REPO, env=env,
+                             stdout=log, stderr=subprocess.STDOUT, timeout=DRIVER_TIMEOUT)
+    cluster_logs = c.log_text(since=mark)
     driver_output = driver_log.read_text(errors="replace")
     assert run.returncode == 0, driver_output[-6000:]
     result = json.loads(result_path.read_text())
