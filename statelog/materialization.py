@@ -598,7 +598,7 @@ class RangedTableFile:
                                   "the file is corrupt", key=f.path)  # fmt: skip
         self._parts: list[tuple[int, bytes]] = [(f.bytes - n, tail)]
         self._verified: set[int] = set()
-        self.metadata = pq.ParquetFile(pa.PythonFile(_Parts(self), mode="r")).metadata  # the footer's
+        self.metadata = pq.ParquetFile(pa.PythonFile(_Parts(self), mode="r")).metadata  # parsed from the footer
         if self.metadata.num_row_groups != len(f.row_group_crc32):
             raise CorruptionError(f"state table {f.path}: {self.metadata.num_row_groups} row groups, the "
                                   f"manifest lists {len(f.row_group_crc32)}; the file is corrupt", key=f.path)  # fmt: skip

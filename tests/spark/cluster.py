@@ -57,6 +57,17 @@ def driver_env(s3: S3Server, **extra: str) -> dict[str, str]:
     return env
 
 
+def _session_java_options() -> str:
+    """The driver's JVM options of the test session's ``spark-defaults.conf`` (``SPARK_CONF_DIR``,
+    set by ``tests/conftest.py``), empty without one."""
+    conf = Path(os.environ.get("SPARK_CONF_DIR", "/nonexistent")) / "spark-defaults.conf"
+    for line in conf.read_text().splitlines() if conf.is_file() else []:
+        key, _, value = line.partition(" ")
+        if key == "spark.driver.extraJavaOptions":
+            return value.strip()
+    return ""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -133,7 +144,7 @@ def start_cluster(work_dir: Path, cores: int = 2, memory: str = "1g",
     work_dir.mkdir(parents=True, exist_ok=True)
     env = clean_env()
     env["SPARK_DAEMON_MEMORY"] = "256m"
-    env["SPARK_DAEMON_JAVA_OPTS"] = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"  # as spark-defaults.conf's
+    env["SPARK_DAEMON_JAVA_OPTS"] = _session_java_options()  # the master's and workers' JVMs
     env["SPARK_LOG_DIR"] = str(work_dir)
     env["SPARK_MASTER_OPTS"] = "-Dspark.master.rest.enabled=false"
     port = _free_port()
