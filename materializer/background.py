@@ -17,7 +17,7 @@ from typing import Any
 from materializer.daemon import MaterializerDaemon
 from materializer.options import MaterializerOptions, default_owner
 from statelog.catalog import JobCatalog
-from statelog.errors import ConfigError, StatelogError
+from statelog.errors import ConfigError, FencedError, StatelogError
 from statelog.job import StateJob
 from statelog.store import open_store, reopen_store
 from statelog.store.base import ObjectStore
@@ -51,6 +51,8 @@ class BackgroundMaterializer:
     def _main(self) -> None:
         try:
             self.daemon.run()
+        except FencedError as exc:  # logged by the daemon: it lost its lease for good
+            self.error = exc
         except BaseException as exc:  # a fatal store error (FATAL_ERRORS) or a bug
             self.error = exc
             log.exception("background materializer died")
@@ -146,4 +148,7 @@ def start_background(
         if owns:
             store.close()
         raise
-    return BackgroundMaterializer(daemon, owns).start()
+    bg = BackgroundMaterializer(daemon, owns).start()
+    if isinstance(job_or_root, StateJob):  # a job that lost its root stops its materializer too
+        job_or_root.on_fenced(lambda _error: daemon.stop())
+    return bg

@@ -54,6 +54,7 @@ from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,
     CheckpointNotFoundError,
+    FencedError,
     LeaseLostError,
     StatelogError,
     StorePermissionError,
@@ -182,6 +183,7 @@ class MaterializerDaemon:
         self.last_summary: dict[str, Any] | None = None
         self.last_error: BaseException | None = None
         self.cycles = 0
+        self._held: int | None = None  # the lease generation this daemon held last
         self.published = 0
         self.metrics = DaemonMetrics(self)  # served by run() when metrics_port is set
         self.metrics_server: MetricsServer | None = None
@@ -206,9 +208,30 @@ class MaterializerDaemon:
                 return True  # renewed recently; the fencing check before publishing lists again
             if lease.try_acquire():  # held: this renews
                 return True
-        # not held (or just lost): acquire a new generation if the lease is free; after losing
-        # our own lease by expiry nobody else took, the lease module lets us re-acquire at once
+        if self._held is not None and lease.generation is None and lease.lost_reason != "released":
+            return False  # lost after holding it: final for run() (see lost_error)
         return lease.try_acquire()
+
+    def lost_error(self) -> FencedError | None:
+        """The error that ends :meth:`run` for good once this daemon lost a lease it held
+        (expired in a stall longer than the ttl, or taken over), else ``None``."""
+        lease = self.lease
+        if self._held is None or lease.generation is not None or lease.lost_reason in (None, "released"):
+            return None
+        holder = None
+        with contextlib.suppress(StatelogError):
+            holder = current_holder(self.store)
+        if holder is not None and holder["generation"] != self._held:
+            now = (f"the lease is now held by {holder['owner']!r} (host {holder['host']}, pid "
+                   f"{holder['pid']}, generation {holder['generation']})")  # fmt: skip
+        else:
+            now = "no other daemon holds it yet"
+        return FencedError(
+            f"materializer {self.owner} lost the materializer lease of {self.store.url} "
+            f"(generation {self._held}): {lease.lost_reason}; {now}. It stops for good and "
+            "publishes nothing more; restart it if it should take the root again (it then "
+            "waits as a standby while another daemon holds the lease)"
+        )
 
     def run_once(self, force: bool = False) -> dict[str, Any]:
         """One cycle (see the module docstring); returns its summary as plain data.
@@ -253,6 +276,7 @@ class MaterializerDaemon:
             self._log_standby(summary["holder"])
             return
         generation = self.lease.generation
+        self._held = generation
         summary.update(leader=True, generation=generation, action="none")
         self._holder_logged = None
         self._emit("checking for a due checkpoint")
@@ -479,6 +503,10 @@ class MaterializerDaemon:
                         if force:  # what trigger() returns: later unforced cycles do not replace it
                             self.forced_result = (cycle, error)
                         self._cond.notify_all()
+                lost = None if once else self.lost_error()
+                if lost is not None:
+                    log.error("%s", lost)
+                    raise lost
                 if once:
                     assert last is not None
                     if last["leader"] or last["action"] == "fenced":

@@ -56,6 +56,7 @@ from statelog.metrics import check_port
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions, resolve_store_options
 from statelog.types import PICKLE
+from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 
 
 class StreamExecutionEnvironment:
@@ -88,6 +89,7 @@ class StreamExecutionEnvironment:
         state_dir: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)
@@ -174,6 +176,7 @@ class StreamExecutionEnvironment:
             state_dir=opt.check_state_dir("state_dir", state_dir),
             metrics_port=check_port("metrics_port", metrics_port),
             metrics_host=opt.non_empty_name("metrics_host", metrics_host),
+            writer_lease_ttl_s=opt.WRITER_LEASE_TTL.check(writer_lease_ttl_s),
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
         self.graph = StreamGraph()

@@ -26,7 +26,7 @@ from runtime.config import CHANGELOG
 from runtime.errors import CheckpointFailureLimitError
 from runtime.inflight import too_large
 from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
-from statelog.errors import StatelogError
+from statelog.errors import FencedError, StatelogError
 from statelog.job import StateJob
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,8 @@ class CheckpointCoordinator:
                     p.checkpoint_id, self.job.job_id, int(time.time() * 1000), self.job.max_parallelism,
                     dict(p.sources), {}, stats,
                 )
+        except FencedError:
+            raise  # this process lost the root: the job ends, no later checkpoint may follow
         except StatelogError as e:  # e.g. the store failed: this checkpoint failed, not the job
             try:  # an ambiguous failure may have written the metadata: then it exists
                 meta = self.job.load_checkpoint(p.checkpoint_id)

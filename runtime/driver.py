@@ -56,11 +56,11 @@ from runtime.launcher import Launcher, LocalLauncher, WorkerProc
 from runtime.metrics import JobMetrics
 from runtime.restart import RestartStrategy
 from statelog.checkpoint import CheckpointMetadata
-from statelog.errors import RestoreRequiredError
+from statelog.errors import FencedError, RestoreRequiredError, StatelogError
 from statelog.job import StateJob
 from statelog.layout import check_savepoint_name
 from statelog.metrics import MetricsServer
-from statelog.store import open_store
+from statelog.store import reopen_store
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class JobMaster:
         self.collected: dict[str, list[Any]] = {}
         self._uncommitted: list[tuple[int, str, list[Any]]] = []
         self._cancel = threading.Event()
+        self._fenced_event = threading.Event()  # set when this process lost the root
         self._savepoints: list[_SavepointRequest] = []
         self._stopped_with: _SavepointRequest | None = None
         self._materializer: BackgroundMaterializer | None = None  # with config.materializer
@@ -188,6 +189,7 @@ class JobMaster:
             store_options=cfg.store_options,
             retain_checkpoints=cfg.retain_checkpoints,
             writer_owner=f"runtime job {self.name!r}",
+            writer_lease_ttl_s=cfg.writer_lease_ttl_s,
         )
         try:
             if cfg.metrics_port is not None:
@@ -196,6 +198,7 @@ class JobMaster:
             # the master publishes the checkpoints: it holds the root's writer lease (a second
             # job on this root is refused here); its workers write changelog under it
             self.job.acquire_writer_lease()
+            self.job.on_fenced(self._on_fenced)
             if cfg.materializer is not None:
                 settings = cfg.materializer
                 if settings.retain_checkpoints is None:  # GC keeps what the job retains
@@ -227,6 +230,9 @@ class JobMaster:
                     self._teardown(kill=True)
                     reason = f"{type(exc).__name__}: {exc}"
                     self.failures.append(reason)
+                    lost = self._root_lost(exc)
+                    if lost is not None:  # final: no restart, no restore, no sink recovery
+                        raise lost from (None if lost is exc else exc)
                     delay = self.restart_strategy.next_delay()
                     if delay is None:
                         raise JobFailedError(
@@ -244,6 +250,7 @@ class JobMaster:
                         meta = self.job.load_checkpoint(latest)
                         restore_ref = meta.checkpoint_id
             self._teardown(kill=False)
+            self.job.check_root()  # a sink's commit acts on the root's checkpoints
             for node in self.job_graph.stream.sinks():
                 assert node.sink is not None
                 node.sink.recover(final)  # commit what a lost notification left pending
@@ -275,6 +282,24 @@ class JobMaster:
                 self.metrics_server.close()
                 self.metrics_server = None
             self.job.close(flush=False)
+
+    def _on_fenced(self, error: FencedError) -> None:
+        """The writer lease was lost (any thread): the main loop ends the job at its next poll."""
+        self._fenced_event.set()
+
+    def _root_lost(self, exc: BaseException) -> FencedError | None:
+        """The error that ends this process for good if ``exc`` (or anything else) shows that
+        it lost the root, else ``None``. A failure right after a stall (a sink fenced by the
+        new owner's producers, say) is checked against the lease before any restart."""
+        if isinstance(exc, FencedError):
+            return exc
+        try:
+            self.job.check_root()
+        except FencedError as lost:
+            return lost
+        except StatelogError as e:  # the store cannot tell: the next attempt checks again first
+            log.warning("could not check the writer lease of %s: %s", self.job.root, e)
+        return None
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """``/healthz``: healthy while an attempt runs; restarting or not started is not."""
@@ -347,6 +372,7 @@ class JobMaster:
     def _run_attempt(self, restore_ref: int | str | None, meta: CheckpointMetadata | None) -> int:
         cfg = self.config
         committed_upto = meta.checkpoint_id if meta is not None else None
+        self.job.check_root()  # only the root's owner recovers sinks and starts workers
         for node in self.job_graph.stream.sinks():
             assert node.sink is not None
             node.sink.recover(committed_upto)
@@ -448,15 +474,16 @@ class JobMaster:
         req.started, req.checkpoint_id = True, cid
         if req.stop:
             self.coordinator.suspended = True  # nothing may commit after the savepoint's checkpoint
-        cfg = self.config
 
         def run() -> None:
             try:
-                store = open_store(cfg.state_root, cfg.store_options)
+                # a handle fenced like the job's: a process that lost the root writes no savepoint
+                own = reopen_store(self.job.store)
                 try:
-                    req.future.set_result(create_savepoint(store, cid, req.name))
+                    req.future.set_result(create_savepoint(own or self.job.store, cid, req.name))
                 finally:
-                    store.close()
+                    if own is not None:
+                        own.close()
             except BaseException as e:  # noqa: BLE001 - reported through the future
                 req.future.set_exception(e)
 
@@ -470,6 +497,8 @@ class JobMaster:
                 raise WorkerLostError(f"worker {w.index} (pid {w.pid}) is unreachable: {e}") from None
 
     def _poll(self, timeout: float) -> None:
+        if self._fenced_event.is_set() and self.job.fenced is not None:
+            raise self.job.fenced
         by_obj: dict[Any, tuple[str, WorkerProc | None]] = {}
         for w in self.workers:
             by_obj[w.conn] = ("conn", w)

@@ -111,6 +111,13 @@ class LeaseLostError(StatelogError):
     acquired a higher generation. The holder must stop publishing at once."""
 
 
+class FencedError(LeaseLostError):
+    """This process lost its job root's writer lease (it stalled or was cut off longer than
+    the ttl, and another process took the root over): final. It never restarts, restores,
+    recovers or commits a sink, or writes under the root again. The message names the root,
+    the new holder and what happened."""
+
+
 class LeaseHeldError(StatelogError):
     """Another live process holds the lease (e.g. the writer lease of a job root): this one
     must not write. The message names the root and the holder (owner, host, pid)."""

@@ -36,6 +36,7 @@ from statelog.checkpoint import (
 from statelog.errors import (
     ConfigError,
     CorruptionError,
+    FencedError,
     JobMismatchError,
     RestoreRequiredError,
     StatelogError,
@@ -50,6 +51,7 @@ from statelog.restore import RestoredChanges, gc_paused
 from statelog.state.disk import WorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
+from statelog.store.fencing import FencedStore
 from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, WriterLease, check_writer_lease_ttl
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,11 @@ class StateJob:
             if writer_owner is not None:
                 opt.non_empty_name("writer_owner", writer_owner)
         own_store = store is None
-        self.store = store if store is not None else open_store(root, store_options)
+        self._writer_lease: WriterLease | None = None
+        inner = store if store is not None else open_store(root, store_options)
+        self._raw_store = inner  # the writer lease's own objects
+        # the lease holder's every write is checked: a process that lost the root writes nothing
+        self.store = FencedStore(inner, self._check_root_writable) if writer_lease else inner
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
         try:
@@ -105,7 +111,7 @@ class StateJob:
         # one checkpoint publisher per root: taken by the first backend or publish (see
         # statelog/writer_lease.py); writer_lease=False only for processes that write
         # changelog under another process's lease (the runtime's workers)
-        self._writer_lease: WriterLease | None = None
+        self._fenced_callbacks: list[Callable[[FencedError], None]] = []
         self._writer_lease_opts: dict[str, Any] | None = (
             {"ttl_s": writer_lease_ttl_s, "owner": writer_owner} if writer_lease else None
         )
@@ -246,12 +252,47 @@ class StateJob:
         if self._writer_lease_opts is None:
             return None
         if self._writer_lease is None:
-            lease = WriterLease(self.store, **self._writer_lease_opts)
+            lease = WriterLease(self._raw_store, **self._writer_lease_opts)
             lease.acquire()
             self._writer_lease = lease
+            lease.on_fenced(self._on_fenced)
+            for cb in self._fenced_callbacks:
+                lease.on_fenced(cb)
+            self._fenced_callbacks.clear()
         if not self._writer_lease.held:
             self._writer_lease.ensure_valid()  # raises LeaseLostError naming the reason
         return self._writer_lease.generation
+
+    # -- losing the root -----------------------------------------------------------------------
+
+    @property
+    def fenced(self) -> FencedError | None:
+        """Why this process lost the root for good (``None`` while it has not): see
+        :class:`FencedError`. Every later write, checkpoint and backend of this job fails with it."""
+        return self._writer_lease.fenced if self._writer_lease is not None else None
+
+    def on_fenced(self, callback: Callable[[FencedError], None]) -> None:
+        """Call ``callback(error)`` once, from the thread that notices, when this process loses
+        the root (at once if it has); it must not block (set a flag, stop a loop)."""
+        if self._writer_lease is None:
+            self._fenced_callbacks.append(callback)
+        else:
+            self._writer_lease.on_fenced(callback)
+
+    def check_root(self) -> None:
+        """Raise :class:`FencedError` if this process lost the root (one listing of the lease
+        objects): call it before acting on the root after a failure (a restart, a sink's
+        recovery). A job without a writer lease, or before taking it, passes."""
+        if self._writer_lease is not None and self._writer_lease_opts is not None:
+            self._writer_lease.ensure_valid(margin_s=0.0)
+
+    def _check_root_writable(self) -> None:
+        if self._writer_lease is not None:
+            self._writer_lease.check_writable()
+
+    def _on_fenced(self, error: FencedError) -> None:
+        if self._writer is not None:
+            self._writer.fail(error)  # buffered changes are never uploaded; updates fail with it
 
     def resolve_checkpoint(self, which: CheckpointMetadata | int | str | None) -> CheckpointMetadata | None:
         """The metadata ``which`` names: ``None`` for ``None``, ``"none"``, or ``"latest"`` on
@@ -485,7 +526,7 @@ class StateJob:
         self._backends.clear()
         try:
             if self._writer is not None:
-                self._writer.close(flush=flush)
+                self._writer.close(flush=flush and self.fenced is None)
                 self._writer = None
         finally:
             if self._writer_lease is not None:

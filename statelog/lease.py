@@ -306,6 +306,7 @@ class Lease:
         self._generation: int | None = None
         self._deadline = 0.0
         self._seq = 0  # the last renewal number attempted in the held generation
+        self._attempted_at = 0.0  # when the holder last acquired or tried to renew (clock)
         self._own_last: int | None = None  # the newest generation this instance acquired
         self._observed: tuple[int, int, bool] | None = None
         self._observed_at = 0.0
@@ -334,6 +335,28 @@ class Lease:
             if self._generation is None:
                 return 0.0
             return max(0.0, self._deadline - self._clock())
+
+    def expired(self) -> bool:
+        """The held lease's deadline passed without a renewal (lock-free: for checks on every
+        write while a renewal may hold the lock); ``False`` when not held."""
+        return self._generation is not None and self._clock() >= self._deadline
+
+    def _expired_reason(self, g: int) -> str:
+        """Why generation ``g`` expired: a stall of this process (no renewal attempted for
+        longer than a renewal interval) or renewals that failed until the deadline."""
+        now = self._clock()
+        silent = now - (self._deadline - self.ttl_s)  # since the last successful (re)newal
+        idle = now - self._attempted_at
+        if idle > self.renew_interval_s * 1.5:
+            return (
+                f"generation {g} expired: this process stalled for {idle:.1f}s (a GC pause, "
+                f"SIGSTOP or a frozen VM; last renewed {silent:.1f}s ago), longer than the "
+                f"lease ttl {self.ttl_s:g}s"
+            )
+        return (
+            f"generation {g} expired: not renewed for {silent:.1f}s, longer than the lease "
+            f"ttl {self.ttl_s:g}s (its renewals failed: is the store reachable?)"
+        )
 
     # -- acquisition -----------------------------------------------------------------------
 
@@ -411,6 +434,7 @@ class Lease:
             }
         )
         started = self._clock()
+        self._attempted_at = started
         created = self._create(key, data)
         self._observed = None
         if not created:
@@ -480,7 +504,8 @@ class Lease:
         if g is None:
             return False
         if self._clock() >= self._deadline:
-            return self._lose(f"generation {g} expired before it was renewed")
+            return self._lose(self._expired_reason(g))
+        self._attempted_at = self._clock()
         newest = _scan(self.store, self.prefix).newest
         if newest > g:
             return self._lose(f"generation {newest} was acquired by another {self.contender}")
@@ -533,7 +558,7 @@ class Lease:
             if g is None:
                 return False
             if self._clock() >= self._deadline:
-                return self._lose(f"generation {g} expired")
+                return self._lose(self._expired_reason(g))
             if self._clock() + margin_s >= self._deadline:
                 return False
             newest = _scan(self.store, self.prefix).newest

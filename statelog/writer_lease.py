@@ -21,6 +21,13 @@ lease) therefore holds a :class:`statelog.lease.Lease` below ``writer/lease/``:
   published the holder checks that its deadline is more than a margin away (renewing first if
   needed) and that no higher generation exists; otherwise :class:`LeaseLostError` and nothing
   is published. The generation is recorded in the metadata (``writer_generation``).
+* **Fenced for good**: once the held lease is lost (the renewer sees it expired or taken over,
+  the fencing check fails, or :meth:`WriterLease.check_writable` finds its deadline passed)
+  the lease is *fenced*: :attr:`WriterLease.fenced` holds a :class:`FencedError` naming the
+  root, the new holder and what happened, the ``on_fenced`` callbacks run once, and the
+  lease is never taken again by this object. Every write of the holding process goes through
+  :meth:`~WriterLease.check_writable` (:class:`statelog.store.fencing.FencedStore`), so a
+  process that wakes up after a stall longer than the ttl writes nothing more under the root.
 * **Release** on ``close()``: the successor starts at once.
 """
 
@@ -36,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statelog import options as opt
-from statelog.errors import LeaseHeldError, LeaseLostError, StoreError
+from statelog.errors import FencedError, LeaseHeldError, LeaseLostError, StatelogError, StoreError
 from statelog.layout import WRITER_LEASE_PREFIX
 from statelog.lease import Lease, current_holder, holder_process_is_gone
 from statelog.store.base import ObjectStore
@@ -95,6 +102,10 @@ class WriterLease:
         self._holder_is_dead = holder_is_dead
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fenced: FencedError | None = None
+        self._last_generation: int | None = None  # the generation this process held last
+        self._fence_lock = threading.Lock()
+        self._on_fenced: list[Callable[[FencedError], None]] = []
 
     def __repr__(self) -> str:
         return f"WriterLease({self.store.url!r}, generation={self.generation})"
@@ -112,6 +123,71 @@ class WriterLease:
     def held(self) -> bool:
         return self._lease.generation is not None
 
+    @property
+    def fenced(self) -> FencedError | None:
+        """The error that ended this process's hold on the root, ``None`` while not fenced."""
+        return self._fenced
+
+    def on_fenced(self, callback: Callable[[FencedError], None]) -> None:
+        """Call ``callback(error)`` once when the lease is fenced (at once if it already is);
+        it runs on whichever thread noticed the loss and must not block."""
+        with self._fence_lock:
+            if self._fenced is None:
+                self._on_fenced.append(callback)
+                return
+        callback(self._fenced)
+
+    def check_writable(self) -> None:
+        """Raise the :class:`FencedError` if this process may no longer write under the root:
+        the lease was lost, or it is held but its deadline passed (a stall: a contender may
+        have taken over already). Lock-free and without I/O until the loss is found: it
+        guards every write of the holding process. Before the first acquisition (and after
+        a clean release) writes are not this lease's business."""
+        if self._fenced is not None:
+            raise self._fenced
+        if self._lease.expired():
+            raise self._fence(self._lease_lost_reason())
+
+    def _lease_lost_reason(self) -> str:
+        lease = self._lease
+        with lease._lock:
+            if lease.generation is not None and lease.expired():
+                lease._lose(lease._expired_reason(lease.generation))
+            return lease.lost_reason or "the lease is no longer held"
+
+    def _fence(self, reason: str) -> FencedError:
+        """Fence this lease for good with ``reason``; returns the (first) error."""
+        with self._fence_lock:
+            if self._fenced is not None:
+                return self._fenced
+            holder: dict[str, Any] | None = None
+            with contextlib.suppress(StatelogError):  # the message only: a root cut off still fences
+                holder = current_holder(self.store, WRITER_LEASE_PREFIX)
+            if holder is not None and holder["generation"] != self._last_generation:
+                who = (
+                    f"{holder['owner']!r} (host {holder['host']}, pid {holder['pid']}, "
+                    f"generation {holder['generation']})"
+                )
+                now = f"the root is now held by {who}"
+            else:
+                now = "no other process holds it yet, but one may take it over at any moment"
+            self._fenced = FencedError(
+                f"this process lost the job root {self.store.url}: {reason}; {now}. It stops "
+                "for good: no restart, no restore, no sink recovery or commit, no further write "
+                "under the root. If the other process should not own the root, stop it and "
+                "start this job again (it restores the latest checkpoint); to survive longer "
+                "stalls, raise writer_lease_ttl_s (docs/store.md, 'Stalls and the writer lease')"
+            )
+            callbacks, self._on_fenced = self._on_fenced, []
+        self._stop.set()  # the renewer has nothing left to renew
+        log.error("%s", self._fenced)
+        for cb in callbacks:
+            try:
+                cb(self._fenced)
+            except Exception:  # noqa: BLE001 - one callback's failure must not hide the fence
+                log.exception("writer lease of %s: an on_fenced callback failed", self.store.url)
+        return self._fenced
+
     # -- acquisition ---------------------------------------------------------------------------
 
     def acquire(self) -> int:
@@ -126,7 +202,10 @@ class WriterLease:
         changes = lease.observed_changes
         waited_from = self._clock()
         while True:
+            if self._fenced is not None:
+                raise self._fenced  # lost once: never taken again by this process
             if lease.try_acquire(self._holder_is_dead):
+                self._last_generation = lease.generation
                 self._start_renewer()
                 with contextlib.suppress(StoreError):  # older generations: housekeeping only
                     lease.prune(keep=2)
@@ -170,12 +249,8 @@ class WriterLease:
         while not self._stop.wait(lease.renew_interval_s):
             try:
                 if not lease.renew():
-                    log.error(
-                        "writer lease of %s lost (%s): this process must stop publishing "
-                        "checkpoints",
-                        self.store.url,
-                        lease.lost_reason,
-                    )
+                    if lease.lost_reason != "released":
+                        self._fence(lease.lost_reason or "the lease is no longer held")
                     return
             except StoreError as exc:  # held until the deadline: retried at the next round
                 log.warning("writer lease of %s: renewal failed (%s); retrying", self.store.url, exc)
@@ -186,6 +261,10 @@ class WriterLease:
         the publish; a lease that would expire within it is renewed first."""
         lease = self._lease
         margin = lease.ttl_s / 4 if margin_s is None else margin_s
+        if self._fenced is not None:
+            raise self._fenced
+        if lease.generation is None and self._last_generation is not None and lease.lost_reason != "released":
+            raise self._fence(lease.lost_reason or "the lease is no longer held")
         if lease.generation is None:
             raise LeaseLostError(
                 f"this process does not hold the writer lease of {self.store.url}"
@@ -202,10 +281,11 @@ class WriterLease:
         try:
             return lease.ensure_valid(margin)
         except LeaseLostError as exc:
-            raise LeaseLostError(
-                f"{exc}. Another writer may have taken over {self.store.url}: this process must "
-                "not publish checkpoints; stop it, and restart it from the latest checkpoint "
-                "once the other writer is gone"
+            if lease.generation is None:  # lost (expired or taken over): for good
+                raise self._fence(lease.lost_reason or str(exc)) from None
+            raise LeaseLostError(  # still held, but it would expire within the margin
+                f"{exc}. Another writer may take over {self.store.url} before the publish "
+                "completes: this process must not publish checkpoints now"
             ) from None
 
     def release(self) -> None:

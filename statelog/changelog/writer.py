@@ -27,7 +27,7 @@ from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
 from statelog.changelog.stream import HAVE_RECORD_BUFFER, ChangelogStream
 from statelog.descriptors import StateInfo
-from statelog.errors import ConfigError, StatelogError, WriterFailedError
+from statelog.errors import ConfigError, FencedError, StatelogError, WriterFailedError
 from statelog.layout import new_writer_id, segment_key
 from statelog.options import WriterOptions
 from statelog.store.base import ObjectStore
@@ -184,12 +184,14 @@ class ChangelogWriter:
         """Wake the flusher (a stream's buffer passed ``flush_records``)."""
         self._wake.set()
 
-    def fail(self, exc: BaseException) -> WriterFailedError:
+    def fail(self, exc: BaseException) -> StatelogError:
         """Fail the writer with ``exc`` (a task could not convert its records); the error to raise."""
         self._fail(exc)
         return self._failed_error()
 
-    def _failed_error(self) -> WriterFailedError:
+    def _failed_error(self) -> StatelogError:
+        if isinstance(self._failure, FencedError):
+            return self._failure  # the process lost its root: no restart can help
         return WriterFailedError(
             f"changelog writer {self.writer_id} failed and cannot make changes durable: "
             f"{self._failure}; restart the task from its latest completed checkpoint"

@@ -158,9 +158,13 @@ def reopen_store(store: ObjectStore) -> ObjectStore | None:
     """A separate handle on the root of ``store`` (its own connections, closed by whoever
     reopened it), as :func:`open_store` opened it; ``None`` for any other store (a wrapper such
     as a fault injector), which the caller then shares. Callers need no implementation class."""
+    from statelog.store.fencing import FencedStore
     from statelog.store.local import LocalObjectStore
     from statelog.store.s3 import S3ObjectStore
 
+    if isinstance(store, FencedStore):  # the twin is fenced by the same lease
+        twin = reopen_store(store.inner)
+        return None if twin is None else FencedStore(twin, store.check)
     if isinstance(store, S3ObjectStore):
         return S3ObjectStore(store.bucket, store.prefix, store.config)
     if isinstance(store, LocalObjectStore):

@@ -25,7 +25,7 @@ import pytest
 
 import statelog
 from statelog import ValueStateDescriptor
-from statelog.errors import LeaseHeldError, LeaseLostError
+from statelog.errors import FencedError, LeaseHeldError, LeaseLostError
 from statelog.layout import WRITER_LEASE_PREFIX
 from statelog.lease import current_holder
 from statelog.writer_lease import WriterLease
@@ -221,14 +221,27 @@ def test_a_fenced_writer_fails_its_next_checkpoint_and_publishes_nothing(file_ro
         with file_root.open() as store:
             WriterLease(store, holder_is_dead=lambda body: True).acquire()
             b.get_state(COUNT).update(2)
-            with pytest.raises(LeaseLostError) as err:
+            with pytest.raises(FencedError) as err:
                 job.checkpoint()
-            assert "generation 2" in str(err.value) and "must not publish" in str(err.value)
-            with pytest.raises(LeaseLostError):  # and every later one
+            msg = str(err.value)
+            assert file_root.url in msg and "generation 2 was acquired" in msg, msg
+            assert f"pid {os.getpid()}" in msg and "stops for good" in msg, msg
+            assert job.fenced is err.value
+            before = {i.key for i in store.list("")} - _lease_keys(store)
+            with pytest.raises(FencedError):  # and every later one
                 job.checkpoint()
+            with pytest.raises(FencedError):  # no new backend either
+                job.backend("other", restore="none")
+            with pytest.raises(FencedError):  # nor any write under the root
+                job.store.put("anything", b"x")
+            assert {i.key for i in store.list("")} - _lease_keys(store) == before
             assert job.catalog.checkpoint_ids() == [1]
             holder = current_holder(store, WRITER_LEASE_PREFIX)
             assert holder is not None and holder["generation"] == 2
+
+
+def _lease_keys(store) -> set[str]:
+    return {i.key for i in store.list(WRITER_LEASE_PREFIX)}
 
 
 def test_an_expired_writer_lease_fails_the_checkpoint(file_root: RootSpec) -> None:

@@ -224,13 +224,18 @@ def test_triggers_time_tail_and_nothing_new(job: Job, store_root: RootSpec) -> N
         assert (s["action"], s["reason"], s["materialization"]["checkpoint_id"]) == ("materialized", "forced", 4)
         assert [(m.checkpoint_id, m.lease_generation) for m in manifests(store)] == [(1, 1), (2, 1), (3, 1), (4, 1)]
 
-        # a pause longer than the lease ttl: the own lease expired, nobody took it: a new generation
+        # a pause longer than the lease ttl: the own lease expired (nobody took it): losing a
+        # held lease is final, the daemon does not take it again and run() would end with it
         clock.advance(100)
         d.max_tail_bytes = 1 << 30
         job.write()
         job.checkpoint()
         s = d.run_once()
-        assert (s["leader"], s["generation"], s["action"], s["reason"]) == (True, 2, "materialized", "interval")
+        assert (s["leader"], s["generation"], s["action"]) == (False, None, "standby")
+        assert "expired" in s["reason"] and "stalled" in s["reason"], s["reason"]
+        lost = d.lost_error()
+        assert lost is not None and "stops for good" in str(lost) and store.url in str(lost), lost
+        assert [m.checkpoint_id for m in manifests(store)] == [1, 2, 3, 4]
         d.release()
 
 
@@ -579,3 +584,41 @@ def test_trigger_returns_the_forced_cycle_even_if_unforced_cycles_ran_since(file
         assert (s["action"], s["reason"], s["materialization"]["checkpoint_id"]) == ("materialized", "forced", 2)
     finally:
         bg.stop()
+
+
+def test_a_daemon_whose_lease_was_taken_over_stops_for_good(file_job: Job, file_root: RootSpec) -> None:
+    """run() of a daemon whose held lease another daemon took over ends with FencedError (it
+    never goes back to standby to take the root again) and publishes nothing more."""
+    from materializer.lease import LeaderLease
+    from statelog.errors import FencedError
+
+    with file_root.open() as sa, file_root.open() as sb:
+        a = daemon(sa, "a", lease_ttl_s=1.0, poll_s=0.05)
+        result: dict[str, Any] = {}
+
+        def run_a() -> None:
+            try:
+                a.run()
+            except BaseException as e:  # noqa: BLE001 - checked below
+                result["error"] = e
+
+        t = threading.Thread(target=run_a)
+        t.start()
+        wait_for(lambda: a.lease.generation, 30, "daemon a holds the lease")
+        held = a.lease.generation
+        b = LeaderLease(sb, "b", ttl_s=30.0)
+        assert b.try_acquire(holder_is_dead=lambda body: True)  # as if a had been frozen for a ttl
+        t.join(30)
+        assert not t.is_alive()
+        err = result.get("error")
+        assert isinstance(err, FencedError), err
+        msg = str(err)
+        assert file_root.url in msg and f"generation {held + 1}" in msg and "'b'" in msg, msg
+        assert "stops for good" in msg
+        published = [m.checkpoint_id for m in manifests(sa)]
+        file_job.write()
+        file_job.checkpoint()
+        time.sleep(0.3)  # a live loop would have cycled a few times meanwhile (poll 0.05 s)
+        assert [m.checkpoint_id for m in manifests(sa)] == published
+        assert a.lease.generation is None
+        b.release()
