@@ -209,3 +209,61 @@ def test_a_stalled_worker_does_not_cost_the_root(kafka_broker: KafkaBroker, tmp_
         first.close()
         if second is not None:
             second.close()
+
+
+LOOP_RECORDS = 3000
+LOOP_KEYS = 30
+
+
+def test_a_stalled_consumer_loop_with_a_transactional_producer_stops_for_good(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The user's consumer loop (``tests/kafka/stall_loop.py``): stalled past the ttl after a
+    checkpoint, replaced by a second copy with the same transactional id; once resumed, its
+    next checkpoint (or the fenced producer) ends it with the FencedError, and the committed
+    output holds every input record exactly once with per-key counts 1..n."""
+    from confluent_kafka import Producer
+
+    tin = kafka_broker.create_topic(partitions=3)
+    tout = kafka_broker.create_topic(partitions=1)
+    p = Producer(kafka_broker.config(**{"linger.ms": 20}))
+    for i in range(LOOP_RECORDS):
+        p.produce(tin, str(i).encode(), key=f"k{i % LOOP_KEYS}".encode(), partition=i % 3)
+    assert p.flush(30) == 0
+    root, txn = (tmp_path / "root").as_uri(), f"loop-{uuid.uuid4().hex[:8]}"
+
+    def loop(log: str, *extra: str) -> Proc:
+        args = [kafka_broker.bootstrap_servers, tin, tout, root, txn, str(TTL_S), "400", *extra]
+        proc = Proc("tests.kafka.stall_loop", args, tmp_path / log)
+        proc.expect("READY")
+        return proc
+
+    first, second = loop("first.log"), None
+    try:
+        for _ in range(3):
+            first.expect("CHECKPOINT")
+        os.kill(first.pid, signal.SIGSTOP)  # right after a commit: its next transaction is open
+        stopped = time.monotonic()
+        second = loop("second.log", "--finish")
+        second.expect("CHECKPOINT")
+        assert time.monotonic() - stopped > TTL_S
+        woke = time.monotonic()
+        os.kill(first.pid, signal.SIGCONT)
+        message = " ".join(first.expect("FENCED", timeout=60)[1:])
+        took = time.monotonic() - woke
+        assert first.proc.wait(30) == 3, first.tail()
+        assert took <= TTL_S, f"copy 1 ended {took:.2f}s after waking (ttl {TTL_S}s)"
+        assert root in message and "stalled for" in message and f"pid {second.pid}" in message, message
+        second.expect("DONE", timeout=300)
+        assert second.proc.wait(30) == 0
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    out = [tuple(r) for r in read_topic(kafka_broker, tout)]
+    positions = sorted((r[0], r[1]) for r in out)
+    assert positions == sorted((i % 3, i // 3) for i in range(LOOP_RECORDS)), "lost or duplicated output"
+    by_key: dict[str, list[int]] = {}
+    for _p, _o, key, n in out:
+        by_key.setdefault(key, []).append(n)
+    assert all(sorted(ns) == list(range(1, len(ns) + 1)) for ns in by_key.values()), "state not exactly once"

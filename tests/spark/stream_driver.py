@@ -63,7 +63,7 @@ def main(args_path: str) -> None:
 
     try:
         out["t"]["session"] = round(t0 - t_session, 2)
-        _wait_for_executors(spark.sparkContext, 2)
+        _wait_for_executors(spark.sparkContext, max(1, p // 2))  # 2 cores each
         mark("executors")
         env = StreamExecutionEnvironment(
             parallelism=p, checkpoint_interval_s=0.5, state_root=args["root"],
@@ -80,6 +80,9 @@ def main(args_path: str) -> None:
             time.sleep(0.1)
         if not client.completed_checkpoints:
             raise RuntimeError("no checkpoint completed within 120 s")
+        if args.get("fence"):
+            _fence(client, spark, args, out)
+            return
         victim = out["pids"][1][1]
         out["killed_cmdline"] = Path(f"/proc/{victim}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         out["killed_after_checkpoints"] = len(client.completed_checkpoints)
@@ -96,6 +99,37 @@ def main(args_path: str) -> None:
     finally:
         spark.stop()
         Path(args["result"]).write_text(json.dumps(out))
+
+
+def _fence(client: Any, spark: Any, args: dict[str, Any], out: dict[str, Any]) -> None:
+    """Another copy takes the root's writer lease over (as after a stall of this driver longer
+    than the ttl): the job must end with FencedError in its first attempt, and its barrier
+    stage must end with it."""
+    from statelog.errors import FencedError
+    from statelog.layout import WRITER_LEASE_PREFIX
+    from statelog.lease import current_holder
+    from statelog.store import open_store
+    from statelog.writer_lease import WriterLease
+
+    store = open_store(args["root"])
+    try:
+        other = WriterLease(store, owner="the other copy", holder_is_dead=lambda body: True)
+        out["taken_generation"] = other.acquire()
+        t = time.monotonic()
+        try:
+            client.wait(120)
+            out["error"] = None
+        except FencedError as e:
+            out["error"] = str(e)
+        out["ended_after_s"] = round(time.monotonic() - t, 2)
+        out["attempts"] = client.attempt
+        tracker = spark.sparkContext.statusTracker()
+        out["active_jobs"] = list(tracker.getActiveJobsIds())
+        out["workers_alive"] = [p for p in out["pids"][1] if Path(f"/proc/{p}").exists()]
+        out["holder"] = current_holder(store, WRITER_LEASE_PREFIX)
+        other.release()
+    finally:
+        store.close()
 
 
 if __name__ == "__main__":

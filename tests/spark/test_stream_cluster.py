@@ -77,3 +77,28 @@ def test_clicks_at_parallelism_4_on_a_standalone_cluster_survive_a_killed_task(
     assert "Launch command" in cluster_logs
     for what, text in {"driver output": driver_output, "cluster logs": cluster_logs}.items():
         assert s3_server.secret_key not in text, f"the S3 secret key appears in the {what}"
+
+
+def test_a_fenced_driver_ends_its_barrier_stage(
+    s3_server: S3Server, standalone_cluster: cluster.SparkCluster, tmp_path: Path
+) -> None:
+    """The job master (the Spark driver) loses the root's writer lease to another copy: the
+    job ends with FencedError in its first attempt (no restart) and its barrier stage ends."""
+    root = f"s3://{s3_server.bucket}/stream-fence-{uuid.uuid4().hex}"
+    out, result_path, args = tmp_path / "out", tmp_path / "result.json", tmp_path / "args.json"
+    args.write_text(json.dumps({"master": standalone_cluster.master_url, "root": root, "out": str(out),
+                                "per_split": PER_SPLIT, "rate": RATE / 5, "parallelism": 2,
+                                "result": str(result_path), "fence": True}))  # fmt: skip
+    driver_log = tmp_path / "driver.log"
+    with driver_log.open("wb") as log:
+        run = subprocess.run([sys.executable, "-m", "tests.spark.stream_driver", str(args)], cwd=REPO,
+                             env=cluster.driver_env(s3_server), stdout=log, stderr=subprocess.STDOUT,
+                             timeout=DRIVER_TIMEOUT)  # fmt: skip
+    assert run.returncode == 0, driver_log.read_text(errors="replace")[-6000:]
+    result = json.loads(result_path.read_text())
+    assert result["error"] is not None and "stops for good" in result["error"], result
+    assert root in result["error"] and "'the other copy'" in result["error"], result["error"]
+    assert result["attempts"] == 1, result
+    assert result["active_jobs"] == [], result  # the barrier stage was cancelled with the job
+    assert result["workers_alive"] == [], result
+    assert result["holder"]["generation"] == result["taken_generation"]
