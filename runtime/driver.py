@@ -150,6 +150,7 @@ class JobMaster:
         self._uncommitted: list[tuple[int, str, list[Any]]] = []
         self._cancel = threading.Event()
         self._fenced_event = threading.Event()  # set when this process lost the root
+        self._granted = 0.0  # the workers' write grant: the lease deadline last sent (wall clock)
         self._savepoints: list[_SavepointRequest] = []
         self._stopped_with: _SavepointRequest | None = None
         self._materializer: BackgroundMaterializer | None = None  # with config.materializer
@@ -403,6 +404,7 @@ class JobMaster:
                 "restore": restore_ref,
                 "peers": peers,
                 "assignments": assignments[w.index],
+                "lease_valid_until": self._granted,
             }
             w.conn.send(("deploy", spec))
         while not all(w.running for w in workers):
@@ -499,6 +501,7 @@ class JobMaster:
     def _poll(self, timeout: float) -> None:
         if self._fenced_event.is_set() and self.job.fenced is not None:
             raise self.job.fenced
+        self._grant_writes()
         by_obj: dict[Any, tuple[str, WorkerProc | None]] = {}
         for w in self.workers:
             by_obj[w.conn] = ("conn", w)
@@ -523,6 +526,17 @@ class JobMaster:
                     raise WorkerLostError(
                         f"worker {w.index} (pid {w.pid}) exited with code {w.proc.exitcode}"
                     )
+
+    def _grant_writes(self) -> None:
+        """Send the workers the lease's new deadline when it moved (runtime/lease_grant.py)."""
+        valid_until = self.job.writer_lease_valid_until()
+        if valid_until is None or valid_until <= self._granted + 0.05:
+            return
+        self._granted = valid_until
+        for w in self.workers:
+            if w.running:  # deployed: the deploy message carried the grant until then
+                with contextlib.suppress(OSError):  # a dead worker is noticed by the poll
+                    w.conn.send(("lease", valid_until))
 
     def _drain(self, w: WorkerProc) -> None:
         try:

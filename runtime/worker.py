@@ -43,6 +43,7 @@ from runtime.config import JobConfig
 from runtime.deploy import build_tasks
 from runtime.errors import ChannelError
 from runtime.graph import JobGraph
+from runtime.lease_grant import LeaseGrant
 from runtime.state_dump_backend import PendingStateDump
 from runtime.task import Task
 from statelog.backend import PendingSnapshot
@@ -110,6 +111,9 @@ class Worker:
         try:
             while True:
                 msg = self.conn.recv()
+                if msg[0] == "lease":  # not queued: a task may wait for it in a write
+                    self.grant.update(msg[1])
+                    continue
                 self.mailbox.append(msg)
                 self.wake.set()
         except (EOFError, OSError):
@@ -145,6 +149,7 @@ class Worker:
         self.batch_size = self.config.batch_size
         graph: JobGraph = pickle.loads(spec["graph"])
         cfg = self.config
+        self.grant = LeaseGrant(cfg.state_root, spec["lease_valid_until"], cfg.writer_lease_ttl_s)
         self.job = StateJob(
             cfg.state_root,
             max_parallelism=cfg.max_parallelism,
@@ -153,6 +158,7 @@ class Worker:
             retain_checkpoints=cfg.retain_checkpoints,
             create=False,
             writer_lease=False,  # the master holds the root's writer lease and publishes
+            write_guard=self.grant.check,  # ... and grants its workers writes while it is valid
             on_demand_restore=cfg.on_demand_restore,
             state_store=cfg.state_store,
             state_memory=cfg.state_memory,

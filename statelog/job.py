@@ -77,6 +77,7 @@ class StateJob:
         state_store: str = "memory",
         state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,
+        write_guard: Callable[[], None] | None = None,
     ) -> None:
         self.state_store = opt.check_state_store("state_store", state_store)
         self.state_memory = opt.STATE_MEMORY.check(state_memory)
@@ -92,7 +93,10 @@ class StateJob:
         inner = store if store is not None else open_store(root, store_options)
         self._raw_store = inner  # the writer lease's own objects
         # the lease holder's every write is checked: a process that lost the root writes nothing
-        self.store = FencedStore(inner, self._check_root_writable) if writer_lease else inner
+        # (a process writing under another's lease, a runtime worker, passes its own check)
+        if writer_lease:
+            write_guard = self._check_root_writable
+        self.store = FencedStore(inner, write_guard) if write_guard is not None else inner
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
         try:
@@ -285,6 +289,14 @@ class StateJob:
         recovery). A job without a writer lease, or before taking it, passes."""
         if self._writer_lease is not None and self._writer_lease_opts is not None:
             self._writer_lease.ensure_valid(margin_s=0.0)
+
+    def writer_lease_valid_until(self) -> float | None:
+        """The wall-clock time (``time.time()``) until which the held writer lease is valid by
+        this process's clock; ``None`` when it is not held."""
+        lease = self._writer_lease
+        if lease is None or not lease.held or lease.fenced is not None:
+            return None
+        return time.time() + lease.remaining_s()
 
     def _check_root_writable(self) -> None:
         if self._writer_lease is not None:

@@ -123,6 +123,14 @@ class WriterLease:
     def held(self) -> bool:
         return self._lease.generation is not None
 
+    def remaining_s(self) -> float:
+        """Seconds until the held lease expires by the local clock, 0 when not held (lock-free:
+        the renewer may hold the lease's lock during a store request)."""
+        lease = self._lease
+        if lease.generation is None:
+            return 0.0
+        return max(0.0, lease._deadline - self._clock())
+
     @property
     def fenced(self) -> FencedError | None:
         """The error that ended this process's hold on the root, ``None`` while not fenced."""

@@ -267,3 +267,32 @@ def test_a_stalled_consumer_loop_with_a_transactional_producer_stops_for_good(
     for _p, _o, key, n in out:
         by_key.setdefault(key, []).append(n)
     assert all(sorted(ns) == list(range(1, len(ns) + 1)) for ns in by_key.values()), "state not exactly once"
+
+
+def test_the_workers_of_a_stalled_master_stop_writing_when_its_lease_runs_out(
+    kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The master is stopped, its workers are not: they keep reading and would keep uploading
+    changelog; the write grant of runtime/lease_grant.py stops them at the lease's deadline,
+    before any other copy may take the root."""
+    tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)
+    tout = kafka_broker.create_topic(partitions=2)
+    produce_clicks(kafka_broker, tin, PER_SPLIT)
+    root, prefix = tmp_path / "root", f"stall-{uuid.uuid4().hex[:8]}"
+    first = start_copy(kafka_broker, tin, tout, root.as_uri(), prefix, tmp_path / "first.log")
+
+    def objects() -> dict[str, float]:
+        return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*") if p.is_file()}
+
+    try:
+        wait_until(checkpoint_of_generation(root.as_uri(), 1), 120, "copy 1 completes a checkpoint")
+        os.kill(first.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        time.sleep(TTL_S + TTL_S / 3 + 0.5)  # past the deadline, the margin and a worker's wait
+        before = objects()
+        time.sleep(2.0)  # records keep arriving: a worker that still wrote would upload segments
+        after = objects()
+        assert after == before, f"written after the master's lease ran out: {sorted(set(after) - set(before))}"
+        assert time.monotonic() - stopped > TTL_S
+    finally:
+        first.close()
