@@ -51,8 +51,9 @@ class BackgroundMaterializer:
     def _main(self) -> None:
         try:
             self.daemon.run()
-        except FencedError as exc:  # logged by the daemon: it lost its lease for good
+        except FencedError as exc:  # it lost its lease for good: one line, no traceback
             self.error = exc
+            log.error("background materializer stopped: %s", exc)
         except BaseException as exc:  # a fatal store error (FATAL_ERRORS) or a bug
             self.error = exc
             log.exception("background materializer died")

@@ -504,8 +504,7 @@ class MaterializerDaemon:
                             self.forced_result = (cycle, error)
                         self._cond.notify_all()
                 lost = None if once else self.lost_error()
-                if lost is not None:
-                    log.error("%s", lost)
+                if lost is not None:  # the caller reports it (the CLI: one line)
                     raise lost
                 if once:
                     assert last is not None

@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.fault]
 
 PROJECT = Path(__file__).resolve().parents[2]
 TTL_S = 3.0  # the writer-lease ttl of both copies
-PER_SPLIT = 1500
+PER_SPLIT = 1000
 RATE = 200  # records/s per source subtask: each copy runs for several seconds
 
 
