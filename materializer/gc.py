@@ -59,6 +59,7 @@ from statelog.errors import (
     CorruptionError,
     SavepointNotFoundError,
     StoreError,
+    StorePermissionError,
 )
 from statelog.layout import (
     CHANGELOG_PREFIX,
@@ -75,7 +76,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 600.0
 CATEGORIES = ("segments", "manifests", "table_files", "other")
-_FATAL = (AuthenticationError, BucketNotFoundError)
+# errors that concern the whole run, not one object: GC stops on them (a denied read or delete
+# would be denied for every other object too)
+_FATAL = (AuthenticationError, BucketNotFoundError, StorePermissionError)
 
 
 _CATEGORY = {ObjectKind.SEGMENT: "segments", ObjectKind.MANIFEST: "manifests", ObjectKind.TABLE: "table_files"}
@@ -311,6 +314,14 @@ class _Counts:
         return sum(v[0] for c, v in self.d.items() if cat in (None, c))
 
 
+def _denied(e: StorePermissionError, deleted: int) -> StorePermissionError:
+    """The error that ends a GC run at its first delete refused for lack of permission."""
+    return StorePermissionError(
+        f"GC stopped at the first delete the store refused ({deleted} object(s) deleted before it, "
+        f"none after it): {e}", key=e.key,
+    )
+
+
 def collect_garbage(
     store: ObjectStore,
     *,
@@ -326,7 +337,10 @@ def collect_garbage(
     ``grace_s`` seconds before ``now`` (default: the current time). With ``dry_run`` nothing
     is deleted and the report says what would be. See the module docstring for the rules.
     Errors reading metadata or deleting objects are reported (``GcReport.errors``) and make
-    GC keep whatever they might concern; only refused credentials and a missing bucket raise.
+    GC keep whatever they might concern. Refused credentials, a missing bucket and a denied
+    permission raise: the first delete the store refuses for lack of permission ends the run
+    with a :class:`StorePermissionError` naming the object and the permission, and nothing
+    is deleted after it.
     """
     t0 = time.monotonic()
     if retain_checkpoints is not None and (type(retain_checkpoints) is not int or retain_checkpoints < 1):
@@ -353,6 +367,8 @@ def collect_garbage(
             if not dry_run:
                 catalog.delete(cid)
             deleted_cids.append(cid)
+        except StorePermissionError as e:
+            raise _denied(e, len(deleted_cids)) from None
         except _FATAL:
             raise
         except StoreError as e:
@@ -422,6 +438,8 @@ def collect_garbage(
         if not dry_run:
             try:
                 store.delete(key)
+            except StorePermissionError as e:
+                raise _denied(e, len(deleted_cids) + len(deleted_keys)) from None
             except _FATAL:
                 raise
             except StoreError as e:

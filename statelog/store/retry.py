@@ -93,9 +93,10 @@ def call_with_retry(policy: RetryPolicy, fn: Callable[[], T], describe: str) -> 
         try:
             return fn()
         except TransientStoreError as exc:
+            cause = str(exc).removeprefix(f"{describe}: ")  # the cause may name the call already
             if attempt >= policy.max_attempts:
                 raise TransientStoreError(
-                    f"{describe} failed after {attempt} attempt(s): {exc}", key=exc.key
+                    f"{describe} failed after {attempt} attempt(s): {cause}", key=exc.key
                 ) from exc
             delay = policy.backoff(attempt)
             logger.warning(
@@ -103,7 +104,7 @@ def call_with_retry(policy: RetryPolicy, fn: Callable[[], T], describe: str) -> 
                 describe,
                 attempt,
                 policy.max_attempts,
-                exc,
+                cause,
                 delay,
             )
             policy.sleep(delay)

@@ -348,7 +348,10 @@ class S3ObjectStore(ObjectStore):
             )
         if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
             return TransientStoreError(
-                f"{op} {where}: cannot reach {cfg.endpoint_url} ({type(exc).__name__})", key=key
+                f"{op} {where}: cannot reach {cfg.endpoint_url} ({type(exc).__name__}); check that "
+                "the S3 server runs and the endpoint (store option 'endpoint' or AWS_ENDPOINT_URL) "
+                "names it",
+                key=key,
             )
         if isinstance(exc, ValueError):
             return ConfigError(f"{op} {where}: {exc}")

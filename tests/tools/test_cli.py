@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import zlib
@@ -520,6 +521,30 @@ def test_s3_wrong_secret_is_a_clear_error(
         assert code == 2 and out == ""
         assert "refused the credentials" in err.strip().splitlines()[-1]
         assert wrong not in err and s3_server.secret_key not in err
+
+
+def test_unreachable_endpoint_is_one_line_and_retries_show_with_v(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing listens on the endpoint: one error line after the last attempt; each retry is
+    logged only with -v."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    with socket.socket() as closed:  # bound, never listening: every connection is refused
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        argv = ["checkpoints", "list", "s3://statelog-unreachable/root", "--store-option", f"endpoint={endpoint}"]
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        line = only_line(err)
+        assert "failed after 6 attempt(s)" in line and f"cannot reach {endpoint}" in line
+        assert "check that the S3 server runs" in line
+        code, out, err = run(capsys, *argv, "-v")
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    retries = [ln for ln in lines if "WARNING statelog.store.retry:" in ln]
+    assert [f"(attempt {n} of 6)" in r for n, r in enumerate(retries, 1)] == [True] * 5, err
+    assert lines[-1] == line
 
 
 # -- the installed entry points ------------------------------------------------------------------
