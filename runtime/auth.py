@@ -30,7 +30,7 @@ import secrets
 import socket
 import struct
 
-from runtime.errors import RuntimeJobError
+from runtime.errors import PeerAuthenticationError
 
 SECRET_BYTES = 32
 NONCE_BYTES = 32
@@ -39,10 +39,6 @@ MAGIC = b"SLAUTH" + struct.pack("!H", VERSION)
 HANDSHAKE_TIMEOUT_S = 10.0
 CONNECT = b"connect"
 ACCEPT = b"accept"
-
-
-class AuthenticationError(RuntimeJobError):
-    """A peer did not prove knowledge of the job secret (the message never holds the secret)."""
 
 
 def new_secret() -> bytes:
@@ -54,7 +50,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
         if not chunk:
-            raise AuthenticationError(f"the peer closed the connection after {len(buf)} of {n} handshake bytes")
+            raise PeerAuthenticationError(f"the peer closed the connection after {len(buf)} of {n} handshake bytes")
         buf += chunk
     return bytes(buf)
 
@@ -65,10 +61,10 @@ def _proof(secret: bytes, role: bytes, peer_nonce: bytes, own_nonce: bytes) -> b
 
 def handshake(sock: socket.socket, secret: bytes, *, connected: bool, timeout: float = HANDSHAKE_TIMEOUT_S) -> None:
     """Prove knowledge of ``secret`` to the peer and check its proof; raises
-    :class:`AuthenticationError` (or :class:`OSError`) on failure. ``connected``: this side
+    :class:`PeerAuthenticationError` (or :class:`OSError`) on failure. ``connected``: this side
     connected (else it accepted). The socket's timeout is restored afterwards."""
     if not isinstance(secret, bytes) or len(secret) < 16:
-        raise AuthenticationError("the job secret must be at least 16 bytes")
+        raise PeerAuthenticationError("the job secret must be at least 16 bytes")
     own_role, peer_role = (CONNECT, ACCEPT) if connected else (ACCEPT, CONNECT)
     previous = sock.gettimeout()
     sock.settimeout(timeout)
@@ -77,13 +73,13 @@ def handshake(sock: socket.socket, secret: bytes, *, connected: bool, timeout: f
         sock.sendall(MAGIC + nonce)
         magic = _recv_exact(sock, len(MAGIC))
         if magic != MAGIC:
-            raise AuthenticationError(f"the peer sent no statelog handshake (got {magic[:len(MAGIC)]!r})")
+            raise PeerAuthenticationError(f"the peer sent no statelog handshake (got {magic[:len(MAGIC)]!r})")
         peer_nonce = _recv_exact(sock, NONCE_BYTES)
         sock.sendall(_proof(secret, own_role, peer_nonce, nonce))
         expected = _proof(secret, peer_role, nonce, peer_nonce)
         if not hmac.compare_digest(_recv_exact(sock, len(expected)), expected):
-            raise AuthenticationError("the peer's proof does not match the job secret")
+            raise PeerAuthenticationError("the peer's proof does not match the job secret")
     except TimeoutError:
-        raise AuthenticationError(f"no handshake from the peer within {timeout}s") from None
+        raise PeerAuthenticationError(f"no handshake from the peer within {timeout}s") from None
     finally:
         sock.settimeout(previous)

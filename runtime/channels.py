@@ -37,8 +37,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from runtime.auth import AuthenticationError, handshake
+from runtime.auth import handshake
 from runtime.debloat import Debloater
+from runtime.errors import PeerAuthenticationError
 
 log = logging.getLogger(__name__)
 
@@ -401,7 +402,7 @@ class RemoteOutput(_Pressure):
             return
         try:
             handshake(sock, self._secret, connected=True)
-        except (AuthenticationError, OSError) as e:
+        except (PeerAuthenticationError, OSError) as e:
             sock.close()
             if not self.closing:
                 self.on_error(f"channel {self.channel_id}: {self.address} failed the handshake: {e}")
@@ -498,7 +499,7 @@ class ChannelServer:
         try:
             try:
                 handshake(conn, self._secret, connected=False)
-            except (AuthenticationError, OSError) as e:
+            except (PeerAuthenticationError, OSError) as e:
                 self.refused += 1
                 if not self.closing:
                     log.warning("refused a channel connection from %s: %s", peer, e)

@@ -39,3 +39,7 @@ class TaskFailedError(RuntimeJobError):
 
 class ChannelError(RuntimeJobError):
     """A data channel to or from another worker broke (usually: that worker died)."""
+
+
+class PeerAuthenticationError(RuntimeJobError):
+    """A peer did not prove knowledge of the job secret (the message never holds the secret)."""

@@ -42,9 +42,9 @@ import uuid
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.auth import AuthenticationError, handshake
+from runtime.auth import handshake
 from runtime.config import JobConfig
-from runtime.errors import JobGraphError, WorkerLostError
+from runtime.errors import JobGraphError, PeerAuthenticationError, WorkerLostError
 from runtime.launcher import Launcher, WorkerProc
 from runtime.worker import Worker
 
@@ -127,7 +127,7 @@ def accept_control(sock: socket.socket, peer: Any, secret: bytes, parallelism: i
     is closed and logged (None), and nothing it sent is unpickled."""
     try:
         handshake(sock, secret, connected=False)
-    except (AuthenticationError, OSError) as e:
+    except (PeerAuthenticationError, OSError) as e:
         log.warning("refused a control connection from %s: %s", peer, e)
         sock.close()
         return None

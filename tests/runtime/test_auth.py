@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from runtime.auth import MAGIC, NONCE_BYTES, AuthenticationError, handshake, new_secret
+from runtime.auth import MAGIC, NONCE_BYTES, handshake, new_secret
 from runtime.channels import _LEN, ChannelServer, InputChannel, RemoteOutput
+from runtime.errors import PeerAuthenticationError
 from runtime.spark_cluster import accept_control
 
 CHANNEL = (7, 0, 1)
@@ -90,7 +91,7 @@ def test_the_handshake_passes_with_the_secret_and_fails_without_it() -> None:
             try:
                 handshake(sock, other, connected=False)
                 outcome["accept"] = "ok"
-            except AuthenticationError as e:
+            except PeerAuthenticationError as e:
                 outcome["accept"] = e
 
         t = threading.Thread(target=accept)
@@ -98,7 +99,7 @@ def test_the_handshake_passes_with_the_secret_and_fails_without_it() -> None:
         try:
             handshake(a, secret, connected=True)
             outcome["connect"] = "ok"
-        except AuthenticationError as e:
+        except PeerAuthenticationError as e:
             outcome["connect"] = e
         t.join(30)
         a.close()
@@ -106,8 +107,8 @@ def test_the_handshake_passes_with_the_secret_and_fails_without_it() -> None:
         if ok:
             assert outcome == {"connect": "ok", "accept": "ok"}
         else:
-            assert isinstance(outcome["connect"], AuthenticationError)
-            assert isinstance(outcome["accept"], AuthenticationError)
+            assert isinstance(outcome["connect"], PeerAuthenticationError)
+            assert isinstance(outcome["accept"], PeerAuthenticationError)
             assert secret.hex() not in str(outcome["connect"]) and other.hex() not in str(outcome["accept"])
 
 
@@ -136,7 +137,7 @@ def test_a_client_with_a_wrong_secret_is_refused_and_its_frames_are_not_unpickle
     marker = tmp_path / "unpickled"
     caplog.set_level(logging.WARNING, logger="runtime.channels")
     with socket.create_connection(srv.address) as sock:
-        with pytest.raises(AuthenticationError, match="proof does not match"):
+        with pytest.raises(PeerAuthenticationError, match="proof does not match"):
             handshake(sock, new_secret(), connected=True)
         with pytest.raises(OSError):  # noqa: PT012 - the server closes; sending fails sooner or later
             for _ in range(200):
@@ -188,7 +189,7 @@ def test_the_control_listener_of_spark_workers_unpickles_only_after_the_handshak
         if client == "raw-pickle":
             sock.sendall(_frame(CreatesFile(marker)) + _frame(("ready", 0, ("127.0.0.1", 1), CreatesFile(marker))))
         else:
-            with contextlib.suppress(AuthenticationError):
+            with contextlib.suppress(PeerAuthenticationError):
                 handshake(sock, secret if client == "right-secret" else new_secret(), connected=True)
             pid = 1234 if client == "right-secret" else CreatesFile(marker)
             with contextlib.suppress(OSError):
