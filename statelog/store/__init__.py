@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 
 from statelog.errors import ConfigError
 from statelog.store.base import ObjectInfo, ObjectStore
+from statelog.store.fencing import FencedStore
 from statelog.store.retry import RetryPolicy, call_with_retry
 from statelog.store.validation import (
     check_segments,
@@ -158,7 +159,6 @@ def reopen_store(store: ObjectStore) -> ObjectStore | None:
     """A separate handle on the root of ``store`` (its own connections, closed by whoever
     reopened it), as :func:`open_store` opened it; ``None`` for any other store (a wrapper such
     as a fault injector), which the caller then shares. Callers need no implementation class."""
-    from statelog.store.fencing import FencedStore
     from statelog.store.local import LocalObjectStore
     from statelog.store.s3 import S3ObjectStore
 
