@@ -46,7 +46,7 @@ from materializer.gc import collect_garbage
 from materializer.options import due
 from statelog import ValueStateDescriptor
 from statelog.backend import KeyedStateBackend
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import bench_state_dump_key
 from statelog.materialization import latest_manifest_key, load_manifest
 from statelog.restore import RestoredChanges, gc_paused

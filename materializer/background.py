@@ -16,7 +16,7 @@ from typing import Any
 
 from materializer.daemon import MaterializerDaemon
 from materializer.options import MaterializerOptions, default_owner
-from statelog.catalog import JobCatalog
+from statelog.checkpoint.catalog import JobCatalog
 from statelog.errors import ConfigError, FencedError, StatelogError
 from statelog.job import StateJob
 from statelog.store import open_store, reopen_store

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import (
     DATA_PREFIX,
     manifest_key,

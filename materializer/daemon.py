@@ -48,8 +48,8 @@ from materializer.options import (
     default_owner,
     due,
 )
-from statelog.catalog import JobCatalog
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.catalog import JobCatalog
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,

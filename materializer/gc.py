@@ -49,8 +49,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from statelog.catalog import JobCatalog, load_savepoint, savepoint_names
-from statelog.checkpoint import CheckpointMetadata, MaterializedPart
+from statelog.checkpoint.catalog import JobCatalog, load_savepoint, savepoint_names
+from statelog.checkpoint.metadata import CheckpointMetadata, MaterializedPart
 from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,

@@ -1,12 +1,12 @@
-"""The materializer daemon's leader lease (issue #3): :class:`statelog.lease.Lease` below
+"""The materializer daemon's leader lease: a :class:`statelog.checkpoint.lease.Lease` below
 ``materializer/lease/``.
 
 Two daemons started on one job root must never publish concurrently: the daemon holds this
 lease (a fencing generation, renewed every ``ttl / 3``, taken over after a contender saw it
 unchanged for a ttl or at once when released), checks it right before publishing and
 records the generation in what it publishes. The mechanism, shared with the writer lease of
-a job's checkpoint publisher (:mod:`statelog.writer_lease`), is described in
-:mod:`statelog.lease` and ``docs/store.md`` ("Leader lease").
+a job's checkpoint publisher (:mod:`statelog.checkpoint.writer_lease`), is described in
+:mod:`statelog.checkpoint.lease` and ``docs/store.md`` ("Leader lease").
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from statelog import lease as _lease
+from statelog.checkpoint import lease_objects
+from statelog.checkpoint.lease import Lease
 from statelog.errors import StoreError
 from statelog.layout import (
     MATERIALIZER_LEASE_PREFIX,
@@ -25,15 +26,12 @@ from statelog.layout import (
     lease_released_key,
     lease_renewal_key,
 )
-from statelog.lease import LEASE_FORMAT, LEASE_VERSION
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "LEASE_FORMAT",
     "LEASE_PREFIX",
-    "LEASE_VERSION",
     "LeaderLease",
     "current_holder",
     "generation_key",
@@ -58,12 +56,15 @@ def released_key(generation: int) -> str:
 
 def current_holder(store: ObjectStore) -> dict[str, Any] | None:
     """The newest generation of the materializer lease, for display (see
-    :func:`statelog.lease.current_holder`); ``None`` if no daemon ever took it."""
-    return _lease.current_holder(store, LEASE_PREFIX)
+    :func:`statelog.checkpoint.lease_objects.current_holder`); ``None`` if no daemon ever took it."""
+    return lease_objects.current_holder(store, LEASE_PREFIX)
 
 
-class LeaderLease(_lease.Lease):
-    """The materializer daemon's lease on ``store``; see :class:`statelog.lease.Lease`."""
+class LeaderLease(Lease):
+    """The materializer daemon's lease on ``store``; see :class:`statelog.checkpoint.lease.Lease`.
+
+    The daemon calls :meth:`try_acquire` each cycle and checks :meth:`is_valid` right before
+    publishing; :class:`LeaseKeeper` renews it during a long cycle."""
 
     def __init__(
         self,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from statelog import options as opt
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError
 from statelog.materialization import Manifest
 from statelog.metrics import check_port

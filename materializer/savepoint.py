@@ -22,8 +22,13 @@ from typing import Any
 
 from materializer.build import MaterializeOptions, Materializer
 from materializer.gc import LiveSet, recent_manifests
-from statelog.catalog import JobCatalog, load_savepoint, parse_checkpoint_id, savepoint_names
-from statelog.checkpoint import (
+from statelog.checkpoint.catalog import (
+    JobCatalog,
+    load_savepoint,
+    parse_checkpoint_id,
+    savepoint_names,
+)
+from statelog.checkpoint.metadata import (
     CheckpointMetadata,
     OperatorState,
     SubtaskStateHandle,

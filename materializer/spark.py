@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from materializer.build import MaterializeOptions, Progress
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, StatelogError
 from statelog.keys import KeyGroupRange
 from statelog.materialization import Manifest, MaterializedOperator, TableFile

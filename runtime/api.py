@@ -50,13 +50,13 @@ from runtime.sources import Source, WatermarkStrategy
 from runtime.spark_cluster import SparkLauncher
 from runtime.windows import WindowAssigner, WindowOperator
 from statelog import options as opt
+from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.descriptors import AggregateFunction
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
 from statelog.metrics import check_port
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions, resolve_store_options
 from statelog.types import PICKLE
-from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 
 
 class StreamExecutionEnvironment:

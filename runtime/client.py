@@ -6,7 +6,7 @@ import threading
 import time
 
 from runtime.driver import JobMaster, JobResult
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 
 
 class JobClient:

@@ -13,10 +13,10 @@ from enum import StrEnum
 
 from materializer.options import MaterializerOptions
 from statelog import options as opt
+from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.keys import DEFAULT_MAX_PARALLELISM
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions
-from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 
 # state backends (docs/runtime.md, "State backends")
 CHANGELOG = "changelog"  # statelog: changelog checkpoints, restorable
@@ -79,5 +79,5 @@ class JobConfig:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     # how long the job master may stall (GC pause, SIGSTOP, frozen VM) before it loses the
-    # root's writer lease for good (statelog/writer_lease.py; docs/store.md)
+    # root's writer lease for good (statelog/checkpoint/writer_lease.py; docs/store.md)
     writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S

@@ -3,7 +3,7 @@
 It triggers checkpoint ``n`` every ``checkpoint_interval_s`` (at most one in flight): the
 workers inject barrier ``n`` at their source tasks, which record their split positions.
 Every task acknowledges once it has passed the barrier and its asynchronous part finished,
-with its statelog :class:`~statelog.checkpoint.SubtaskStateHandle` (stateful tasks) and
+with its statelog :class:`~statelog.checkpoint.metadata.SubtaskStateHandle` (stateful tasks) and
 split positions (source tasks). When all tasks acknowledged, the coordinator publishes the
 checkpoint with ``StateJob.publish_checkpoint(n, handles, sources, stats)`` -- the metadata
 object is written last, so the checkpoint exists exactly when everything it references is
@@ -25,7 +25,7 @@ from typing import Any
 from runtime.config import CHANGELOG
 from runtime.errors import CheckpointFailureLimitError
 from runtime.inflight import too_large
-from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
+from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.errors import FencedError, StatelogError
 from statelog.job import StateJob
 

@@ -33,7 +33,7 @@ from runtime.router import EdgeOutput, Router
 from runtime.state_dump_backend import PendingStateDump, delete_older
 from runtime.task import Task, TaskHost
 from statelog.backend import KeyedStateBackend
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.job import StateJob
 
 log = logging.getLogger(__name__)

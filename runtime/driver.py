@@ -55,7 +55,7 @@ from runtime.inflight import INFLIGHT_KEY, collect_inflight
 from runtime.launcher import Launcher, LocalLauncher, WorkerProc
 from runtime.metrics import JobMetrics
 from runtime.restart import RestartStrategy
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import FencedError, RestoreRequiredError, StatelogError
 from statelog.job import StateJob
 from statelog.layout import check_savepoint_name

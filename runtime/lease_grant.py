@@ -1,6 +1,6 @@
 """Workers write under the root only while their job master's writer lease is valid.
 
-The job master holds the root's writer lease (:mod:`statelog.writer_lease`); its workers
+The job master holds the root's writer lease (:mod:`statelog.checkpoint.writer_lease`); its workers
 write changelog and sink pre-commit objects under the root without holding it. A master that
 stalls (GC pause, SIGSTOP, a frozen VM) stops renewing, while its workers keep running: after
 one ttl another copy of the job may take the root over. So the master grants its workers

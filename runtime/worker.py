@@ -47,7 +47,7 @@ from runtime.lease_grant import LeaseGrant
 from runtime.state_dump_backend import PendingStateDump
 from runtime.task import Task
 from statelog.backend import PendingSnapshot
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.job import StateJob
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
 from statelog.backend import KeyedStateBackend, PendingSnapshot
-from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
+from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import (
     AggregateFunction,
     AggregatingStateDescriptor,

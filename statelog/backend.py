@@ -23,7 +23,7 @@ import pyarrow as pa
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.writer import ChangelogWriter
-from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
+from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,

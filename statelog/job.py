@@ -24,14 +24,19 @@ from typing import Any
 
 from statelog import options as opt
 from statelog.backend import KeyedStateBackend, PendingSnapshot
-from statelog.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
-from statelog.checkpoint import (
+from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
+from statelog.checkpoint.metadata import (
     CheckpointMetadata,
     OperatorState,
     SubtaskStateHandle,
     encode_sources,
+)
+from statelog.checkpoint.writer_lease import (
+    DEFAULT_WRITER_LEASE_TTL_S,
+    WriterLease,
+    check_writer_lease_ttl,
 )
 from statelog.errors import (
     ConfigError,
@@ -52,7 +57,6 @@ from statelog.state.disk import WorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.store.fencing import FencedStore
-from statelog.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, WriterLease, check_writer_lease_ttl
 
 log = logging.getLogger(__name__)
 

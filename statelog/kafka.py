@@ -31,7 +31,7 @@ once. :class:`KafkaOffsets` does the two halves::
   Checkpoints written before version 3 hold partitions as strings (``{"0": 5}``); they are
   read as ints.
 * **Several processes.** One job root has one checkpoint publisher (the writer lease,
-  ``statelog/writer_lease.py``): a second process opening the same root is refused with
+  ``statelog/checkpoint/writer_lease.py``): a second process opening the same root is refused with
   :class:`~statelog.errors.LeaseHeldError`. To share a topic's partitions between processes
   give each process its own root and a fixed set of ``partitions`` (``docs/kafka.md``).
 
@@ -47,7 +47,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, MissingDependencyError
 
 try:  # the kafka extra; statelog imports without it

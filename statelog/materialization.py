@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from statelog import envelope
 from statelog.changelog.format import TIMER_STATES
-from statelog.checkpoint import MaterializedPart
+from statelog.checkpoint.metadata import MaterializedPart
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys import KeyGroupRange

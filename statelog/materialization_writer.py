@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import ChangeBatch, SegmentReader
-from statelog.checkpoint import CheckpointMetadata, SubtaskStateHandle
+from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange
 from statelog.layout import table_file_key

@@ -65,7 +65,7 @@ import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import WHOLE_OBJECT_LIMIT, ChangeBatch, SegmentReader
-from statelog.checkpoint import ChangelogRange
+from statelog.checkpoint.metadata import ChangelogRange
 from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
 from statelog.materialization import (

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statelog.changelog.reader import SegmentReader
-from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
+from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange, decode_key_array
 from statelog.materialization import (

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import statelog
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     StatelogError,

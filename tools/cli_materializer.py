@@ -26,7 +26,7 @@ from materializer.daemon import MaterializerDaemon, manifest_summary
 from materializer.lease import current_holder
 from materializer.options import ENGINE_SPARK, MaterializerOptions
 from statelog import options as opt
-from statelog.catalog import JobCatalog
+from statelog.checkpoint.catalog import JobCatalog
 from statelog.errors import ConfigError
 from statelog.materialization import latest_manifest_key, load_manifest
 from statelog.options import parse_duration, parse_size  # noqa: F401 - re-exported for callers

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from materializer.savepoint import list_savepoints
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import CheckpointNotFoundError, CorruptionError, StoreError
 from statelog.materialization import (
     Manifest,

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statelog.checkpoint import ChangelogRange, CheckpointMetadata, OperatorState
+from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
 from statelog.layout import (
     checkpoint_key,

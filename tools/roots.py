@@ -8,8 +8,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from statelog.catalog import JobCatalog, JobInfo, load_savepoint, missing_checkpoint_message
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.catalog import (
+    JobCatalog,
+    JobInfo,
+    load_savepoint,
+    missing_checkpoint_message,
+)
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     ConfigError,

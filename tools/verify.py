@@ -11,9 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.catalog import JobInfo, load_savepoint, savepoint_names
 from statelog.changelog.reader import SegmentReader
-from statelog.checkpoint import ChangelogRange, CheckpointMetadata, MaterializedPart
+from statelog.checkpoint.catalog import JobInfo, load_savepoint, savepoint_names
+from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata, MaterializedPart
 from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,

@@ -2,7 +2,7 @@
 
 The reader is the mirror of the writer: it parses segment trailers and footers, reads the
 blocks of one stream, checks every checksum and yields the change records of a
-:class:`~statelog.checkpoint.ChangelogRange` in sequence order, per state.
+:class:`~statelog.checkpoint.metadata.ChangelogRange` in sequence order, per state.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from statelog.changelog.ops import op_label
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef
-from statelog.checkpoint import CheckpointMetadata, OperatorState
+from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CheckpointNotFoundError, ConfigError
 from statelog.job import StateJob

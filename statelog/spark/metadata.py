@@ -21,8 +21,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from statelog.catalog import load_savepoint, savepoint_names
-from statelog.checkpoint import CheckpointMetadata, MaterializedPart
+from statelog.checkpoint.catalog import load_savepoint, savepoint_names
+from statelog.checkpoint.metadata import CheckpointMetadata, MaterializedPart
 from statelog.errors import CheckpointNotFoundError, ConfigError
 from statelog.job import StateJob
 from statelog.layout import (

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from statelog.checkpoint import CheckpointMetadata, OperatorState
+from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StateNotFoundError
 from statelog.job import StateJob

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from statelog.checkpoint import (
+from statelog.checkpoint.metadata import (
     CheckpointMetadata,
     MaterializedPart,
     OperatorState,

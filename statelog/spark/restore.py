@@ -18,7 +18,7 @@ from typing import Any
 from statelog.backend import KeyedStateBackend
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
-from statelog.checkpoint import CheckpointMetadata, OperatorState
+from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
 from statelog.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,

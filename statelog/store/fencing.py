@@ -1,6 +1,6 @@
 """A store whose writes stop for good once the process lost its job root.
 
-The process that holds a root's writer lease (:mod:`statelog.writer_lease`) reaches the
+The process that holds a root's writer lease (:mod:`statelog.checkpoint.writer_lease`) reaches the
 store through a :class:`FencedStore`: every ``put``, ``put_if_absent`` and ``delete`` first
 calls ``check`` (:meth:`WriterLease.check_writable`), which raises the lease's
 :class:`~statelog.errors.FencedError` once the lease was lost or its deadline passed. Reads

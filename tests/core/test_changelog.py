@@ -35,10 +35,7 @@ COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 
 def _stop_flusher(writer):
     """Drive flushes by hand (deterministic tests of what a flush takes)."""
-    writer._closed = True
-    writer._wake.set()
-    writer._flusher.join()
-    writer._closed = False
+    writer.scheduler.stop()
 
 
 def test_records_after_the_seal_are_invisible_even_in_the_same_segment(tmp_path):
@@ -55,7 +52,7 @@ def test_records_after_the_seal_are_invisible_even_in_the_same_segment(tmp_path)
     for k in range(10):  # processing continues before the upload
         b.set_current_key(k)
         count.update(99)
-    job.writer._flush_once()  # one segment holds records 0..19
+    job.writer.scheduler.flush_once()  # one segment holds records 0..19
     handle = snap.result(10)
     (rng,) = handle.changelog
     assert (rng.start, rng.end) == (0, 10)
@@ -95,7 +92,7 @@ def test_one_segment_per_flush_for_all_streams(tmp_path):
             except statelog.errors.KeyGroupError:
                 continue
             st.update(i)
-    job.writer._flush_once()
+    job.writer.scheduler.flush_once()
     time.sleep(0.2)
     segs = list(job.store.list("changelog/"))
     assert len(segs) == 1
@@ -119,7 +116,7 @@ def test_coalescing_keeps_only_the_last_write_per_key(tmp_path):
         mp.put(f"x{i % 3}", i)
     lst.update([7, 8])
     lst.add(9)
-    job.writer._flush_once()
+    job.writer.scheduler.flush_once()
     snap = b.snapshot(1)
     handle = snap.result(10)
     rows = sum(
@@ -283,7 +280,7 @@ def test_coalescing_never_crosses_a_sealed_checkpoint_position(tmp_path):
     count.update(1)
     snap = b.snapshot(1)  # sealed at position 1
     count.update(99)  # overwrites the same key after the seal, in the same flush
-    job.writer._flush_once()
+    job.writer.scheduler.flush_once()
     job.publish_checkpoint(1, [snap.result(10)], {})
     job.close(flush=False)
     r = statelog.open(tmp_path.as_uri()).backend("op", restore=1)
@@ -393,11 +390,11 @@ def test_columnar_buffers_write_the_same_segments_as_flat_lists(tmp_path, monkey
         snap1 = b.snapshot(1)  # a seal between the two halves: coalescing keeps both sides
         states = _mixed_workload(b, 150, 300)
         assert [b._streams[d.name].columnar for d in MIXED] == [columnar] * 8 + [False]
-        job.writer._flush_once()
+        job.writer.scheduler.flush_once()
         snap1.result(10)
         states = _mixed_workload(b, 300, 320)
         snap2 = b.snapshot(2)
-        job.writer._flush_once()
+        job.writer.scheduler.flush_once()
         job.publish_checkpoint(2, [snap2.result(10)], {})
         live = [len(list(st.entries())) for st in states]
         blocks = _segment_blocks(job)

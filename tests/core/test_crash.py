@@ -39,7 +39,7 @@ import pytest
 
 import statelog
 from statelog.changelog.reader import SegmentReader
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import JobNotFoundError
 from statelog.layout import checkpoint_key
 from tests.core.crash_ops import OPERATOR_UID, ModelReplay

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from statelog import envelope, lease
-from statelog.catalog import JobInfo
-from statelog.checkpoint import CheckpointMetadata
+from statelog import envelope
+from statelog.checkpoint import lease_objects as lease
+from statelog.checkpoint.catalog import JobInfo
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.materialization import Manifest
 from statelog.store.local import LocalObjectStore

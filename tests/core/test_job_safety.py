@@ -13,7 +13,7 @@ import pytest
 
 import statelog
 from statelog import ValueStateDescriptor
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     JobDescriptorMissingError,

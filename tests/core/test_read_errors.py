@@ -17,8 +17,8 @@ import pytest
 
 import statelog
 from materializer.build import materialize
-from statelog.catalog import JobCatalog, load_savepoint
 from statelog.changelog.reader import SegmentReader
+from statelog.checkpoint.catalog import JobCatalog, load_savepoint
 from statelog.errors import CorruptionError, StoreError, StorePermissionError, TransientStoreError
 from statelog.keys import KeyGroupRange
 from statelog.materialization import load_manifest

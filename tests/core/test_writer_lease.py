@@ -25,10 +25,10 @@ import pytest
 
 import statelog
 from statelog import ValueStateDescriptor
+from statelog.checkpoint.lease_objects import current_holder
+from statelog.checkpoint.writer_lease import WriterLease
 from statelog.errors import FencedError, LeaseHeldError, LeaseLostError
 from statelog.layout import WRITER_LEASE_PREFIX
-from statelog.lease import current_holder
-from statelog.writer_lease import WriterLease
 from tests.s3server import RootSpec
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -254,7 +254,7 @@ def test_an_expired_writer_lease_fails_the_checkpoint(file_root: RootSpec) -> No
         assert lease is not None
         lease._stop.set()  # the renewer stops, as in a process frozen longer than the ttl
         lease._thread.join()  # type: ignore[union-attr]
-        lease._lease._deadline = 0.0  # ... whose deadline has passed
+        lease._deadline = 0.0  # ... whose deadline has passed
         with pytest.raises(LeaseLostError, match="expired"):
             job.checkpoint()
         assert job.catalog.checkpoint_ids() == [1]

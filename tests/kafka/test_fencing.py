@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from statelog.catalog import JobCatalog
+from statelog.checkpoint.catalog import JobCatalog
 from statelog.store import open_store
 from tests.kafka.runtime_jobs import produce_clicks, read_topic
 from tests.kafka_broker import KafkaBroker

@@ -46,8 +46,8 @@ import pytest
 import statelog
 from materializer.daemon import MaterializerDaemon
 from materializer.gc import collect_garbage
-from statelog.catalog import load_savepoint, savepoint_names
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.catalog import load_savepoint, savepoint_names
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import DATA_PREFIX, MANIFEST_PREFIX, parse_manifest_key
 from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
 from statelog.store import open_store

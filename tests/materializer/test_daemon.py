@@ -28,8 +28,8 @@ from materializer.daemon import MaterializerDaemon
 from materializer.lease import current_holder, generation_key
 from materializer.options import due
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor
-from statelog.catalog import JobCatalog
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.catalog import JobCatalog
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.materialization import Manifest, latest_manifest_key, list_manifests, load_manifest
 from statelog.store.base import ObjectStore
 from tests.s3server import RootSpec

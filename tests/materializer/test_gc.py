@@ -19,8 +19,8 @@ import statelog
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statelog.catalog import JobCatalog
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.catalog import JobCatalog
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, JobNotFoundError
 from statelog.layout import checkpoint_key
 from statelog.materialization import Manifest, latest_manifest_key, list_manifests, load_manifest

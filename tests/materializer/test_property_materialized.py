@@ -38,7 +38,7 @@ import statelog.ondemand
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
-from statelog.catalog import load_savepoint, savepoint_names
+from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.layout import MANIFEST_PREFIX
 from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
 from statelog.store.faulty import FaultInjectingStore

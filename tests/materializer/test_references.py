@@ -22,8 +22,8 @@ import statelog
 from materializer.build import materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint, list_savepoints
-from statelog.catalog import JobCatalog, load_savepoint
-from statelog.checkpoint import CheckpointMetadata, MaterializedPart
+from statelog.checkpoint.catalog import JobCatalog, load_savepoint
+from statelog.checkpoint.metadata import CheckpointMetadata, MaterializedPart
 from statelog.errors import CorruptionError
 from statelog.keys import KeyGroupRange
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key

@@ -10,7 +10,7 @@ import pytest
 import statelog
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint, delete_savepoint, list_savepoints
-from statelog.catalog import JobCatalog, load_savepoint, savepoint_names
+from statelog.checkpoint.catalog import JobCatalog, load_savepoint, savepoint_names
 from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError
 from statelog.layout import savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization import load_manifest

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import statelog
 from runtime import StreamExecutionEnvironment
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from tests.runtime import jobs
 
 

@@ -291,7 +291,7 @@ class _StubJob:
         self.published: list[int] = []
 
     def publish_checkpoint(self, cid: int, handles: Any, sources: Any, stats: Any) -> Any:
-        from statelog.checkpoint import CheckpointMetadata
+        from statelog.checkpoint.metadata import CheckpointMetadata
 
         self.published.append(cid)
         return CheckpointMetadata(cid, "job", 0, 128, dict(sources), {}, dict(stats))

@@ -105,11 +105,11 @@ def _fence(client: Any, spark: Any, args: dict[str, Any], out: dict[str, Any]) -
     """Another copy takes the root's writer lease over (as after a stall of this driver longer
     than the ttl): the job must end with FencedError in its first attempt, and its barrier
     stage must end with it."""
+    from statelog.checkpoint.lease_objects import current_holder
+    from statelog.checkpoint.writer_lease import WriterLease
     from statelog.errors import FencedError
     from statelog.layout import WRITER_LEASE_PREFIX
-    from statelog.lease import current_holder
     from statelog.store import open_store
-    from statelog.writer_lease import WriterLease
 
     store = open_store(args["root"])
     try:

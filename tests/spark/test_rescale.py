@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import statelog
-from statelog.catalog import load_savepoint
+from statelog.checkpoint.catalog import load_savepoint
 from statelog.errors import CheckpointNotFoundError, ConfigError, StateNotFoundError
 from statelog.keys import key_group_range_for_subtask
 from statelog.layout import savepoint_manifest_key

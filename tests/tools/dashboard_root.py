@@ -20,7 +20,7 @@ import statelog
 from materializer.build import MaterializeOptions, materialize
 from materializer.savepoint import create_savepoint
 from statelog import MapStateDescriptor, ValueStateDescriptor
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.materialization import Manifest
 
 MAXP = 16

@@ -26,9 +26,9 @@ from statelog import (
     MapStateDescriptor,
     ValueStateDescriptor,
 )
-from statelog.catalog import JobCatalog
 from statelog.changelog import format as fmt
-from statelog.checkpoint import OperatorState
+from statelog.checkpoint.catalog import JobCatalog
+from statelog.checkpoint.metadata import OperatorState
 from statelog.keys import KeyGroupRange
 from statelog.layout import checkpoint_key
 from tests.s3server import RootSpec, S3Server

@@ -20,10 +20,10 @@ from materializer.daemon import MaterializerDaemon
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import options as opt
+from statelog.checkpoint.writer_lease import WriterLease
 from statelog.errors import ConfigError
 from statelog.options import WriterOptions
 from statelog.store import open_store
-from statelog.writer_lease import WriterLease
 from tests.materializer.test_gc import OPTIONS, build
 from tests.s3server import RootSpec
 from tools.cli import main

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog import envelope
-from statelog.checkpoint import CheckpointMetadata
+from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import (
     CheckpointNotFoundError,
     ConfigError,

@@ -1,22 +1,17 @@
-"""Leases with a fencing generation on a job root: one holder at a time (issues #3 and #11).
+"""Leases with a fencing generation on a job root: one holder at a time.
 
 Two daemons (or two writers) started on one job root must never publish concurrently. A
 lease lives in the job root itself, as write-once objects below a *prefix* that names the
-lease (``materializer/lease/`` for the materializer daemon, ``writer/lease/`` for the
-checkpoint publisher of a job, see :mod:`statelog.writer_lease`):
-
-* ``gen-<g:012d>.json``: generation ``g`` was acquired (owner, instance id, host, pid,
-  ``host_id``, ``proc_start``, ``acquired_ms``, ``ttl_ms``). Created with
-  :meth:`ObjectStore.put_if_absent`, so of the contenders racing for ``g`` exactly one wins.
-  ``g`` is the fencing token: it only grows.
-* ``gen-<g:012d>.renew-<n:012d>.json``: the holder's ``n``-th renewal of ``g``.
-* ``gen-<g:012d>.released``: the holder released ``g`` on clean shutdown.
-
-Every object is checksummed JSON ``{"crc32": ..., "body": {...}}`` like the other JSON
-objects of statelog (:mod:`statelog.envelope`).
+lease (:mod:`statelog.checkpoint.lease_objects`): the holder creates ``gen-<g>.json`` for
+its generation ``g`` (the fencing token: it only grows), a renewal object now and then, and
+a release marker on clean shutdown. :class:`Lease` is the state machine of one contender
+or holder; the materializer daemon's leader lease (``materializer/lease.py``) and the
+writer lease of a job's checkpoint publisher (:mod:`statelog.checkpoint.writer_lease`)
+extend it with their prefix.
 
 **Expiry without trusting clocks.** Timestamps in the bodies and the store's mtimes are
-written by other machines' clocks and are shown by :func:`current_holder` only. A
+written by other machines' clocks and are shown by
+:func:`~statelog.checkpoint.lease_objects.current_holder` only. A
 contender decides expiry from its *own observation*: it records the lease state (newest
 generation, its newest renewal, released or not) and the local monotonic time right
 after the listing that showed it; the lease is expired once a listing started at least
@@ -40,224 +35,32 @@ the publish itself, and records the generation in what it publishes.
 See ``docs/store.md`` ("Leader lease") for the limits of this scheme.
 """
 
-
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from statelog import envelope
-from statelog.errors import (
-    ConfigError,
-    CorruptionError,
-    LeaseLostError,
-    ObjectNotFoundError,
-    StoreError,
-    TransientStoreError,
+from statelog.checkpoint.lease_objects import (
+    acquisition,
+    create_once,
+    generation_key,
+    prunable,
+    read_object,
+    release_marker,
+    released_key,
+    renewal,
+    renewal_key,
+    scan,
 )
-from statelog.layout import (
-    lease_generation_key,
-    lease_released_key,
-    lease_renewal_key,
-    parse_lease_name,
-)
-from statelog.store.base import ObjectInfo, ObjectStore
+from statelog.errors import ConfigError, LeaseLostError, ObjectNotFoundError, StoreError
+from statelog.store.base import ObjectStore
 
 logger = logging.getLogger(__name__)
-
-LEASE_FORMAT = "statelog-lease"
-LEASE_VERSION = 1
-
-# the lease objects' keys (statelog.layout): gen-<g>.json, gen-<g>.renew-<n>.json, gen-<g>.released
-generation_key = lease_generation_key
-renewal_key = lease_renewal_key
-released_key = lease_released_key
-
-
-# -- this process's identity ------------------------------------------------------------------
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return None
-
-
-def host_id() -> str | None:
-    """What makes a pid meaningful: the boot id and the pid namespace of this process
-    (Linux); ``None`` where unknown (then a holder is never declared dead by its pid)."""
-    boot = _read("/proc/sys/kernel/random/boot_id")
-    try:
-        pidns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-    return f"{boot}/{pidns}" if boot else None
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of process ``pid`` in clock ticks since boot (Linux), ``None`` if
-    unknown: tells a live holder from another process that reuses its pid."""
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    try:
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def holder_process_is_gone(body: dict[str, Any]) -> bool:
-    """``True`` only when the acquisition ``body`` names a process of this very host (same
-    host name, boot and pid namespace) that no longer runs: the pid does not exist, is a
-    zombie, or now belongs to a process started at another time. Anything uncertain
-    (another host, no identity recorded) is ``False``: then only the ttl decides."""
-    pid, hid = body.get("pid"), body.get("host_id")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or hid is None:
-        return False
-    if body.get("host") != socket.gethostname() or hid != host_id():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    except OSError:
-        return False
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is not None and stat[stat.rindex(")") + 2 :].startswith("Z"):
-        return True  # a zombie: dead, not reaped yet
-    started = body.get("proc_start")
-    return isinstance(started, int) and process_start(pid) not in (None, started)
-
-
-# -- encoding --------------------------------------------------------------------------------
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    return envelope.dump(body)
-
-
-def _decode(data: bytes, key: str, kind: str, generation: int) -> dict[str, Any]:
-    body = envelope.load(data, key, "lease object", fmt=LEASE_FORMAT, versions=(LEASE_VERSION,))
-    if body.get("kind") != kind or body.get("generation") != generation:
-        raise CorruptionError(
-            f"lease object {key} holds a {body.get('kind')!r} of generation "
-            f"{body.get('generation')!r}, expected a {kind!r} of generation {generation}",
-            key=key,
-        )
-    if kind == "acquire":
-        ttl_ms = body.get("ttl_ms")
-        if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
-            raise CorruptionError(f"lease object {key} has an invalid ttl_ms {ttl_ms!r}", key=key)
-    return body
-
-
-# -- listing ---------------------------------------------------------------------------------
-
-
-@dataclass
-class _Generation:
-    info: ObjectInfo | None = None  # the gen-<g>.json object (None: orphaned renewals)
-    renewals: dict[int, ObjectInfo] = field(default_factory=dict)
-    released: ObjectInfo | None = None
-
-    def objects(self) -> list[ObjectInfo]:
-        found = list(self.renewals.values())
-        if self.released is not None:
-            found.append(self.released)
-        if self.info is not None:
-            found.append(self.info)  # last: prune deletes the generation object last
-        return found
-
-
-@dataclass(frozen=True)
-class _View:
-    generations: dict[int, _Generation]
-    newest: int  # the newest generation with a gen-<g>.json object; 0 if none
-
-    @property
-    def newest_renewal(self) -> int:
-        gen = self.generations.get(self.newest)
-        return max(gen.renewals, default=0) if gen else 0
-
-    @property
-    def released(self) -> bool:
-        gen = self.generations.get(self.newest)
-        return gen is not None and gen.released is not None
-
-    @property
-    def state(self) -> tuple[int, int, bool]:
-        return (self.newest, self.newest_renewal, self.released)
-
-
-def _scan(store: ObjectStore, prefix: str) -> _View:
-    generations: dict[int, _Generation] = {}
-    for info in store.list(prefix):
-        parsed = parse_lease_name(info.key[len(prefix) :])
-        if parsed is None:
-            continue
-        what, g, seq = parsed
-        if what == "acquire":
-            generations.setdefault(g, _Generation()).info = info
-        elif what == "renew":
-            assert seq is not None
-            generations.setdefault(g, _Generation()).renewals[seq] = info
-        else:
-            generations.setdefault(g, _Generation()).released = info
-    newest = max((g for g, gen in generations.items() if gen.info is not None), default=0)
-    return _View(generations, newest)
-
-
-def current_holder(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
-    """Describe the newest generation of the lease at ``prefix``, for display; ``None`` if none.
-
-    Keys: ``generation``, ``owner``, ``instance``, ``host``, ``pid``, ``acquired_ms``,
-    ``ttl_ms``, ``renewals`` (newest renewal number), ``renewed_ms`` (holder's wall clock
-    of the newest renewal, or ``None``), ``released``, ``expires_hint_ms`` (holder's wall
-    clock of the last activity + ttl: a hint only, clocks may be skewed) and
-    ``last_activity_mtime`` (the store's mtime of the newest lease object, seconds).
-    """
-    view = _scan(store, prefix)
-    if view.newest == 0:
-        return None
-    g = view.newest
-    body = _decode(store.get(generation_key(prefix, g)), generation_key(prefix, g), "acquire", g)
-    renewed_ms: int | None = None
-    seq = view.newest_renewal
-    if seq:
-        with contextlib.suppress(ObjectNotFoundError):  # pruned meanwhile
-            key = renewal_key(prefix, g, seq)
-            renewed_ms = int(_decode(store.get(key), key, "renew", g)["renewed_ms"])
-    gen = view.generations[g]
-    last = max(info.mtime for info in gen.objects())
-    return {
-        "generation": g,
-        "owner": body.get("owner"),
-        "instance": body.get("instance"),
-        "host": body.get("host"),
-        "pid": body.get("pid"),
-        "acquired_ms": body.get("acquired_ms"),
-        "ttl_ms": body["ttl_ms"],
-        "renewals": seq,
-        "renewed_ms": renewed_ms,
-        "released": gen.released is not None,
-        "expires_hint_ms": (renewed_ms or int(body.get("acquired_ms") or 0)) + body["ttl_ms"],
-        "last_activity_mtime": last,
-    }
-
-
-# -- the lease -------------------------------------------------------------------------------
 
 
 class Lease:
@@ -373,7 +176,7 @@ class Lease:
             if self._generation is not None:
                 return self._renew()
             start = self._clock()
-            view = _scan(self.store, self.prefix)
+            view = scan(self.store, self.prefix)
             seen = self._clock()
             newest = view.newest
             if not (newest == 0 or view.released or newest == self._own_last):
@@ -395,11 +198,7 @@ class Lease:
                     return False
                 logger.info(
                     "%s %s: generation %d unchanged for %.1fs (ttl %.1fs), taking over",
-                    self.what,
-                    self.store.url,
-                    newest,
-                    start - self._observed_at,
-                    body["ttl_ms"] / 1000.0,
+                    self.what, self.store.url, newest, start - self._observed_at, body["ttl_ms"] / 1000.0,
                 )
             return self._create_generation(newest + 1)
 
@@ -408,7 +207,7 @@ class Lease:
         if generation not in self._holder:
             key = generation_key(self.prefix, generation)
             try:
-                body = _decode(self.store.get(key), key, "acquire", generation)
+                body = read_object(self.store, key, "acquire", generation)
             except ObjectNotFoundError:
                 self._observed = None  # pruned meanwhile: the state changed, observe again
                 return None
@@ -417,25 +216,10 @@ class Lease:
 
     def _create_generation(self, generation: int) -> bool:
         key = generation_key(self.prefix, generation)
-        data = _encode(
-            {
-                "format": LEASE_FORMAT,
-                "version": LEASE_VERSION,
-                "kind": "acquire",
-                "generation": generation,
-                "owner": self.owner,
-                "instance": self.instance,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "host_id": host_id(),
-                "proc_start": process_start(os.getpid()),
-                "acquired_ms": int(self._wall_clock() * 1000),
-                "ttl_ms": self._ttl_ms,
-            }
-        )
+        data = acquisition(generation, self.owner, self.instance, self._ttl_ms, int(self._wall_clock() * 1000))
         started = self._clock()
         self._attempted_at = started
-        created = self._create(key, data)
+        created = create_once(self.store, key, data)
         self._observed = None
         if not created:
             logger.info(
@@ -445,14 +229,11 @@ class Lease:
             return False
         # Fencing post-check: a higher generation can only exist if lease objects were
         # deleted by hand (or pruned while this instance had a stale view).
-        newest = _scan(self.store, self.prefix).newest
+        newest = scan(self.store, self.prefix).newest
         if newest > generation:
             logger.warning(
                 "%s %s: created generation %d but generation %d exists; not held",
-                self.what,
-                self.store.url,
-                generation,
-                newest,
+                self.what, self.store.url, generation, newest,
             )
             return False
         self._generation, self._deadline, self._seq = generation, started + self.ttl_s, 0
@@ -460,32 +241,9 @@ class Lease:
         self.lost_reason = None
         logger.info(
             "%s %s: acquired generation %d as %s (ttl %.1fs)",
-            self.what,
-            self.store.url,
-            generation,
-            self.owner,
-            self.ttl_s,
+            self.what, self.store.url, generation, self.owner, self.ttl_s,
         )
         return True
-
-    def _create(self, key: str, data: bytes) -> bool:
-        """``put_if_absent`` that settles an unknown outcome by reading the object back.
-
-        Only a transient failure can hide a create that landed; any other store error (no
-        permission to write, refused credentials, no bucket) propagates at once: it is not
-        "another holder won" and retrying does not help.
-        """
-        try:
-            return self.store.put_if_absent(key, data)
-        except TransientStoreError as exc:
-            # The create may have landed before the failure: our bytes (unique through
-            # the instance id) under the key mean it did.
-            try:
-                return self.store.get(key) == data
-            except ObjectNotFoundError:
-                return False
-            except StoreError:
-                raise exc from None
 
     # -- holding ---------------------------------------------------------------------------
 
@@ -506,26 +264,15 @@ class Lease:
         if self._clock() >= self._deadline:
             return self._lose(self._expired_reason(g))
         self._attempted_at = self._clock()
-        newest = _scan(self.store, self.prefix).newest
+        newest = scan(self.store, self.prefix).newest
         if newest > g:
             return self._lose(f"generation {newest} was acquired by another {self.contender}")
         self._seq += 1  # never reused, even if this attempt fails
         seq = self._seq
         key = renewal_key(self.prefix, g, seq)
-        data = _encode(
-            {
-                "format": LEASE_FORMAT,
-                "version": LEASE_VERSION,
-                "kind": "renew",
-                "generation": g,
-                "seq": seq,
-                "owner": self.owner,
-                "instance": self.instance,
-                "renewed_ms": int(self._wall_clock() * 1000),
-            }
-        )
+        data = renewal(g, seq, self.owner, self.instance, int(self._wall_clock() * 1000))
         started = self._clock()
-        created = self._create(key, data)
+        created = create_once(self.store, key, data)
         finished = self._clock()
         if not created:
             return self._lose(f"renewal {key} was written by another instance")
@@ -561,7 +308,7 @@ class Lease:
                 return self._lose(self._expired_reason(g))
             if self._clock() + margin_s >= self._deadline:
                 return False
-            newest = _scan(self.store, self.prefix).newest
+            newest = scan(self.store, self.prefix).newest
             if newest > g:
                 return self._lose(f"generation {newest} was acquired by another {self.contender}")
             return self._clock() + margin_s < self._deadline
@@ -593,18 +340,8 @@ class Lease:
                 return
             self._generation, self._deadline = None, 0.0
             self.lost_reason = "released"
-            data = _encode(
-                {
-                    "format": LEASE_FORMAT,
-                    "version": LEASE_VERSION,
-                    "kind": "release",
-                    "generation": g,
-                    "owner": self.owner,
-                    "instance": self.instance,
-                    "released_ms": int(self._wall_clock() * 1000),
-                }
-            )
-            self._create(released_key(self.prefix, g), data)
+            data = release_marker(g, self.owner, self.instance, int(self._wall_clock() * 1000))
+            create_once(self.store, released_key(self.prefix, g), data)
             logger.info("%s %s: released generation %d", self.what, self.store.url, g)
 
     # -- housekeeping ----------------------------------------------------------------------
@@ -618,21 +355,10 @@ class Lease:
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ConfigError(f"prune keep must be an int >= 1, got {keep!r}")
-        view = _scan(self.store, self.prefix)
-        complete = sorted(g for g, gen in view.generations.items() if gen.info is not None)
-        kept = set(complete[-keep:])
         deleted = 0
-        for g, gen in sorted(view.generations.items()):
-            if g in kept:
-                newest_seq = max(gen.renewals, default=0)
-                doomed = [info for seq, info in gen.renewals.items() if seq != newest_seq]
-            elif g > view.newest:
-                continue  # orphaned renewals above the newest generation: leave them be
-            else:
-                doomed = gen.objects()
-            for info in doomed:
-                self.store.delete(info.key)
-                deleted += 1
+        for info in prunable(scan(self.store, self.prefix), keep):
+            self.store.delete(info.key)
+            deleted += 1
         if deleted:
             logger.info("%s %s: pruned %d lease object(s)", self.what, self.store.url, deleted)
         return deleted

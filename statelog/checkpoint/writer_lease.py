@@ -1,9 +1,10 @@
-"""The writer lease of a job root: one checkpoint publisher per root (issue #11).
+"""The writer lease of a job root: one checkpoint publisher per root.
 
 Two copies of a job on one root would publish interleaved checkpoints, each holding only its
 own state. The process that publishes checkpoints (a consumer loop's :class:`StateJob`, or the
 runtime's job master; not the runtime's workers, which write changelog under their master's
-lease) therefore holds a :class:`statelog.lease.Lease` below ``writer/lease/``:
+lease) therefore holds a :class:`WriterLease`, a :class:`statelog.checkpoint.lease.Lease`
+below ``writer/lease/``:
 
 * **Acquire** (:meth:`WriterLease.acquire`): take the next generation with ``put_if_absent``
   when the lease is free: never taken, released by a clean ``close()``, held by a process of
@@ -43,9 +44,10 @@ from collections.abc import Callable
 from typing import Any
 
 from statelog import options as opt
+from statelog.checkpoint.lease import Lease
+from statelog.checkpoint.lease_objects import current_holder, holder_process_is_gone
 from statelog.errors import FencedError, LeaseHeldError, LeaseLostError, StatelogError, StoreError
 from statelog.layout import WRITER_LEASE_PREFIX
-from statelog.lease import Lease, current_holder, holder_process_is_gone
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,13 @@ def check_writer_lease_ttl(ttl_s: Any) -> float:
     return opt.WRITER_LEASE_TTL.check(ttl_s)
 
 
-class WriterLease:
+class WriterLease(Lease):
     """The writer lease of the job root in ``store`` for this process (module docstring).
 
     ``ttl_s`` is how long the holder stays valid without renewing (renewed every ``ttl_s/3``);
     ``clock`` and ``poll_s`` (the contender's listing interval while it observes a holder)
-    are for tests. Thread-safe.
+    are for tests. Callers use :meth:`acquire`, :meth:`ensure_valid`, :meth:`check_writable`
+    and :meth:`release`; the renewer thread renews. Thread-safe.
     """
 
     def __init__(
@@ -87,8 +90,7 @@ class WriterLease:
         holder_is_dead: Callable[[dict[str, Any]], bool] = holder_process_is_gone,
     ) -> None:
         check_writer_lease_ttl(ttl_s)
-        self.store = store
-        self._lease = Lease(
+        super().__init__(
             store,
             default_owner() if owner is None else opt.non_empty_name("writer_owner", owner),
             ttl_s,
@@ -97,7 +99,6 @@ class WriterLease:
             what="writer lease",
             contender="writer",
         )
-        self._clock = clock
         self._poll_s = poll_s if poll_s is not None else min(0.5, ttl_s / 10)
         self._holder_is_dead = holder_is_dead
         self._stop = threading.Event()
@@ -111,25 +112,15 @@ class WriterLease:
         return f"WriterLease({self.store.url!r}, generation={self.generation})"
 
     @property
-    def generation(self) -> int | None:
-        """The held generation (the fencing token), ``None`` when not held."""
-        return self._lease.generation
-
-    @property
-    def ttl_s(self) -> float:
-        return self._lease.ttl_s
-
-    @property
     def held(self) -> bool:
-        return self._lease.generation is not None
+        return self._generation is not None
 
     def remaining_s(self) -> float:
         """Seconds until the held lease expires by the local clock, 0 when not held (lock-free:
         the renewer may hold the lease's lock during a store request)."""
-        lease = self._lease
-        if lease.generation is None:
+        if self._generation is None:
             return 0.0
-        return max(0.0, lease._deadline - self._clock())
+        return max(0.0, self._deadline - self._clock())
 
     @property
     def fenced(self) -> FencedError | None:
@@ -153,15 +144,15 @@ class WriterLease:
         a clean release) writes are not this lease's business."""
         if self._fenced is not None:
             raise self._fenced
-        if self._lease.expired():
+        if self.expired():
             raise self._fence(self._lease_lost_reason())
 
     def _lease_lost_reason(self) -> str:
-        lease = self._lease
-        with lease._lock:
-            if lease.generation is not None and lease.expired():
-                lease._lose(lease._expired_reason(lease.generation))
-            return lease.lost_reason or "the lease is no longer held"
+        with self._lock:
+            g = self._generation
+            if g is not None and self.expired():
+                self._lose(self._expired_reason(g))
+            return self.lost_reason or "the lease is no longer held"
 
     def _fence(self, reason: str) -> FencedError:
         """Fence this lease for good with ``reason``; returns the (first) error."""
@@ -205,25 +196,24 @@ class WriterLease:
         store errors propagate.
         """
         if self.held:
-            return self._lease.generation  # type: ignore[return-value]
-        lease = self._lease
-        changes = lease.observed_changes
+            return self._generation  # type: ignore[return-value]
+        changes = self.observed_changes
         waited_from = self._clock()
         while True:
             if self._fenced is not None:
                 raise self._fenced  # lost once: never taken again by this process
-            if lease.try_acquire(self._holder_is_dead):
-                self._last_generation = lease.generation
+            if self.try_acquire(self._holder_is_dead):
+                self._last_generation = self._generation
                 self._start_renewer()
                 with contextlib.suppress(StoreError):  # older generations: housekeeping only
-                    lease.prune(keep=2)
-                return lease.generation  # type: ignore[return-value]
+                    self.prune(keep=2)
+                return self._generation  # type: ignore[return-value]
             holder = current_holder(self.store, WRITER_LEASE_PREFIX)
             if holder is not None and holder["released"]:
                 continue  # released meanwhile (or raced by another contender): look again
-            if lease.observed_changes > changes and holder is not None:
+            if self.observed_changes > changes and holder is not None:
                 raise self._held_error(holder, self._clock() - waited_from)
-            limit = (holder["ttl_ms"] / 1000.0 if holder else lease.ttl_s) * 3 + 5
+            limit = (holder["ttl_ms"] / 1000.0 if holder else self.ttl_s) * 3 + 5
             if self._clock() - waited_from > limit:  # the lease keeps changing hands
                 raise self._held_error(holder, self._clock() - waited_from)
             time.sleep(self._poll_s)
@@ -253,12 +243,11 @@ class WriterLease:
         self._thread.start()
 
     def _renew_loop(self) -> None:
-        lease = self._lease
-        while not self._stop.wait(lease.renew_interval_s):
+        while not self._stop.wait(self.renew_interval_s):
             try:
-                if not lease.renew():
-                    if lease.lost_reason != "released":
-                        self._fence(lease.lost_reason or "the lease is no longer held")
+                if not self.renew():
+                    if self.lost_reason != "released":
+                        self._fence(self.lost_reason or "the lease is no longer held")
                     return
             except StoreError as exc:  # held until the deadline: retried at the next round
                 log.warning("writer lease of %s: renewal failed (%s); retrying", self.store.url, exc)
@@ -267,30 +256,29 @@ class WriterLease:
         """The fencing check right before publishing: the held generation, or
         :class:`LeaseLostError` (publish nothing). ``margin_s`` (default ttl/4) must cover
         the publish; a lease that would expire within it is renewed first."""
-        lease = self._lease
-        margin = lease.ttl_s / 4 if margin_s is None else margin_s
+        margin = self.ttl_s / 4 if margin_s is None else margin_s
         if self._fenced is not None:
             raise self._fenced
-        if lease.generation is None and self._last_generation is not None and lease.lost_reason != "released":
-            raise self._fence(lease.lost_reason or "the lease is no longer held")
-        if lease.generation is None:
+        if self._generation is None and self._last_generation is not None and self.lost_reason != "released":
+            raise self._fence(self.lost_reason or "the lease is no longer held")
+        if self._generation is None:
             raise LeaseLostError(
                 f"this process does not hold the writer lease of {self.store.url}"
-                + (f" ({lease.lost_reason})" if lease.lost_reason else "")
+                + (f" ({self.lost_reason})" if self.lost_reason else "")
                 + ": another writer may have taken over the root, so this process must not "
                 "publish checkpoints; stop it, and restart it from the latest checkpoint once "
                 "the other writer is gone"
             )
-        if lease.remaining_s() <= margin:
+        if super().remaining_s() <= margin:
             try:
-                lease.renew()
+                self.renew()
             except StoreError as exc:
                 log.warning("writer lease of %s: renewal failed (%s)", self.store.url, exc)
         try:
-            return lease.ensure_valid(margin)
+            return super().ensure_valid(margin)
         except LeaseLostError as exc:
-            if lease.generation is None:  # lost (expired or taken over): for good
-                raise self._fence(lease.lost_reason or str(exc)) from None
+            if self._generation is None:  # lost (expired or taken over): for good
+                raise self._fence(self.lost_reason or str(exc)) from None
             raise LeaseLostError(  # still held, but it would expire within the margin
                 f"{exc}. Another writer may take over {self.store.url} before the publish "
                 "completes: this process must not publish checkpoints now"
@@ -303,7 +291,7 @@ class WriterLease:
             self._thread.join()
         self._thread = None
         try:
-            self._lease.release()
+            super().release()
         except StoreError as exc:
             log.warning(
                 "writer lease of %s: release failed (%s); it expires after %gs",
