@@ -117,7 +117,7 @@ class StateJob:
         self.on_demand_background = True  # False: key groups load only when touched (tests)
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         # one checkpoint publisher per root: taken by the first backend or publish (see
-        # statelog/writer_lease.py); writer_lease=False only for processes that write
+        # statelog/checkpoint/writer_lease.py); writer_lease=False only for processes that write
         # changelog under another process's lease (the runtime's workers)
         self._fenced_callbacks: list[Callable[[FencedError], None]] = []
         self._writer_lease_opts: dict[str, Any] | None = (
