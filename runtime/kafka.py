@@ -15,7 +15,11 @@ lists the topics; a partition it did not see when it opened is read by subtask
 ``(crc32(topic) + partition) % parallelism``. Event time: :data:`RECORD_TIMESTAMP` as the
 ``WatermarkStrategy``'s timestamp function takes the record's Kafka timestamp; watermarks
 are per partition (the subtask's is their minimum), and a partition without records for
-``idle_timeout_ms`` does not hold it back.
+``idle_timeout_ms`` does not hold it back. A record the deserializers (or the watermark
+timestamp function) cannot read fails the job with a :class:`KafkaError` naming its topic,
+partition and offset; with ``on_error=DeadLetter(topic, ...)`` the raw record goes to a
+dead-letter topic instead, in a Kafka transaction committed at the checkpoint barrier that
+follows it (:class:`DeadLetter`).
 
 **KafkaSink.** ``delivery="none"`` produces and never waits; ``"at-least-once"`` flushes on
 every barrier before acknowledging (replays repeat records); ``"exactly-once"`` writes
@@ -29,6 +33,11 @@ transactional id of its pool, which fences zombie producers and aborts their ope
 transactions, then re-writes and commits the records of every pre-commit object of a
 checkpoint ``<=`` the restored one (its commit was lost) and deletes the others (their
 records are produced again from the restored positions).
+
+**Errors.** A sink subtask lists the cluster's topics when it opens, as the source does
+(:func:`list_topics`: :data:`METADATA_TIMEOUT_S`, "is the broker reachable?"). Client calls
+that may serve callbacks go through :func:`kafka_call`, which reports a fatal producer error
+as itself rather than the ``SystemError`` confluent-kafka raises for it.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from typing import Any
 
 try:  # the kafka extra; the runtime imports without it
     import confluent_kafka
+    import confluent_kafka.admin  # noqa: F401 - confluent_kafka.admin.AdminClient
 except ImportError:  # pragma: no cover - exercised only without the extra
     confluent_kafka = None
 
@@ -64,6 +74,12 @@ SINK_PREFIX = "runtime/kafka-sink/"
 _PRODUCER_ONLY = ("linger.ms", "enable.idempotence", "transactional.id", "acks", "compression.type")
 EMPTY_READS_AT_END = 5  # empty polls (10 ms each) after EOF at the stop offset: a bounded partition ended
 _SECRET_WORDS = ("password", "secret", "token", "key")
+# how long the source and the sink wait for the cluster's metadata before they call the
+# bootstrap address unreachable
+METADATA_TIMEOUT_S = 10.0
+# headers a dead-lettered record gets (after its own headers)
+DLQ_TOPIC, DLQ_PARTITION, DLQ_OFFSET, DLQ_ERROR = (
+    "statelog.dlq.topic", "statelog.dlq.partition", "statelog.dlq.offset", "statelog.dlq.error")  # fmt: skip
 
 
 class KafkaError(RuntimeJobError):
@@ -74,6 +90,48 @@ def _kafka() -> Any:
     if confluent_kafka is None:
         raise JobGraphError("the Kafka source and sink need confluent-kafka: pip install 'statelog[kafka]'")
     return confluent_kafka
+
+
+def list_topics(client: Any, bootstrap_servers: str, who: str, timeout: float | None = None) -> Any:
+    """The cluster's metadata by ``client``; a :class:`KafkaError` naming the bootstrap
+    address when it does not answer within ``timeout`` (:data:`METADATA_TIMEOUT_S`)."""
+    try:
+        return client.list_topics(timeout=METADATA_TIMEOUT_S if timeout is None else timeout)
+    except Exception as e:  # noqa: BLE001 - KafkaException, or a closed client
+        del client  # the traceback keeps this frame: a client made for the check goes now
+        raise KafkaError(
+            f"{who} could not list the topics of {bootstrap_servers} ({e}); is the broker reachable?"
+        ) from None
+
+
+def _describe(exc: BaseException) -> str:
+    """A client exception in words; a fatal producer error says what it means."""
+    err = exc.args[0] if exc.args else None
+    text = str(err if err is not None else exc)
+    if getattr(err, "fatal", None) is not None and err.fatal():
+        text += (" (a fatal producer error: this producer cannot go on, e.g. the broker lost its"
+                 " idempotence state in a restart; the attempt fails and the next one starts new producers)")  # fmt: skip
+    return text
+
+
+def kafka_call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a confluent-kafka call that may serve callbacks (poll, flush,
+    transactions), with its failure as a :class:`KafkaError` saying ``what`` failed.
+
+    After a fatal producer error confluent-kafka's error callback leaves the fatal
+    ``KafkaException`` set while it goes on calling delivery callbacks, so the call raises
+    ``SystemError: ... returned a result with an exception set`` from it: this reports the
+    fatal error itself."""
+    ck = _kafka()
+    try:
+        return fn(*args, **kwargs)
+    except SystemError as e:
+        cause = e.__cause__ if e.__cause__ is not None else e.__context__
+        if not isinstance(cause, ck.KafkaException):
+            raise
+        raise KafkaError(f"{what} failed: {_describe(cause)}") from None
+    except ck.KafkaException as e:
+        raise KafkaError(f"{what} failed: {_describe(e)}") from None
 
 
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,6 +164,46 @@ class KafkaRecord:
     key: Any
     value: Any
     headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Where ``KafkaSource(..., on_error=DeadLetter(...))`` sends the records it cannot read.
+
+    A record whose ``key_deserializer``/``value_deserializer`` (or the watermark timestamp
+    function) raises is produced as it was read -- raw key, raw value, its headers -- to
+    ``topic``, with the headers :data:`DLQ_TOPIC`, :data:`DLQ_PARTITION`, :data:`DLQ_OFFSET`
+    (where it was read) and :data:`DLQ_ERROR` (``"<stage>: <exception type>: <message>"``,
+    the stage being ``value_deserializer``, ``key_deserializer`` or ``watermark timestamp
+    function``) added, and
+    the job goes on without it. Exactly once with the checkpoints: each source subtask writes
+    its dead letters in a Kafka transaction (transactional id ``<prefix>-<subtask>``) that it
+    commits at the next checkpoint barrier, before it acknowledges the checkpoint, together
+    with the source positions as the offsets of the consumer group ``<prefix>-dead-letters``;
+    after a restore a bad record below those offsets is not produced again. Readers of the
+    dead-letter topic use ``isolation.level=read_committed``.
+
+    ``topic`` is on the source's cluster (the consumer group's offsets name the source's
+    partitions). ``transactional_id_prefix``: unique per job and source (two sources with
+    the same prefix fence each other). ``producer_config``: librdkafka settings of its
+    producer (the source's ``consumer_config`` is not copied: give security settings here too)."""
+
+    topic: str
+    transactional_id_prefix: str
+    producer_config: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not self.topic:
+            raise JobGraphError(f"DeadLetter topic must be a topic name, got {self.topic!r}")
+        if not isinstance(self.transactional_id_prefix, str) or not self.transactional_id_prefix:
+            raise JobGraphError(
+                "DeadLetter needs transactional_id_prefix=, unique per job and source (e.g. 'clicks-job-bad'), "
+                f"got {self.transactional_id_prefix!r}"
+            )
+        object.__setattr__(self, "producer_config", _check_config("DeadLetter producer_config", self.producer_config))
+
+    def __repr__(self) -> str:  # producer_config may hold credentials
+        return f"DeadLetter({self.topic!r}, transactional_id_prefix={self.transactional_id_prefix!r})"
 
 
 def split_id(topic: str, partition: int) -> str:
@@ -142,6 +240,7 @@ class KafkaSource(Source):
         commit_offsets: bool = False,
         consumer_config: Mapping[str, Any] | None = None,
         records_per_s: float | None = None,
+        on_error: str | DeadLetter = "fail",
     ) -> None:
         if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
             raise JobGraphError(f"KafkaSource bootstrap_servers must be 'host:port[,...]', got {bootstrap_servers!r}")
@@ -169,6 +268,10 @@ class KafkaSource(Source):
         if discovery_interval_s is not None and not (
                 isinstance(discovery_interval_s, (int, float)) and discovery_interval_s > 0):  # fmt: skip
             raise JobGraphError(f"KafkaSource discovery_interval_s must be > 0 or None, got {discovery_interval_s!r}")
+        if on_error != "fail" and not isinstance(on_error, DeadLetter):
+            raise JobGraphError(
+                f"KafkaSource on_error must be 'fail' or DeadLetter(topic, transactional_id_prefix=...), got {on_error!r}"
+            )
         self.bootstrap_servers = bootstrap_servers
         self.topics = list(topics) if topics is not None else None
         self.pattern = pattern
@@ -183,6 +286,7 @@ class KafkaSource(Source):
         self.commit_offsets = commit_offsets
         self.consumer_config = _check_config("KafkaSource consumer_config", consumer_config)
         self.records_per_s = records_per_s
+        self.on_error = on_error
 
     def __repr__(self) -> str:
         return f"KafkaSource({self.bootstrap_servers!r}, topics={self.topics!r}, pattern={self.pattern!r})"
@@ -200,14 +304,9 @@ class KafkaSource(Source):
         conf.update(self.consumer_config)
         return conf
 
-    def list_partitions(self, client: Any, timeout: float = 10.0) -> list[tuple[str, int]]:
+    def list_partitions(self, client: Any, timeout: float | None = None) -> list[tuple[str, int]]:
         """Every (topic, partition) this source reads, from the cluster's metadata."""
-        try:
-            md = client.list_topics(timeout=timeout)
-        except Exception as e:
-            raise KafkaError(
-                f"could not list the topics of {self.bootstrap_servers} ({e}); is the broker reachable?"
-            ) from None
+        md = list_topics(client, self.bootstrap_servers, "KafkaSource", timeout)
         out = []
         if self.topics is not None:
             for t in self.topics:
@@ -300,6 +399,14 @@ class KafkaSourceSplits(SourceSplits):
             self.parts[(t, p)] = part
         # a fresh job starts at starting_offsets; a partition unknown to the restored checkpoint at the start
         self._resolve(new, source.starting_offsets if not restored else EARLIEST)
+        self.dead_letters: _DeadLetters | None = None
+        if isinstance(source.on_error, DeadLetter):
+            try:
+                self.dead_letters = _DeadLetters(source, source.on_error, subtask)
+                self.dead_letters.load(sorted(self.parts))
+            except BaseException:
+                self.close()
+                raise
         self._known = set(self.parts)
         if source.discovery_interval_s is not None:
             try:
@@ -362,6 +469,8 @@ class KafkaSourceSplits(SourceSplits):
         for p in parts:
             self.parts[(p.topic, p.partition)] = p
         self._resolve(parts, EARLIEST)
+        if self.dead_letters is not None:
+            self.dead_letters.load([(p.topic, p.partition) for p in parts])
         self._assign()
 
     # -- reading -----------------------------------------------------------------------------
@@ -415,26 +524,45 @@ class KafkaSourceSplits(SourceSplits):
                 continue
             p.next = off + 1
             p.last_seen = now
-            raw_v = m.value()
-            value = vd(raw_v) if vd is not None else raw_v
-            if as_record:
-                raw_k = m.key()
-                tstype, tsv = m.timestamp()
-                value = KafkaRecord(m.topic(), m.partition(), off, tsv if tstype else None,
-                                    kd(raw_k) if kd is not None else raw_k, value,
-                                    tuple(m.headers() or ()))  # fmt: skip
-            ts: int | None = None
-            if tsf is not None:
-                ts = m.timestamp()[1] if self._record_ts else tsf(value)
-                if p.max_ts is None or ts > p.max_ts:
+            stage = "value_deserializer"
+            try:
+                raw_v = m.value()
+                value = vd(raw_v) if vd is not None else raw_v
+                if as_record:
+                    stage = "key_deserializer"
+                    raw_k = m.key()
+                    tstype, tsv = m.timestamp()
+                    value = KafkaRecord(m.topic(), m.partition(), off, tsv if tstype else None,
+                                        kd(raw_k) if kd is not None else raw_k, value,
+                                        tuple(m.headers() or ()))  # fmt: skip
+                ts: int | None = None
+                if tsf is not None:
+                    stage = "watermark timestamp function"
+                    ts = m.timestamp()[1] if self._record_ts else tsf(value)
+            except Exception as e:  # noqa: BLE001 - a user function on a record: fail or dead-letter it
+                self._bad_record(m, stage, e)
+            else:
+                if ts is not None and (p.max_ts is None or ts > p.max_ts):
                     p.max_ts = ts
-            out.append((value, ts))
+                out.append((value, ts))
             if p.stop is not None and p.next >= p.stop:
                 p.finished = reassign = True
         if reassign:
             self._assign()
         self.emitted += len(out)
         return out
+
+    def _bad_record(self, m: Any, stage: str, error: Exception) -> None:
+        """A record ``stage`` could not read: dead-lettered, else the job fails naming it."""
+        if self.dead_letters is not None:
+            self.dead_letters.send(m, stage, error)
+            return
+        raise KafkaError(
+            f"KafkaSource could not read the record at topic {m.topic()!r}, partition {m.partition()}, offset "
+            f"{m.offset()}: the {stage} raised {type(error).__name__}: {error}. Fix the record's producer or "
+            f"the {stage}, or send such records to a dead-letter "
+            "topic with KafkaSource(..., on_error=DeadLetter(topic, transactional_id_prefix=...))"
+        ) from error
 
     def watermark(self) -> int:
         if self.finished:
@@ -469,6 +597,8 @@ class KafkaSourceSplits(SourceSplits):
 
     def snapshot_positions(self, checkpoint_id: int) -> dict[str, dict[str, Any]]:
         pos = self.positions()
+        if self.dead_letters is not None:  # before the checkpoint covers them: committed
+            self.dead_letters.commit({k: p.next for k, p in self.parts.items() if p.next is not None})
         if self.source.commit_offsets:
             self._snapshots[checkpoint_id] = pos
         return pos
@@ -490,6 +620,104 @@ class KafkaSourceSplits(SourceSplits):
 
     def close(self) -> None:
         self.consumer.close()
+        if self.dead_letters is not None:
+            self.dead_letters.close()
+
+
+class _DeadLetters:
+    """The dead-letter producer of one source subtask: a Kafka transaction per checkpoint
+    (see :class:`DeadLetter`)."""
+
+    def __init__(self, source: KafkaSource, dl: DeadLetter, subtask: int, timeout_s: float = 30.0) -> None:
+        ck = self.ck = _kafka()
+        self.dl, self.subtask, self.timeout_s = dl, subtask, timeout_s
+        conf = {"bootstrap.servers": source.bootstrap_servers, "linger.ms": 5, **(dl.producer_config or {})}
+        self.txn_id = f"{dl.transactional_id_prefix}-{subtask}"
+        self.what = f"KafkaSource dead letters to {dl.topic!r} (transactional id {self.txn_id!r})"
+        self.producer = ck.Producer({**conf, "transactional.id": self.txn_id})
+        self.markers = ck.Consumer({
+            **{k: v for k, v in conf.items() if k not in _PRODUCER_ONLY},
+            "group.id": f"{dl.transactional_id_prefix}-dead-letters",
+            "enable.auto.commit": False,
+        })  # fmt: skip
+        try:
+            md = list_topics(self.markers, source.bootstrap_servers, self.what)
+            tm = md.topics.get(dl.topic)
+            if tm is None or tm.error is not None or not tm.partitions:
+                raise KafkaError(f"dead-letter topic {dl.topic!r} does not exist on {source.bootstrap_servers}"
+                                 + (f" ({tm.error})" if tm is not None and tm.error else "")
+                                 + "; create it first or fix the name")  # fmt: skip
+            # fences zombies of this subtask and aborts their open transaction
+            kafka_call(f"{self.what}: init_transactions", self.producer.init_transactions, timeout_s)
+        except BaseException:
+            self.markers.close()
+            raise
+        self.done: dict[tuple[str, int], int] = {}  # bad records below these offsets are dead-lettered
+        self.open = False
+        self.sent = 0
+        self.skipped = 0
+        self._errors: list[str] = []
+
+    def load(self, parts: list[tuple[str, int]]) -> None:
+        """The offsets up to which the dead letters of ``parts`` were committed."""
+        if not parts:
+            return
+        tps = [self.ck.TopicPartition(t, p) for t, p in parts]
+        for tp in kafka_call(f"{self.what}: reading its committed offsets", self.markers.committed, tps,
+                             timeout=self.timeout_s):  # fmt: skip
+            if tp.offset is not None and tp.offset >= 0:
+                self.done[(tp.topic, tp.partition)] = tp.offset
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(str(err))
+
+    def send(self, m: Any, stage: str, error: Exception) -> None:
+        topic, partition, offset = m.topic(), m.partition(), m.offset()
+        if offset < self.done.get((topic, partition), -1):  # committed before a restore
+            self.skipped += 1
+            return
+        if not self.open:
+            kafka_call(f"{self.what}: begin_transaction", self.producer.begin_transaction)
+            self.open = True
+        why = f"{stage}: {type(error).__name__}: {error}"[:2000]
+        headers = [*(m.headers() or ()), (DLQ_TOPIC, topic.encode()), (DLQ_PARTITION, str(partition).encode()),
+                   (DLQ_OFFSET, str(offset).encode()), (DLQ_ERROR, why.encode())]  # fmt: skip
+        if self.sent == 0:
+            log.warning("source subtask %d: the record at offset %d of %s[%d] goes to dead-letter topic %r (%s)",
+                        self.subtask, offset, topic, partition, self.dl.topic, why)  # fmt: skip
+        while True:
+            try:
+                kafka_call(f"{self.what}: produce", self.producer.produce, self.dl.topic, m.value(), m.key(),
+                           headers=headers, on_delivery=self._on_delivery)  # fmt: skip
+                break
+            except BufferError:  # the local queue is full: let it drain
+                kafka_call(f"{self.what}: poll", self.producer.poll, 0.05)
+        self.sent += 1
+
+    def commit(self, positions: dict[tuple[str, int], int]) -> None:
+        """At a barrier: commit the open transaction with ``positions`` as its offsets."""
+        if not self.open:
+            return
+        left = kafka_call(f"{self.what}: flush", self.producer.flush, self.timeout_s)
+        if left:
+            raise KafkaError(f"{self.what}: {left} records not delivered within {self.timeout_s}s")
+        if self._errors:
+            errs, self._errors = self._errors, []
+            raise KafkaError(f"{self.what}: delivery failed: {errs[0]} ({len(errs)} records)")
+        upto = {k: max(off, self.done.get(k, -1)) for k, off in positions.items()}  # never lower them
+        offsets = [self.ck.TopicPartition(t, p, off) for (t, p), off in sorted(upto.items())]
+        kafka_call(f"{self.what}: send_offsets_to_transaction", self.producer.send_offsets_to_transaction,
+                   offsets, self.markers.consumer_group_metadata(), self.timeout_s)  # fmt: skip
+        kafka_call(f"{self.what}: commit_transaction", self.producer.commit_transaction, self.timeout_s)
+        self.open = False
+        self.done.update(upto)
+        log.info("source subtask %d: %d records dead-lettered to %r so far (%d already there before a restore)",
+                 self.subtask, self.sent, self.dl.topic, self.skipped)  # fmt: skip
+
+    def close(self) -> None:
+        # an open transaction stays open: the next attempt's init_transactions aborts it
+        self.markers.close()
 
 
 # -- sink ----------------------------------------------------------------------------------------
@@ -579,6 +807,8 @@ class KafkaSinkOperator(StreamOperator):
         sink = self.sink
         self.vser = sink.value_serializer or _json_bytes
         self.kser = sink.key_serializer
+        # the cluster answers: checked as the source checks it (same timeout, same words)
+        list_topics(ck.admin.AdminClient(sink.config()), sink.bootstrap_servers, f"KafkaSink {self.uid}")
         if sink.delivery != "exactly-once":
             self.producer = ck.Producer(sink.config())
             return
@@ -602,11 +832,12 @@ class KafkaSinkOperator(StreamOperator):
     def _init(self, slot: int, subtask: int | None = None) -> _Txn:
         txn_id = self._txn_id(slot, subtask)
         producer = self.ck.Producer(self.sink.config(**{"transactional.id": txn_id}))
-        try:
-            producer.init_transactions(self.timeout_s)
-        except self.ck.KafkaException as e:
-            raise KafkaError(f"KafkaSink {self.uid}: init_transactions of {txn_id!r} failed: {e}") from None
+        self._call(f"init_transactions of {txn_id!r}", producer.init_transactions, self.timeout_s)
         return _Txn(slot, txn_id, producer)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A producer call that may serve delivery callbacks: its failure as a KafkaError."""
+        return kafka_call(f"KafkaSink {self.uid} ({self.sink.topic!r}): {what}", fn, *args, **kwargs)
 
     def _marker_consumer(self, subtask: int) -> Any:
         c = self.markers.get(subtask)
@@ -623,13 +854,14 @@ class KafkaSinkOperator(StreamOperator):
         partition 0 of the topic in the subtask's marker group, committed with it or not at all."""
         sub = self.ctx.subtask if subtask is None else subtask
         tp = self.ck.TopicPartition(self.sink.topic, 0, checkpoint_id + 1)
-        txn.producer.send_offsets_to_transaction([tp], self._marker_consumer(sub).consumer_group_metadata(),
-                                                 self.timeout_s)  # fmt: skip
+        self._call(f"send_offsets_to_transaction of {txn.txn_id!r}", txn.producer.send_offsets_to_transaction,
+                   [tp], self._marker_consumer(sub).consumer_group_metadata(), self.timeout_s)  # fmt: skip
 
     def _committed_upto(self, subtask: int) -> int:
         """The newest checkpoint whose transaction of ``subtask`` committed (by its marker), or -1."""
         tp = self.ck.TopicPartition(self.sink.topic, 0)
-        (got,) = self._marker_consumer(subtask).committed([tp], timeout=self.timeout_s)
+        (got,) = self._call("reading the commit markers", self._marker_consumer(subtask).committed, [tp],
+                            timeout=self.timeout_s)  # fmt: skip
         return got.offset - 1 if got.offset is not None and got.offset >= 0 else -1
 
     def _prefix(self) -> str:
@@ -660,12 +892,12 @@ class KafkaSinkOperator(StreamOperator):
                 else:  # an orphan: fence its id, then write with our own
                     self._init(data["slot"], sub).producer.flush(0)
                     txn = self.free[0]
-                txn.producer.begin_transaction()
+                self._call(f"begin_transaction of {txn.txn_id!r}", txn.producer.begin_transaction)
                 for k, v in data["records"]:
                     self._produce(txn.producer, k, v)
                 self._flush(txn.producer)
                 self._mark(txn, cid, sub)
-                txn.producer.commit_transaction(self.timeout_s)
+                self._call(f"commit_transaction of {txn.txn_id!r}", txn.producer.commit_transaction, self.timeout_s)
                 log.info("KafkaSink %s: committed the %d records checkpoint %d pre-committed (lost commit)",
                          self.uid, len(data["records"]), cid)  # fmt: skip
             self.store.delete(key)
@@ -681,25 +913,26 @@ class KafkaSinkOperator(StreamOperator):
             )
         txn = self.free.pop(0)
         txn.records = []
-        txn.producer.begin_transaction()
+        self._call(f"begin_transaction of {txn.txn_id!r}", txn.producer.begin_transaction)
         return txn
 
     # -- writing -------------------------------------------------------------------------------
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
+        """Records a failed delivery (raised by the next :meth:`_flush`); never raises."""
         if err is not None:
             self._errors.append(str(err))
 
     def _produce(self, producer: Any, key: bytes | None, value: bytes) -> None:
         while True:
             try:
-                producer.produce(self.sink.topic, value, key, on_delivery=self._on_delivery)
+                self._call("produce", producer.produce, self.sink.topic, value, key, on_delivery=self._on_delivery)
                 return
             except BufferError:  # the local queue is full: let it drain
-                producer.poll(0.05)
+                self._call("poll", producer.poll, 0.05)
 
     def _flush(self, producer: Any) -> None:
-        left = producer.flush(self.timeout_s)
+        left = self._call("flush", producer.flush, self.timeout_s)
         if left:
             raise KafkaError(f"KafkaSink {self.uid}: {left} records to {self.sink.topic!r} not delivered within "
                              f"{self.timeout_s}s")  # fmt: skip
@@ -716,7 +949,7 @@ class KafkaSinkOperator(StreamOperator):
             self._produce(self.current.producer, k, v)
         else:
             self._produce(self.producer, k, v)
-            self.producer.poll(0)
+            self._call("poll", self.producer.poll, 0)
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
         d = self.sink.delivery
@@ -740,7 +973,7 @@ class KafkaSinkOperator(StreamOperator):
         keep = []
         for txn in self.pending:
             if txn.checkpoint is not None and txn.checkpoint <= checkpoint_id:
-                txn.producer.commit_transaction(self.timeout_s)
+                self._call(f"commit_transaction of {txn.txn_id!r}", txn.producer.commit_transaction, self.timeout_s)
                 if txn.key is not None:
                     self.store.delete(txn.key)
                 txn.records, txn.key, txn.checkpoint = [], None, None
@@ -752,7 +985,10 @@ class KafkaSinkOperator(StreamOperator):
     def close(self) -> None:
         if self.sink.delivery != "exactly-once":
             if hasattr(self, "producer"):
-                self.producer.flush(5)
+                try:
+                    self._call("flush", self.producer.flush, 5)
+                except KafkaError as e:  # closing after a failure: that failure is the error
+                    log.warning("%s", e)
             return
         # open and pre-committed transactions stay as they are: the next attempt decides
         for c in self.__dict__.get("markers", {}).values():

@@ -8,8 +8,8 @@ once. :class:`KafkaOffsets` does the two halves::
     job = statelog.open(root)
     last = job.latest_checkpoint()
     backend = job.backend("counter", restore=last)            # state at checkpoint `last`
-    consumer = Consumer({"bootstrap.servers": ..., "group.id": ..., "enable.auto.commit": False})
-    offsets = KafkaOffsets(consumer, ["clicks"])
+    offsets = KafkaOffsets({"bootstrap.servers": ..., "group.id": ...}, ["clicks"])
+    consumer = offsets.consumer                               # or pass a Consumer of your own
     offsets.restore(last)                                     # assign + seek to last's offsets
     while True:
         msg = consumer.poll(1.0)
@@ -30,6 +30,11 @@ once. :class:`KafkaOffsets` does the two halves::
   resolved to a concrete offset at once so that every checkpoint holds concrete offsets.
   Checkpoints written before version 3 hold partitions as strings (``{"0": 5}``); they are
   read as ints.
+* **Errors.** A cluster that does not answer within ``timeout_s`` is a :class:`ConfigError`
+  naming the bootstrap address when :class:`KafkaOffsets` made the consumer from its settings
+  ("is the broker reachable?"). The loop deserializes its records itself: what it does with
+  one it cannot read (fail naming ``msg.topic()``, ``msg.partition()``, ``msg.offset()``, or
+  produce it to a dead-letter topic, ``docs/kafka.md``) is its own.
 * **Several processes.** One job root has one checkpoint publisher (the writer lease,
   ``statelog/checkpoint/writer_lease.py``): a second process opening the same root is refused with
   :class:`~statelog.errors.LeaseHeldError`. To share a topic's partitions between processes
@@ -51,10 +56,14 @@ from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, MissingDependencyError
 
 try:  # the kafka extra; statelog imports without it
-    from confluent_kafka import OFFSET_INVALID, TopicPartition
+    from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 except ImportError:  # pragma: no cover - exercised only without the extra
     TopicPartition = None
     OFFSET_INVALID = -1001
+    Consumer = None
+
+    class KafkaException(Exception):  # type: ignore[no-redef]  # noqa: N818 - confluent-kafka's name
+        """Never raised: confluent-kafka is not installed."""
 
 if TYPE_CHECKING:
     from statelog.job import StateJob
@@ -134,6 +143,11 @@ def checkpoint_positions(
 class KafkaOffsets:
     """The Kafka positions of one ``confluent_kafka.Consumer`` for statelog checkpoints.
 
+    ``consumer``: the loop's ``Consumer``, or its settings (a dict with ``bootstrap.servers``
+    and ``group.id``): then this makes the consumer (``enable.auto.commit`` false unless
+    given), :attr:`consumer`, and its errors name the bootstrap address (a ``Consumer`` does
+    not tell its settings). When the cluster does not answer within ``timeout_s`` the calls
+    that ask it raise :class:`ConfigError` ("is the broker reachable?").
     ``topics``: the topics this loop reads (each one a source of the checkpoint, by name).
     ``partitions``: ``{topic: [partition, ...]}`` this process owns; every partition of a
     topic that is not in the mapping (all partitions when ``None``). ``start``: where a
@@ -150,7 +164,6 @@ class KafkaOffsets:
         timeout_s: float = 10.0,
     ) -> None:
         _require_client()
-        self.consumer = consumer
         self.topics = _check_topics(topics)
         self.start = _check_start(start)
         self.timeout_s = float(timeout_s)
@@ -168,6 +181,31 @@ class KafkaOffsets:
                 )
             self._partitions_arg[topic] = numbers
         self._start_offsets: Positions = {}
+        self.bootstrap_servers: str | None = None
+        if isinstance(consumer, Mapping):
+            conf = {"enable.auto.commit": False, **consumer}
+            self.bootstrap_servers = conf.get("bootstrap.servers")
+            try:
+                consumer = Consumer(conf)
+            except (KafkaException, TypeError, ValueError) as e:
+                text = str(e)
+                for key, value in conf.items():  # a refused secret is not repeated
+                    if any(w in key.lower() for w in ("password", "secret", "token", "key")):
+                        text = text.replace(str(value), "***")
+                raise ConfigError(f"the consumer settings were refused: {text}") from None
+        self.consumer = consumer
+
+    def _ask(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, a call that asks the cluster: a :class:`ConfigError` naming
+        the bootstrap address (``<where>`` in ``what``) when it does not answer."""
+        try:
+            return fn(*args, **kwargs)
+        except KafkaException as e:
+            where = self.bootstrap_servers or "the cluster of the consumer's bootstrap.servers"
+            raise ConfigError(
+                f"KafkaOffsets could not {what.replace('<where>', where)} ({e}); "
+                "is the broker reachable?"
+            ) from None
 
     # -- restore ---------------------------------------------------------------------------
 
@@ -244,7 +282,9 @@ class KafkaOffsets:
         return self._owned
 
     def _all_partitions(self, topic: str) -> list[int]:
-        meta = self.consumer.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+        meta = self._ask(
+            "list the topics of <where>", self.consumer.list_topics, topic, timeout=self.timeout_s
+        ).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             why = "no metadata" if meta is None else (meta.error or "no partitions")
             raise ConfigError(f"Kafka topic {topic!r} cannot be read: {why}; does it exist?")
@@ -255,8 +295,11 @@ class KafkaOffsets:
         if not parts:
             return {}
         if isinstance(self.start, int):
-            found = self.consumer.offsets_for_times(
-                [TopicPartition(topic, p, self.start) for p in parts], timeout=self.timeout_s
+            found = self._ask(
+                f"look up the offsets of {topic!r} at time {self.start} on <where>",
+                self.consumer.offsets_for_times,
+                [TopicPartition(topic, p, self.start) for p in parts],
+                timeout=self.timeout_s,
             )
             out = {}
             for tp in found:
@@ -271,8 +314,12 @@ class KafkaOffsets:
         return {p: self._watermarks(topic, p)[index] for p in parts}
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
-        low, high = self.consumer.get_watermark_offsets(
-            TopicPartition(topic, partition), timeout=self.timeout_s, cached=False
+        low, high = self._ask(
+            f"read the first and last offsets of {topic}[{partition}] from <where>",
+            self.consumer.get_watermark_offsets,
+            TopicPartition(topic, partition),
+            timeout=self.timeout_s,
+            cached=False,
         )
         return int(low), int(high)
 

@@ -7,7 +7,8 @@ and a fresh data directory, waits until a metadata request and a produce/consume
 work, and returns a :class:`KafkaBroker`. :meth:`KafkaBroker.stop` terminates the process
 (then kills it) and removes the data directory; the broker also dies with the test process
 (``atexit`` and, on Linux, the parent-death signal). :class:`KafkaBroker` is a context
-manager too.
+manager too; :meth:`KafkaBroker.restart` stops it and starts it again on the same port with
+the same data.
 
 What this broker does and does not do is pinned by ``tests/kafka/test_broker.py``: ordered
 partitions, seek, ``offsets_for_times``, transactions (aborted records hidden from
@@ -169,6 +170,27 @@ class KafkaBroker:
 
     def log_tail(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
+
+    def restart(self, kill: bool = False, timeout: float = 10.0) -> None:
+        """Stop the broker (SIGTERM, or SIGKILL with ``kill``) and start it again on the same
+        port with the same data directory; returns once it works end to end again."""
+        args = list(self.process.args)
+        if kill:
+            self.process.kill()
+            self.process.wait(timeout)
+        else:
+            stop_process(self.process, "noida-db", timeout)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.log_path.parent,
+                start_new_session=True,
+                preexec_fn=set_pdeathsig if sys.platform.startswith("linux") else None,
+            )
+        _wait_ready(self, time.monotonic() + STARTUP_TIMEOUT)
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.process, "noida-db", timeout)
