@@ -1,7 +1,5 @@
 """``python -m tools`` runs the ``statelog`` command line (same as ``python -m tools.cli``)."""
 
-import sys
+from tools.cli import run
 
-from tools.cli import main
-
-sys.exit(main())
+run()

@@ -12,16 +12,20 @@ The inspection commands open a root read-only, so a mistyped root is reported, n
 created; the maintenance commands write only what they are for.
 
 Exit codes: 0 success, 1 ``verify`` found faults, 2 usage or library error (one line on
-stderr, no traceback), 130 interrupted.
+stderr, no traceback), 130 interrupted. The console script (and ``python -m tools``) is
+:func:`run`: :func:`main`, then :func:`exit_process`.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import sys
+import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import statelog
 from statelog.checkpoint.metadata import CheckpointMetadata
@@ -45,6 +49,7 @@ from tools.verify import Fault, VerifyReport, verify_root  # noqa: F401
 log = logging.getLogger("tools.cli")
 
 EXIT_OK, EXIT_FAULTS, EXIT_ERROR = 0, 1, 2
+EXIT_FLUSH_FAILED = 120  # what CPython exits with when stdout or stderr cannot be flushed at exit
 
 # -- checkpoints list / show ---------------------------------------------------------------------
 
@@ -167,5 +172,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
 
 
+def exit_process(code: int) -> NoReturn:
+    """End the process with ``code``: what Python does at exit up to its teardown, then ``os._exit``.
+
+    When this runs, :func:`main` has closed every store, pool, session and server the command
+    opened and joined their threads. Here run, as at a normal exit, threading's exit hooks and
+    the join of the threads that are not daemons (``threading._shutdown``; multiprocessing
+    ends its child processes the same way) and the ``atexit`` callbacks (logging flushes its
+    handlers there); then stdout and stderr are flushed (failing that: 120, as CPython). Then
+    the process ends without the interpreter's teardown, which races pyarrow: a worker of
+    Arrow's CPU pool destroys a Parquet read's task after the read returned, which may release
+    the last reference to a buffer of a Python object (the bytes of a table file) and so take
+    the GIL; once finalization has begun, taking the GIL ends the thread with ``pthread_exit``,
+    whose unwinding through that C++ destructor is ``std::terminate`` ("terminate called
+    without an active exception", exit 134) after the command printed its result. pyarrow has
+    no Python call that waits for its pools to be idle (Arrow's C++ ``WaitForIdle`` is not
+    exposed), so the process cannot wait that out; without the teardown, nothing of the
+    interpreter goes away under such a thread.
+    """
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # e.g. a closed pipe
+            code = EXIT_FLUSH_FAILED
+    os._exit(code)
+
+
+def run() -> NoReturn:
+    """The ``statelog`` console script and ``python -m tools``: :func:`main`, then :func:`exit_process`."""
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
