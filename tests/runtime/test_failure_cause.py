@@ -47,12 +47,13 @@ def test_a_channel_error_without_a_dead_peer_is_the_task_failure() -> None:
     t0 = time.monotonic()
     with pytest.raises(TaskFailedError, match="ChannelError"):
         master._on_message(survivor, ("failed", 0, "ChannelError: connection refused"))
-    assert PEER_DEATH_GRACE_S <= time.monotonic() - t0 < PEER_DEATH_GRACE_S + 1.0
+    assert PEER_DEATH_GRACE_S <= time.monotonic() - t0 < PEER_DEATH_GRACE_S + 30.0  # it waited the grace
 
 
 def test_any_other_failure_is_reported_at_once() -> None:
     master, survivor = _master(peer_dies_in=0.0)
-    t0 = time.monotonic()
+    looked: list[object] = []
+    master._dead_peer = looked.append  # type: ignore[method-assign]  # the grace wait is not entered
     with pytest.raises(TaskFailedError, match="ValueError"):
         master._on_message(survivor, ("failed", 0, "ValueError: bad record"))
-    assert time.monotonic() - t0 < 0.5
+    assert looked == []

