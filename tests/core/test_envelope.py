@@ -15,7 +15,7 @@ from statelog import envelope, lease
 from statelog.catalog import JobInfo
 from statelog.checkpoint import CheckpointMetadata
 from statelog.errors import CorruptionError, FormatVersionError
-from statelog.materialization import Manifest
+from statelog.materialization.manifest import Manifest
 from statelog.store.local import LocalObjectStore
 
 JOB = JobInfo("5a28f194db3a486ca16feee7114d6832", 128, 1795337596232)
