@@ -54,7 +54,7 @@ from runtime import (
 from runtime.sinks import read_committed
 from statelog import MapStateDescriptor, ValueStateDescriptor
 from statelog.layout import parse_manifest_key
-from statelog.materialization import list_manifests
+from statelog.materialization.manifest import list_manifests
 
 EPOCH_MS = 1_735_689_600_000  # 2025-01-01T00:00:00Z
 STEP_MS = 4  # event time between two clicks of one partition

@@ -1,7 +1,7 @@
 """Build the materialization of one completed checkpoint: its Parquet state tables, then its
 manifest, written last (docs/materializer.md, format in docs/format.md sections 8 and 9).
 
-The tables are written by the engine (:class:`statelog.materialization_writer.StateTableWriter`:
+The tables are written by the engine (:class:`statelog.materialization.table_writer.StateTableWriter`:
 each handle's materialized base with its changelog ranges applied, unchanged files reused);
 this module names the materialization, publishes its manifest (after the caller's fencing
 check) and keeps the manifests it read for the next build. Until the manifest exists, the
@@ -23,8 +23,8 @@ from statelog.layout import (
     parse_savepoint_manifest_key,
     table_dir,
 )
-from statelog.materialization import Manifest, MaterializedOperator
-from statelog.materialization_writer import (
+from statelog.materialization.manifest import Manifest, MaterializedOperator
+from statelog.materialization.table_writer import (
     MaterializeOptions,
     Progress,
     StateTableWriter,

@@ -59,7 +59,7 @@ from statelog.errors import (
     StatelogError,
     StorePermissionError,
 )
-from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.materialization.manifest import Manifest, latest_manifest_key, load_manifest
 from statelog.metrics import MetricsServer
 from statelog.store.base import ObjectStore
 

@@ -69,7 +69,7 @@ from statelog.layout import (
     parse_key,
     savepoint_metadata_key,
 )
-from statelog.materialization import Manifest, list_manifests, load_manifest
+from statelog.materialization.manifest import Manifest, list_manifests, load_manifest
 from statelog.store.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import ClassVar
 from statelog import options as opt
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError
-from statelog.materialization import Manifest
+from statelog.materialization.manifest import Manifest
 from statelog.metrics import check_port
 from statelog.options import Options, check_bool, non_empty_name, option
 

@@ -49,7 +49,7 @@ from statelog.layout import (
     savepoint_metadata_key,
     savepoint_prefix,
 )
-from statelog.materialization import Manifest, load_manifest
+from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)

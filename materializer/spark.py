@@ -2,8 +2,8 @@
 
 :class:`SparkEngine` is a :class:`~materializer.build.TableEngine`: the driver plans each
 operator exactly as the in-process writer does
-(:func:`statelog.materialization_writer.plan_operator`: per subtask handle its bases and
-states), cuts every handle's key groups into units (:func:`~statelog.materialization_writer.split_units`,
+(:func:`statelog.materialization.table_writer.plan_operator`: per subtask handle its bases and
+states), cuts every handle's key groups into units (:func:`~statelog.materialization.table_writer.split_units`,
 ``MaterializeOptions.units`` per operator; units that share a base file stay together) and
 runs one Spark task per unit (:func:`run_unit`): it reads the unit's base files and
 changelog records, writes its Parquet files and returns their descriptors and counters. The
@@ -33,8 +33,8 @@ from materializer.build import MaterializeOptions, Progress
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, StatelogError
 from statelog.keys import KeyGroupRange
-from statelog.materialization import Manifest, MaterializedOperator, TableFile
-from statelog.materialization_writer import (
+from statelog.materialization.manifest import Manifest, MaterializedOperator, TableFile
+from statelog.materialization.table_writer import (
     StateTableWriter,
     UnitWork,
     new_stats,

@@ -48,7 +48,7 @@ from statelog.keys import (
     key_group_of_bytes,
     key_group_range_for_subtask,
 )
-from statelog.materialization import Manifest
+from statelog.materialization.manifest import Manifest
 from statelog.ondemand import KeyGroupLoader, PreparedKeyGroup
 from statelog.restore import (
     RestoredChanges,

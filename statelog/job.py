@@ -49,7 +49,7 @@ from statelog.errors import (
 )
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.layout import JOB_KEY
-from statelog.materialization import Manifest, latest_manifest_key, load_manifest
+from statelog.materialization.manifest import Manifest, latest_manifest_key, load_manifest
 from statelog.ondemand import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
 from statelog.options import WriterOptions
 from statelog.restore import RestoredChanges, gc_paused

@@ -68,16 +68,10 @@ from statelog.changelog.reader import WHOLE_OBJECT_LIMIT, ChangeBatch, SegmentRe
 from statelog.checkpoint.metadata import ChangelogRange
 from statelog.descriptors import StateInfo
 from statelog.keys import KeyGroupRange
-from statelog.materialization import (
-    RANGED_MIN_BYTES,
-    RangedTableFile,
-    TableFile,
-    decode_key_range,
-    decode_table_file,
-    fetch_table_file,
-    key_range_mask,
-    key_slices,
-)
+from statelog.materialization.key_slices import decode_key_range, key_range_mask, key_slices
+from statelog.materialization.manifest import TableFile
+from statelog.materialization.ranged import RANGED_MIN_BYTES, RangedTableFile
+from statelog.materialization.table_reader import decode_table_file, fetch_table_file
 from statelog.restore import BaseFile, base_entries
 from statelog.store.base import ObjectStore
 

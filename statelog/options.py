@@ -229,7 +229,7 @@ class CheckpointRef:
 def parse_checkpoint_ref(value: Any, option: str = "checkpoint", *, allow_none: bool = False) -> CheckpointRef:
     """The one parser of checkpoint references: ``latest``, a checkpoint id (int or digits),
     ``savepoint:NAME`` and, with ``allow_none``, ``none`` (start fresh). The savepoint name is
-    checked when the savepoint is loaded (``statelog.materialization.check_savepoint_name``)."""
+    checked when the savepoint is loaded (``statelog.layout.check_savepoint_name``)."""
     expected = '"latest", a checkpoint id or "savepoint:NAME"' + (' or "none"' if allow_none else "")
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:

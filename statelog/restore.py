@@ -26,13 +26,9 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange, decode_key_array
-from statelog.materialization import (
-    Manifest,
-    TableFile,
-    decode_values,
-    load_manifest,
-    read_table_file,
-)
+from statelog.materialization.manifest import Manifest, TableFile, load_manifest
+from statelog.materialization.table_reader import read_table_file
+from statelog.materialization.table_schema import decode_values
 
 __all__ = ["BaseFile", "RestoredChanges", "base_entries", "gc_paused"]
 

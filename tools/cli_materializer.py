@@ -28,7 +28,7 @@ from materializer.options import ENGINE_SPARK, MaterializerOptions
 from statelog import options as opt
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.errors import ConfigError
-from statelog.materialization import latest_manifest_key, load_manifest
+from statelog.materialization.manifest import latest_manifest_key, load_manifest
 from statelog.options import parse_duration, parse_size  # noqa: F401 - re-exported for callers
 from statelog.store import open_store
 from tools import output

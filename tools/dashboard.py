@@ -39,13 +39,8 @@ import pyarrow.compute as pc
 from materializer.savepoint import list_savepoints
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import CheckpointNotFoundError, CorruptionError, StoreError
-from statelog.materialization import (
-    Manifest,
-    TableFile,
-    list_manifests,
-    load_manifest,
-    read_table_file,
-)
+from statelog.materialization.manifest import Manifest, TableFile, list_manifests, load_manifest
+from statelog.materialization.table_reader import read_table_file
 from tools.roots import Root, load_metadata
 
 log = logging.getLogger(__name__)

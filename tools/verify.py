@@ -24,7 +24,8 @@ from statelog.errors import (
 )
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
 from statelog.layout import JOB_KEY, checkpoint_key, savepoint_metadata_key
-from statelog.materialization import TableFile, check_reference, load_manifest, read_table_file
+from statelog.materialization.manifest import TableFile, check_reference, load_manifest
+from statelog.materialization.table_reader import read_table_file
 from tools.roots import Root, load_metadata, resolve_checkpoint_id
 
 log = logging.getLogger("tools.cli")

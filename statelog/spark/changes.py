@@ -39,7 +39,7 @@ from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CheckpointNotFoundError, ConfigError
 from statelog.job import StateJob
 from statelog.keys import KeyGroupRange, decode_key
-from statelog.materialization import Manifest, load_manifest
+from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark import options as opt
 from statelog.spark.restore import stream_state
 from statelog.spark.rows import (

@@ -31,7 +31,7 @@ from statelog.layout import (
     savepoint_manifest_key,
     savepoint_metadata_key,
 )
-from statelog.materialization import Manifest, TableFile, list_manifests, load_manifest
+from statelog.materialization.manifest import Manifest, TableFile, list_manifests, load_manifest
 from statelog.spark import options as opt
 from statelog.spark.restore import stream_state
 from statelog.store.options import StoreOptions

@@ -6,7 +6,7 @@ For every operator (minus dropped ones, under its new uid if renamed) and every 
 of the checkpoint (the overlapping materialized parts and changelog ranges of the old
 handles, restricted to those key groups, exactly what a runtime restore reads) and writes
 them as Parquet state tables with the engine's table writer
-(:class:`statelog.materialization_writer.StateTableWriter`, as a materialization), self-contained
+(:class:`statelog.materialization.table_writer.StateTableWriter`, as a materialization), self-contained
 below ``savepoints/<name>/data/``. Files are cut at unit boundaries inside the new subtask's
 range, so each new subtask reads only its own files. The driver then writes one manifest
 (``savepoints/<name>/manifest.json``, kind ``savepoint``) and, last, the savepoint metadata
@@ -56,8 +56,8 @@ from statelog.layout import (
     savepoint_prefix,
     table_dir,
 )
-from statelog.materialization import Manifest, MaterializedOperator, TableFile
-from statelog.materialization_writer import StateTableWriter, new_stats
+from statelog.materialization.manifest import Manifest, MaterializedOperator, TableFile
+from statelog.materialization.table_writer import StateTableWriter, new_stats
 from statelog.spark import options as opt
 from statelog.spark.tasks import run_tasks
 from statelog.store import open_store

@@ -31,7 +31,7 @@ from statelog.descriptors import (
 )
 from statelog.errors import StatelogError
 from statelog.keys import KeyGroupRange, encode_key, key_group_range_for_subtask
-from statelog.materialization import Manifest, load_manifest
+from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.restore import RestoredChanges
 from statelog.store.base import ObjectStore
 

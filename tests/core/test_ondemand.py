@@ -20,13 +20,13 @@ import pytest
 
 import statelog
 import statelog.changelog.encoder
-import statelog.materialization
+import statelog.materialization.table_schema
 import statelog.ondemand
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
 from statelog.keys import encode_key
-from statelog.materialization import load_manifest
+from statelog.materialization.manifest import load_manifest
 from statelog.store.faulty import FaultInjectingStore
 
 MAXP = 32
@@ -83,8 +83,8 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     tail of many small segments); otherwise a touch reads its key group's records alone."""
     monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 1 << 30 if request.param == "tail-first" else 0)
     if request.param == "sliced":
-        monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
-        monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
+        monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 8)
+        monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 16)
     if request.param in ("sliced", "split"):  # a touch reads a file's footer and row groups, not the whole file
         monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
     if request.param == "split":  # and a touch reads the tail's segments in ranges
@@ -389,8 +389,8 @@ def test_a_key_waits_only_for_its_slice_and_the_rest_loads_without_the_slices_ha
     """Key groups of several row groups load by slices: a key touched loads its slice alone
     (with its part of the tail); a checkpoint taken then, other slices of the same key group,
     and the rest (by the background thread, or by wait_loaded) give the eager restore."""
-    monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
-    monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
+    monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 8)
+    monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 16)
     root = (tmp_path / "root").as_uri()
     info = _build(root)
     want = _eager(root, info["c2"])

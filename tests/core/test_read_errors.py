@@ -21,7 +21,7 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint
 from statelog.errors import CorruptionError, StoreError, StorePermissionError, TransientStoreError
 from statelog.keys import KeyGroupRange
-from statelog.materialization import load_manifest
+from statelog.materialization.manifest import load_manifest
 from statelog.store import open_store
 from statelog.store.faulty import OUTAGES, FaultInjectingStore
 from tests.materializer.test_gc import COUNT, EVENTS, MAXP, OPTIONS, Built, build

@@ -1,4 +1,4 @@
-"""The Arrow merge of value-like states and timers in materializations (``_merge_last_wins``) gives
+"""The Arrow merge of value-like states and timers in materializations (``merge_last_wins``) gives
 what the reference appliers (statelog/state/appliers.py) give on random op sequences."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from statelog.changelog.format import block_schema
 from statelog.changelog.ops import Op
 from statelog.descriptors import StateInfo, StateKind, TtlConfig
 from statelog.errors import CorruptionError
-from statelog.materialization import image_to_table, table_to_image
-from statelog.materialization_writer import _merge_last_wins, _merge_python
+from statelog.materialization.table_merge import merge_last_wins, merge_python
+from statelog.materialization.table_schema import image_to_table, table_to_image
 from statelog.state.appliers import applier_for
 
 KEYS = [b"\x06\x01a", b"\x06\x01b", b"\x06\x01c", b"\x06\x01d"]
@@ -76,7 +76,7 @@ def test_value_merge_equals_the_value_applier(info, base_entries, ops):
                                        for (kb, nsb), (v, x) in base_entries.items()))
     recs = [(kb, nsb, int(op), v if op == Op.PUT else None, x if op == Op.PUT and ttl else None)
             for kb, nsb, op, v, x in ops]
-    merged = _merge_last_wins(info, [base], _tail(info, recs))
+    merged = merge_last_wins(info, [base], _tail(info, recs))
     assert (merged.to_pylist() if merged is not None else []) == _reference(info, base, recs)
 
 
@@ -89,14 +89,14 @@ def test_value_merge_equals_the_value_applier(info, base_entries, ops):
 def test_timer_merge_equals_the_timer_applier(base_timers, ops):
     base = image_to_table(TIMERS, [((_kg(kb), kb, nsb, ts), None) for kb, nsb, ts in sorted(base_timers)])
     recs = [(kb, nsb, int(op), ts, None) for kb, nsb, op, ts in ops]
-    merged = _merge_last_wins(TIMERS, [base], _tail(TIMERS, recs))
+    merged = merge_last_wins(TIMERS, [base], _tail(TIMERS, recs))
     assert (merged.to_pylist() if merged is not None else []) == _reference(TIMERS, base, recs)
 
 
 def test_an_empty_tail_table_changes_nothing():
     base = image_to_table(VALUE, [((0, KEYS[0], NSS[0]), (1, None))])
     empty = _tail(VALUE, [(KEYS[0], NSS[0], Op.PUT.value, 2, None)])[0].slice(0, 0)
-    merged = _merge_last_wins(VALUE, [base], [empty])
+    merged = merge_last_wins(VALUE, [base], [empty])
     assert merged is not None and merged.to_pylist() == base.to_pylist()
 
 
@@ -105,7 +105,7 @@ def test_an_op_not_valid_for_the_kind_fails_both_paths_alike(info, op):
     recs = [(KEYS[0], NSS[0], int(op), 1, None)]
     base = image_to_table(info, [])
     with pytest.raises(CorruptionError) as fast:
-        _merge_last_wins(info, [base], _tail(info, recs))
+        merge_last_wins(info, [base], _tail(info, recs))
     with pytest.raises(CorruptionError) as ref:
         _reference(info, base, recs)
     assert str(fast.value) == str(ref.value)
@@ -128,6 +128,6 @@ def test_list_and_map_merge_use_the_appliers(monkeypatch):
                      pa.array([Op.LIST_APPEND.value, Op.LIST_APPEND.value], pa.uint8()),
                      pa.array([KEYS[0]] * 2, pa.binary()), pa.array([NSS[0]] * 2, pa.binary()), pa.nulls(2),
                      pa.array([[1, 2], [3]], pa.list_(pa.int64())), pa.nulls(2, pa.int64())], schema=schema)
-    out = _merge_python(info, [], [tail])
+    out = merge_python(info, [], [tail])
     assert calls == [Op.LIST_APPEND.value] * 2
     assert out is not None and out.column("value").to_pylist() == [[1, 2, 3]]

@@ -49,7 +49,7 @@ from materializer.gc import collect_garbage
 from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import DATA_PREFIX, MANIFEST_PREFIX, parse_manifest_key
-from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
+from statelog.materialization.manifest import latest_manifest_key, list_manifests, load_manifest
 from statelog.store import open_store
 from tests.core.crash_ops import OPERATOR_UID, CrashDriver
 from tests.core.crash_worker import DISK_CACHE_ENTRIES

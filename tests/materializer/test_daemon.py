@@ -30,7 +30,12 @@ from materializer.options import due
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
-from statelog.materialization import Manifest, latest_manifest_key, list_manifests, load_manifest
+from statelog.materialization.manifest import (
+    Manifest,
+    latest_manifest_key,
+    list_manifests,
+    load_manifest,
+)
 from statelog.store.base import ObjectStore
 from tests.s3server import RootSpec
 from tools.cli import main

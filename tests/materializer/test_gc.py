@@ -23,7 +23,12 @@ from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, JobNotFoundError
 from statelog.layout import checkpoint_key
-from statelog.materialization import Manifest, latest_manifest_key, list_manifests, load_manifest
+from statelog.materialization.manifest import (
+    Manifest,
+    latest_manifest_key,
+    list_manifests,
+    load_manifest,
+)
 from statelog.store.base import ObjectStore
 from statelog.store.faulty import FaultInjectingStore
 from tests.s3server import RootSpec

@@ -25,7 +25,7 @@ import statelog
 from materializer.daemon import MaterializerDaemon
 from statelog import ValueStateDescriptor
 from statelog.errors import ConfigError
-from statelog.materialization import list_manifests
+from statelog.materialization.manifest import list_manifests
 from statelog.store import open_store
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)

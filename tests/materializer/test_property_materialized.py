@@ -33,14 +33,14 @@ from hypothesis import strategies as st
 
 import statelog
 import statelog.changelog.encoder
-import statelog.materialization
+import statelog.materialization.table_schema
 import statelog.ondemand
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
 from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.layout import MANIFEST_PREFIX
-from statelog.materialization import latest_manifest_key, list_manifests, load_manifest
+from statelog.materialization.manifest import latest_manifest_key, list_manifests, load_manifest
 from statelog.store.faulty import FaultInjectingStore
 from tests.core.harness import (
     DESCRIPTORS,
@@ -371,8 +371,8 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, monkeypatch, s
     if mode.endswith("-sliced"):
         mode = mode.removesuffix("-sliced")
         monkeypatch.setattr(sys.modules[__name__], "MAXP", 2)
-        monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 1)
-        monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 1)
+        monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 1)
+        monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 1)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 2)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 1)
         monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)

@@ -27,7 +27,7 @@ from statelog.checkpoint.metadata import CheckpointMetadata, MaterializedPart
 from statelog.errors import CorruptionError
 from statelog.keys import KeyGroupRange
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
-from statelog.materialization import Manifest, load_manifest
+from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark.restore import read_state_changes
 from tests.materializer.test_gc import FAR, MAXP, OPTIONS, Built, build, read_state
 from tests.s3server import RootSpec

@@ -13,7 +13,7 @@ from materializer.savepoint import create_savepoint, delete_savepoint, list_save
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, savepoint_names
 from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError
 from statelog.layout import savepoint_manifest_key, savepoint_metadata_key
-from statelog.materialization import load_manifest
+from statelog.materialization.manifest import load_manifest
 from statelog.store.faulty import FaultInjectingStore
 from tests.materializer.test_gc import (
     ATTRS,

@@ -558,10 +558,10 @@ def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_grou
     import numpy as np
 
     from statelog.keys import KeyGroupRange
-    from statelog.materialization import (
+    from statelog.materialization.manifest import TableFile
+    from statelog.materialization.table_reader import decode_table_file
+    from statelog.materialization.table_schema import (
         MIN_ROW_GROUP_ROWS,
-        TableFile,
-        decode_table_file,
         encode_parquet,
         row_group_bounds,
     )
@@ -605,11 +605,13 @@ def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_ro
     namespaces span two row groups is found in both), and a file without statistics on
     ``key`` (written before them) is not sliced."""
 
-    import statelog.materialization
+    import statelog.materialization.table_schema
     from statelog.keys import KeyGroupRange
-    from statelog.materialization import TableFile, decode_key_range, encode_parquet, key_slices
+    from statelog.materialization.key_slices import decode_key_range, key_slices
+    from statelog.materialization.manifest import TableFile
+    from statelog.materialization.table_schema import encode_parquet
 
-    monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 100)
+    monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 100)
     # key group 3: keys 0..99, three namespaces each (300 rows), row groups of 64 rows, so
     # some keys' namespaces are cut apart; key groups 2 and 4 of 5 rows around it
     rows = [(2, encode_key(-i), encode_key(None)) for i in range(1, 6)]
@@ -664,7 +666,8 @@ def _ranged_fixture(tmp_path: Path) -> tuple[Any, Any, pa.Table, bytes]:
     but key group 6: 5,000 rows; random values: some 300 KB, beyond the first read of 64 KiB)
     in a file store, with its manifest entry."""
     from statelog.keys import KeyGroupRange
-    from statelog.materialization import TableFile, encode_parquet
+    from statelog.materialization.manifest import TableFile
+    from statelog.materialization.table_schema import encode_parquet
     from statelog.store import open_store
 
     rng = random.Random(5)
@@ -689,13 +692,10 @@ def test_a_table_file_read_in_ranges_reads_its_footer_and_the_row_groups_needed(
     verified against the manifest's checksums), equal to a read of the whole file; the
     manifest entry keeps the checksums through JSON, and entries without them still read."""
     from statelog.keys import KeyGroupRange
-    from statelog.materialization import (
-        RangedTableFile,
-        TableFile,
-        decode_key_range,
-        decode_table_file,
-        key_slices,
-    )
+    from statelog.materialization.key_slices import decode_key_range, key_slices
+    from statelog.materialization.manifest import TableFile
+    from statelog.materialization.ranged import RangedTableFile
+    from statelog.materialization.table_reader import decode_table_file
 
     store, f, table, data = _ranged_fixture(tmp_path)
     assert TableFile.from_json(json.loads(json.dumps(f.to_json()))) == f
@@ -724,7 +724,9 @@ def test_a_table_file_read_in_ranges_reads_its_footer_and_the_row_groups_needed(
 
 def test_a_table_file_read_in_ranges_fails_on_the_corrupt_part_it_reads_naming_the_file(tmp_path) -> None:
     from statelog.keys import KeyGroupRange
-    from statelog.materialization import RangedTableFile, decode_table_file, row_group_span
+    from statelog.materialization.ranged import RangedTableFile
+    from statelog.materialization.table_reader import decode_table_file
+    from statelog.materialization.table_schema import row_group_span
 
     store, f, _table, data = _ranged_fixture(tmp_path)
     md = pq.ParquetFile(pa.BufferReader(data)).metadata
@@ -758,12 +760,9 @@ def test_a_table_file_read_in_ranges_decodes_from_several_threads_at_once(tmp_pa
     from concurrent.futures import ThreadPoolExecutor
 
     from statelog.keys import KeyGroupRange
-    from statelog.materialization import (
-        RangedTableFile,
-        decode_key_range,
-        decode_table_file,
-        key_slices,
-    )
+    from statelog.materialization.key_slices import decode_key_range, key_slices
+    from statelog.materialization.ranged import RangedTableFile
+    from statelog.materialization.table_reader import decode_table_file
 
     store, f, _table, data = _ranged_fixture(tmp_path)
     want = {g: decode_table_file(data, f, KeyGroupRange(g, g)) for g in range(8)}

@@ -23,7 +23,7 @@ import pytest
 
 import statelog
 from materializer.build import materialize
-from statelog.materialization import load_manifest
+from statelog.materialization.manifest import load_manifest
 from tests.s3server import S3Server
 from tests.spark import cluster, jobs
 from tests.spark.test_materialize import assert_same_tables

@@ -22,7 +22,8 @@ import statelog
 from materializer.build import MaterializeOptions, materialize
 from materializer.daemon import MaterializerDaemon
 from materializer.spark import SparkEngine
-from statelog.materialization import Manifest, list_manifests, load_manifest, read_table_file
+from statelog.materialization.manifest import Manifest, list_manifests, load_manifest
+from statelog.materialization.table_reader import read_table_file
 from statelog.store.base import ObjectStore
 from tests.materializer.test_daemon import FakeClock
 from tests.materializer.test_property_materialized import STEPS, Scenario, flatten
@@ -124,7 +125,7 @@ def test_base_files_spanning_units_are_reused_alike(spark: Any, tmp_path: Path) 
 def test_group_units_keeps_consecutive_units_together() -> None:
     from materializer.spark import group_units
     from statelog.keys import KeyGroupRange
-    from statelog.materialization_writer import UnitWork
+    from statelog.materialization.table_writer import UnitWork
 
     def piece(lo: int, hi: int) -> UnitWork:
         return UnitWork("op", 0, None, KeyGroupRange(lo, hi), (), ())  # type: ignore[arg-type]

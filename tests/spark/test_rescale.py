@@ -14,7 +14,7 @@ from statelog.checkpoint.catalog import load_savepoint
 from statelog.errors import CheckpointNotFoundError, ConfigError, StateNotFoundError
 from statelog.keys import key_group_range_for_subtask
 from statelog.layout import savepoint_manifest_key
-from statelog.materialization import load_manifest
+from statelog.materialization.manifest import load_manifest
 from statelog.spark.rescale import restore
 from statelog.store import open_store
 from statelog.store.faulty import FaultInjectingStore

@@ -8,7 +8,8 @@ import pyarrow as pa
 import statelog
 from statelog import ListStateDescriptor, ValueStateDescriptor
 from statelog.layout import SAVEPOINT_PREFIX
-from statelog.materialization import MaterializedOperator, read_table_file
+from statelog.materialization.manifest import MaterializedOperator
+from statelog.materialization.table_reader import read_table_file
 from statelog.spark.rescale import plan_restore, run_task
 
 

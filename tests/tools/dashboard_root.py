@@ -21,7 +21,7 @@ from materializer.build import MaterializeOptions, materialize
 from materializer.savepoint import create_savepoint
 from statelog import MapStateDescriptor, ValueStateDescriptor
 from statelog.checkpoint.metadata import CheckpointMetadata
-from statelog.materialization import Manifest
+from statelog.materialization.manifest import Manifest
 
 MAXP = 16
 ROUNDS = 6

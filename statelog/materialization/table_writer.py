@@ -2,7 +2,7 @@
 
 For every operator and subtask handle of a checkpoint, the new image of each state is the
 handle's materialized base (parts of earlier manifests) with the handle's changelog ranges
-applied (:mod:`statelog.state.appliers`; value-like states and timers merged in Arrow).
+applied (:mod:`statelog.materialization.table_merge`; value-like states and timers merged in Arrow).
 Key groups are grouped into fixed units (``units`` per operator, aligned over
 ``[0, max_parallelism)``); a base file whose key groups are all untouched by the changelog
 (for that state) is reused as is, everything else is rewritten. The caller writes the
@@ -22,24 +22,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
-from statelog.changelog.ops import Op
-from statelog.changelog.reader import ChangeBatch, SegmentReader
+from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange
 from statelog.layout import table_file_key
-from statelog.materialization import (
+from statelog.materialization.manifest import (
     Manifest,
     MaterializedOperator,
     TableFile,
-    encode_parquet,
-    image_to_table,
     load_manifest,
-    read_table_file,
-    table_schema,
-    table_to_image,
 )
-from statelog.state.appliers import TimerApplier, applier_for
+from statelog.materialization.table_merge import merge_last_wins, merge_python
+from statelog.materialization.table_reader import read_table_file
+from statelog.materialization.table_schema import encode_parquet
 from statelog.store.base import ObjectStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -51,7 +47,7 @@ class MaterializeOptions:
 
     target_file_bytes: int = 64 << 20  # files are cut at key-group boundaries near this size
     units: int = 16  # key-group units per operator: the granularity of file reuse
-    row_group_rows: int | None = None  # None: statelog.materialization.ROW_GROUP_ROWS
+    row_group_rows: int | None = None  # None: statelog.materialization.table_schema.ROW_GROUP_ROWS
     upload_threads: int = 4
 
 
@@ -90,90 +86,6 @@ def _kg_filter(table: pa.Table, kgr: KeyGroupRange) -> pa.Table:
     if lo is None or (lo.as_py() >= kgr.start and hi.as_py() <= kgr.end):
         return table
     return table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
-
-
-def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
-    """Value-like states and timers, in Arrow: the last record per entry decides.
-
-    The result of :class:`~statelog.state.appliers.ValueApplier` (timers:
-    :class:`~statelog.state.appliers.TimerApplier`) on the image, vectorized (tested against
-    them): base rows count as puts (timers: adds) before every change record; per
-    ``(key_group, key, namespace)`` (timers: plus timestamp) the last record wins and
-    entries whose last record is a delete (timer removal) are dropped.
-    """
-    schema = table_schema(info)
-    applier = applier_for(info)
-    timers = isinstance(applier, TimerApplier)
-    vcol = "timestamp" if timers else "value"
-    put = Op.TIMER_ADD.value if timers else Op.PUT.value
-    vtype = schema.field(vcol).type
-    parts = []
-    n = 0
-    for t in base:
-        m = t.num_rows
-        cols = [t.column("key_group"), t.column("key"), t.column("namespace"), t.column(vcol)]
-        cols.append(pa.nulls(m, pa.int64()) if timers else t.column("expires_ms"))
-        cols += [pa.repeat(pa.scalar(put, pa.uint8()), m), pa.array(range(n, n + m), pa.int64())]
-        parts.append(cols)
-        n += m
-    for t in tail:
-        m = t.num_rows
-        ops = t.column("op")
-        bad = pc.filter(ops, pc.invert(pc.is_in(ops, pa.array(sorted(applier.ops), pa.uint8()))))
-        if len(bad):
-            raise applier.invalid(bad[0].as_py())
-        value = t.column("value")
-        if value.type != vtype:
-            value = value.cast(vtype)
-        exp = t.column("expires_ms")
-        if exp.type != pa.int64():
-            exp = exp.cast(pa.int64())
-        cols = [t.column("key_group").cast(pa.int32()), t.column("key"), t.column("namespace"), value, exp,
-                ops, pa.array(range(n, n + m), pa.int64())]
-        parts.append(cols)
-        n += m
-    if n == 0:
-        return None
-    names = ["key_group", "key", "namespace", "v", "expires_ms", "op", "ord"]
-    combined = pa.concat_tables([pa.table(cols, names=names) for cols in parts]) if len(parts) > 1 \
-        else pa.table(parts[0], names=names)
-    group = ["key_group", "key", "namespace"] + (["v"] if timers else [])
-    order = pc.sort_indices(combined, sort_keys=[(c, "ascending") for c in [*group, "ord"]])
-    srt = combined.take(order)
-    if srt.num_rows > 1:
-        diff = None
-        for c in group:
-            col = srt.column(c)
-            ne = pc.not_equal(col.slice(1), col.slice(0, srt.num_rows - 1))
-            diff = ne if diff is None else pc.or_(diff, ne)
-        last = pa.chunked_array([*diff.chunks, pa.array([True])]) if isinstance(diff, pa.ChunkedArray) \
-            else pa.concat_arrays([diff, pa.array([True])])
-    else:
-        last = pa.array([True] * srt.num_rows)
-    keep = pc.and_(last, pc.equal(srt.column("op"), put))
-    out = srt.filter(keep)
-    if timers:
-        arrays = [out.column("key_group"), out.column("key"), out.column("namespace"), out.column("v")]
-    else:
-        arrays = [out.column("key_group"), out.column("key"), out.column("namespace"), out.column("v"),
-                  out.column("expires_ms")]
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _merge_python(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
-    """List and map states: rebuild entries in Python (appends and per-entry puts) with the
-    state kind's applier; entries keep their expiry (``expiring``), keyed by
-    ``(key_group, key, namespace)``."""
-    img: dict[Any, Any] = {}
-    for t in base:
-        img.update(table_to_image(info, t))
-    apply = applier_for(info, expiring=True).apply
-    for t in tail:
-        for _seq, kg, op, kb, nsb, uk, v, exp in ChangeBatch("", t).rows():
-            apply(img, (kg, kb, nsb), op, uk, v, exp)
-    if not img:
-        return None
-    return image_to_table(info, sorted(img.items(), key=lambda kv: kv[0]))
 
 
 def new_stats() -> dict[str, Any]:
@@ -422,9 +334,9 @@ class StateTableWriter:
                 lo, hi = min(a for a, _ in in_run), max(b for _, b in in_run)
                 tail = [tail_all.slice(lo, hi - lo)]
             if vectorized:
-                table = _merge_last_wins(info, base, tail)
+                table = merge_last_wins(info, base, tail)
             else:
-                table = _merge_python(info, base, tail)
+                table = merge_python(info, base, tail)
             if table is None or table.num_rows == 0:
                 continue
             for piece in self._split(table, run):
