@@ -16,7 +16,7 @@ from statelog.checkpoint import lease_objects as lease
 from statelog.checkpoint.catalog import JobInfo
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import CorruptionError, FormatVersionError
-from statelog.materialization import Manifest
+from statelog.materialization.manifest import Manifest
 from statelog.store.local import LocalObjectStore
 
 JOB = JobInfo("5a28f194db3a486ca16feee7114d6832", 128, 1795337596232)

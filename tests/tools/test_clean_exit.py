@@ -33,7 +33,8 @@ import pytest
 
 import statelog
 from materializer.background import start_background
-from statelog.materialization import latest_manifest_key, load_manifest, read_table_file
+from statelog.materialization.manifest import latest_manifest_key, load_manifest
+from statelog.materialization.table_reader import read_table_file
 from tests.s3server import RootSpec, S3Server
 from tests.tools.dashboard_root import DemoRoot, build_demo_root
 from tests.tools.test_cli import EVENTS, build_job, s3_args
