@@ -70,7 +70,7 @@ class JobConfig:
     # it before the first record
     on_demand_restore: bool = True
     # where keyed state lives: "memory" (Python dicts) or "disk" (RocksDB under a cache of
-    # state_memory bytes per task, statelog/state/disk.py), in directories under state_dir
+    # state_memory bytes per task, statelog/state/tables/disk/), in directories under state_dir
     state_store: str = "memory"
     state_memory: int = opt.DEFAULT_STATE_MEMORY
     state_dir: str | None = None

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -58,7 +58,6 @@ from statelog.restore import (
     resume_gc,
 )
 from statelog.state.context import NO_KEY, KeyContext
-from statelog.state.disk import WorkingSet
 from statelog.state.kinds import (
     STATE_CLASSES,
     AggregatingState,
@@ -68,20 +67,17 @@ from statelog.state.kinds import (
     ReducingState,
     ValueState,
 )
+from statelog.state.tables import MemoryWorkingSet, WorkingSet
 from statelog.state.timers import TIMER_INFOS, TimerService
+
+if TYPE_CHECKING:
+    from statelog.state.tables.disk import DiskWorkingSet
 
 log = logging.getLogger(__name__)
 
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _unhashable(key: Any) -> SerializationError:
-    return SerializationError(
-        f"cannot use an unhashable {type(key).__name__} as a key: keys must be None, bool, int, "
-        "float, str, bytes, tuples of these, or types registered with register_key_type"
-    )
 
 
 class KeyedStateBackend:
@@ -107,21 +103,19 @@ class KeyedStateBackend:
         self.max_parallelism = max_parallelism
         self.key_groups = key_group_range_for_subtask(max_parallelism, parallelism, subtask)
         self._kg_lo, self._kg_hi = self.key_groups.start, self.key_groups.end
-        self._kcache: dict[Any, tuple[type, bytes, int]] = {}
-        self._kcache_limit = 1 << 20
         self._writer = writer
         self._stream_prefix = stream_prefix or f"{operator_uid}.{subtask}.{uuid.uuid4().hex[:12]}"
         self._streams: dict[str, ChangelogStream] = {}
         # the current key as the states and timers see it (set_current_key writes it)
         self.key_context = KeyContext(operator_uid, clock or wall_clock_ms, writer is not None)
-        # the states' entries on local disk under a bounded cache (statelog/state/disk.py)
-        self._ws = working_set
-        self.key_context.working_set = working_set
-        if working_set is not None:
-            # the key cache is the working set's resident keys: a key set current has its
-            # entries in the states' dicts (statelog/state/disk.py), bounded by the budget
-            self._kcache = working_set.resident
-            working_set.key_context = self.key_context
+        # the store of the states' entries (statelog/state/tables): Python dicts unless given
+        # (the disk-backed working set of state_store="disk"); its key cache is this backend's
+        store = working_set if working_set is not None else MemoryWorkingSet()
+        store.attach(self.key_context)
+        self._working_set: WorkingSet = store
+        self._kcache = store.key_cache
+        # the disk store itself (None in memory): a restore bulk-loads into its database
+        self._ws: DiskWorkingSet | None = store if store.on_disk else None  # type: ignore[assignment]
         self._states: dict[str, KeyedState] = {}
         self._restored = restored or RestoredChanges()
         self._inherited: tuple[ChangelogRange, ...] = tuple(self._restored.inherited)
@@ -138,7 +132,12 @@ class KeyedStateBackend:
         if self._restored.checkpoint_id is not None:
             self._lineage.add(self._restored.checkpoint_id)
         self._decoded_keys: dict[bytes, Any] = {}
-        self._install_set_key()
+        # set_current_key runs once per record: the store's key setter answers a key in its
+        # key cache with one dict lookup and sends any other key to _set_key_slow; the timer
+        # service sets the key of a firing timer through the same setter
+        self.set_current_key = self.key_context.set_current_key = store.key_setter(  # type: ignore[method-assign]
+            self.key_context, self._set_key_slow
+        )
         self.timers = TimerService(
             self.key_context,
             (self._open_stream(TIMER_INFOS[0], True), self._open_stream(TIMER_INFOS[1], True)),
@@ -157,48 +156,13 @@ class KeyedStateBackend:
 
     # -- current key ---------------------------------------------------------------------------
 
-    def set_current_key(self, key: Any) -> None:  # replaced per instance by _install_set_key
-        """Scope all states to ``key``. The key must belong to this subtask's key groups."""
+    def set_current_key(self, key: Any) -> None:
+        """Scope all states to ``key``. The key must belong to this subtask's key groups.
+
+        Each backend answers it with its store's key setter, bound in ``__init__``
+        (:meth:`statelog.state.tables.WorkingSet.key_setter`); this method is what it does
+        for a key not in the key cache."""
         self._set_key_slow(key)
-
-    def _install_set_key(self) -> None:
-        """Replace ``set_current_key`` by a closure (it runs once per record) and give it to
-        the key context (the timer service sets the key of a firing timer through it)."""
-        ctx, cache, slow = self.key_context, self._kcache, self._set_key_slow
-
-        def set_current_key(key: Any) -> None:
-            try:
-                hit = cache[key]
-            except KeyError:
-                return slow(key)
-            except TypeError:
-                raise _unhashable(key) from None
-            if hit[0] is key.__class__:
-                ctx.key = key
-                ctx.key_info = hit
-                return None
-            return slow(key)
-
-        if self._ws is not None:  # a hit marks the resident key touched (statelog/state/disk.py)
-            touched = self._ws.touched
-
-            def set_current_key(key: Any) -> None:  # noqa: F811 - the disk store's variant
-                # get() rather than a KeyError: a miss is common here and raising costs ~0.3 us
-                try:
-                    hit = cache.get(key)
-                except TypeError:
-                    raise _unhashable(key) from None
-                if hit is None:
-                    return slow(key)
-                if hit[0] is key.__class__:
-                    ctx.key = key
-                    ctx.key_info = hit
-                    touched.add(key)
-                    return None
-                return slow(key)
-
-        self.set_current_key = set_current_key  # type: ignore[method-assign]
-        ctx.set_current_key = set_current_key
 
     def _set_key_slow(self, key: Any) -> None:
         kb = encode_key(key)
@@ -212,16 +176,9 @@ class KeyedStateBackend:
         if self._loader is not None:
             self._load_key_group(kg, kb)
         info = (type(key), kb, kg)
-        cache = self._kcache
-        ws = self._ws
-        if ws is None and len(cache) >= self._kcache_limit:
-            cache.clear()
-        prev = cache.get(key)
+        prev = self._kcache.get(key)
         if prev is None:
-            if ws is not None:
-                ws.admit(key, info)
-            else:
-                cache[key] = info
+            self._working_set.admit(key, info)  # (the disk store reads the key's entries)
         elif prev[1] != kb:
             # keys equal in Python (1, True, 1.0) have one encoding; only a registered custom
             # type that compares equal to another key can get here
@@ -230,7 +187,7 @@ class KeyedStateBackend:
                 "before but encodes differently: keys equal in Python must be one key; a type "
                 "registered with register_key_type must not compare equal to another key type"
             )
-        # else keys equal across types (1, True) keep the first type cached: the closure's
+        # else keys equal across types (1, True) keep the first type cached: the key setter's
         # type check sends the others here, and their bytes are the cached ones
         ctx = self.key_context
         ctx.key = key
@@ -239,7 +196,7 @@ class KeyedStateBackend:
     @property
     def on_disk(self) -> bool:
         """Whether the keyed state is in the disk-backed working set (``state_store="disk"``)."""
-        return self._ws is not None
+        return self._working_set.on_disk
 
     def prefetch(self, keys: Iterable[Any]) -> int:
         """A hint: records of ``keys`` come next. With the disk-backed working set
@@ -253,10 +210,9 @@ class KeyedStateBackend:
         Keys this subtask does not own, keys that cannot be encoded, and any key while an
         on-demand restore is still loading are skipped here (their records take the usual
         path, with its errors). Returns the number of keys read."""
-        ws = self._ws
-        if ws is None or self._loader is not None:
+        if self._loader is not None:
             return 0
-        return ws.prefetch(keys, self._kg_lo, self._kg_hi)
+        return self._working_set.prefetch(keys, self._kg_lo, self._kg_hi)
 
     @property
     def current_key(self) -> Any:
@@ -645,8 +601,7 @@ class KeyedStateBackend:
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)
-        if self._ws is not None:
-            self._ws.close()
+        self._working_set.close()
 
 
 class PendingSnapshot:

@@ -53,7 +53,7 @@ from statelog.materialization.manifest import Manifest, latest_manifest_key, loa
 from statelog.ondemand import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
 from statelog.options import WriterOptions
 from statelog.restore import RestoredChanges, gc_paused
-from statelog.state.disk import WorkingSet
+from statelog.state.tables.disk import DiskWorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.store.fencing import FencedStore
@@ -192,7 +192,7 @@ class StateJob:
         ``state_store`` (default: the job's) is ``"memory"`` (the entries in Python dicts) or
         ``"disk"``: the entries in a local RocksDB database under a cache of the job's
         ``state_memory`` bytes, in a new directory under ``state_dir``
-        (:mod:`statelog.state.disk`; deleted at close, rebuilt from the checkpoint by a
+        (:mod:`statelog.state.tables.disk`; deleted at close, rebuilt from the checkpoint by a
         restore). Checkpoints, changelog and materializations are the same for both.
         """
         if not isinstance(operator_uid, str) or not operator_uid:
@@ -216,7 +216,7 @@ class StateJob:
                 restored = self.read_restored(meta, operator_uid, kgr)
         ws = None
         if disk:
-            ws = WorkingSet(
+            ws = DiskWorkingSet(
                 self.state_memory, self.state_dir, self.max_parallelism, f"{operator_uid}-{subtask}-",
                 cache_entries=self.state_cache_entries,
             )

@@ -274,7 +274,7 @@ DEFAULT_STATE_MEMORY = 512 << 20
 
 
 def check_state_store(label: str, value: Any) -> str:
-    """``"memory"`` (Python dicts) or ``"disk"`` (statelog/state/disk.py)."""
+    """``"memory"`` (Python dicts) or ``"disk"`` (statelog/state/tables/disk/)."""
     if value not in STATE_STORES:
         raise ConfigError(
             f"{label} must be 'memory' (keyed state in Python dicts) or 'disk' (on local disk under "

@@ -32,7 +32,7 @@ def _identifiers(path: Path) -> set[str]:
     return out
 
 
-# RocksDB's own API (the disk-backed working set, statelog/state/disk.py): its compaction
+# RocksDB's own API (the disk-backed working set, statelog/state/tables/disk/): its compaction
 # merges the database's sorted files, a fourth thing that is not ours to rename
 THIRD_PARTY = {"DBCompactionStyle", "set_compaction_style", "compact_range"}
 

@@ -3,8 +3,8 @@
  * bool, int of int64, float, str, bytes, and lists, tuples and dicts of them, nested at most
  * REC_MAX_DEPTH deep; exact types, not subclasses) is written in a plain form that starts
  * with REC_MAGIC; any other is a pickle (protocol 2 or later, so its first byte is 0x80).
- * rec_dumps and rec_loads here are the C versions of _rec_dumps_py and _rec_loads_py in
- * statelog/state/disk.py; tests compare them.
+ * rec_dumps and rec_loads here are the C versions of rec_dumps_py and rec_loads_py in
+ * statelog/state/tables/disk/codec.py; tests compare them.
  *
  * plain form: REC_MAGIC | value
  * value:  R_NONE | R_FALSE | R_TRUE

@@ -1,12 +1,12 @@
-/* The miss path of the disk-backed working set in C (statelog/state/disk.py).
+/* The miss path of the disk-backed working set in C (statelog/state/tables/disk/).
  *
  * A key that is set current and not resident costs a database read and, once the resident
  * keys are over budget, the write-back of an evicted key: per miss, a few microseconds of
  * interpreter work around RocksDB's own (a key group, a database key, moving a key's entries
  * between its record and the states' dicts). These functions do that work in C; each has a
- * pure-Python reference in statelog/keys.py or statelog/state/disk.py, which is also the
- * fallback when this module is not built (STATELOG_PURE_PYTHON=1 forces it), and tests
- * compare the two on the same inputs.
+ * pure-Python reference in statelog/keys.py or statelog/state/tables/disk/ (miss_path.py,
+ * codec.py), which is also the fallback when this module is not built
+ * (STATELOG_PURE_PYTHON=1 forces it), and tests compare the two on the same inputs.
  *
  * key_group(key_bytes, max_parallelism): murmur3's fmix32 of the CRC-32 (zlib's: reflected
  *     polynomial 0xEDB88320) of the key bytes, modulo max_parallelism.

@@ -70,8 +70,9 @@ class KeyContext:
     * ``operator_uid``: the operator the backend belongs to (for error messages).
     * ``load_all``: loads every key group not loaded yet (an on-demand restore,
       :mod:`statelog.ondemand`); whole-state reads (``entries()``) call it first.
-    * ``working_set``: the backend's disk-backed working set (:mod:`statelog.state.disk`)
-      that its states keep their entries in, or ``None`` (Python dicts).
+    * ``working_set``: the store its states keep their entries in
+      (:mod:`statelog.state.tables`: dicts, or the disk-backed working set); set by the
+      backend, ``None`` for a context no backend owns (its states use dicts).
     """
 
     __slots__ = (
@@ -86,7 +87,7 @@ class KeyContext:
         self.changelog_enabled = changelog_enabled
         self.operator_uid = operator_uid
         self.load_all: Callable[[], None] = _nothing
-        # the disk-backed working set of the states (statelog.state.disk), None: in memory
+        # the store of the states' entries (statelog.state.tables), set by the backend
         self.working_set: Any = None
 
     @property

@@ -1,6 +1,7 @@
-"""In-memory keyed state with change capture.
+"""Keyed state with change capture.
 
-Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``. Every
+Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``, made by the
+store of its backend (:mod:`statelog.state.tables`: dicts, or a disk-backed cache). Every
 mutation updates the table and appends a change record to the state's changelog stream
 (``state._append``; a no-op for a backend without changelog). A restore replays change
 records with the state kind's applier (:mod:`statelog.state.appliers`, shared with the
@@ -32,6 +33,7 @@ from statelog.errors import StatelogError
 from statelog.keys import check_map_key, decode_key, encode_key, is_legacy_key
 from statelog.state.appliers import applier_for
 from statelog.state.context import KeyContext
+from statelog.state.tables import MemoryStateTables, StateTables
 from statelog.types import fast_check, make_validator
 
 if TYPE_CHECKING:
@@ -56,10 +58,6 @@ except ImportError:  # not built (e.g. no compiler): the closures below are used
 
 def _discard(_record: tuple) -> None:
     return None
-
-
-def _new_dict(_nsb: bytes) -> dict[Any, Any]:
-    return {}
 
 NONE_NS = encode_key(None)
 
@@ -87,24 +85,22 @@ class KeyedState:
         self._ttl_on_read = (
             descriptor.ttl is not None and descriptor.ttl.update is TtlUpdate.ON_READ_AND_WRITE
         )
-        # the entries of each namespace: a dict, or with a disk-backed working set
-        # (statelog.state.disk) a dict-like cache over the backend's database
-        ws = getattr(ctx, "working_set", None)  # any object with the key context's slots
-        if ws is None:
-            self._new_table: Callable[[bytes], Any] = _new_dict
-        else:
-            mutable = bool(self._ttl) or isinstance(descriptor, ListStateDescriptor | MapStateDescriptor)
-            self._new_table = lambda nsb: ws.table(self.name, nsb, mutable, ctx)
-        self._ws = ws
+        # the tables of this state in its backend's store (statelog.state.tables); in memory
+        # for a context without one (any object with the key context's slots)
+        ws = getattr(ctx, "working_set", None)
+        mutable = bool(self._ttl) or isinstance(descriptor, ListStateDescriptor | MapStateDescriptor)
+        self._store: StateTables = (
+            ws.state_tables(self.name, mutable, ctx) if ws is not None else MemoryStateTables()
+        )
+        self._new_table: Callable[[bytes], Any] = self._store.new_table
         self._tables: dict[bytes, Any] = {NONE_NS: self._new_table(NONE_NS)}
         self._namespaces: dict[bytes, Any] = {NONE_NS: None}
         self._ns: Any = None
         self._nsb = NONE_NS
         self._cur: dict[Any, Any] = self._tables[NONE_NS]
         self._nsctx: list[Any] = [self._cur, self._nsb]  # the same, for the C fast path
-        if ws is not None:  # namespaces restored into the database before the state registered
-            for nsb in sorted(ws.namespaces.get(self.name, ())):
-                self._table_for(nsb)
+        for nsb in self._store.restored_namespaces():
+            self._table_for(nsb)
 
     # -- namespace -----------------------------------------------------------------------------
 
@@ -156,19 +152,10 @@ class KeyedState:
             load_all()
         if now is None:
             now = self._now()
-        if self._ws is not None:  # one scan of the database (after writing the cache back)
-            self._ws.flush()
-            for kb, nsb, entry in self._ws.scan(self.name):
-                v = self._visible(entry, now)
-                if v is not _MISSING:
-                    yield decode_key(kb), decode_key(nsb), v
-            return
-        for nsb, table in self._tables.items():
-            ns = self._namespaces[nsb]
-            for key, entry in table.items():
-                v = self._visible(entry, now)
-                if v is not _MISSING:
-                    yield key, ns, v
+        for key, ns, entry in self._store.stored(self._tables, self._namespaces):
+            v = self._visible(entry, now)
+            if v is not _MISSING:
+                yield key, ns, v
 
     def _visible(self, entry: Any, now: int) -> Any:
         if not self._ttl:
@@ -177,8 +164,6 @@ class KeyedState:
 
     def prune(self) -> None:
         """Drop tables of namespaces that hold no entries (after replay)."""
-        if self._ws is not None:  # a disk table is a handle: emptiness is not known without a scan
-            return
         for nsb in [n for n, t in self._tables.items() if not t and n != NONE_NS and n != self._nsb]:
             del self._tables[nsb]
             del self._namespaces[nsb]
@@ -200,24 +185,15 @@ class KeyedState:
         return table
 
     def put_rows(self, kbs: list[bytes], kgs: list[int], nss: list[bytes], entries: list[Any]) -> None:
-        """Bulk-load restored entries straight into a disk-backed working set."""
-        assert self._ws is not None
-        self._ws.put_rows(self.name, kbs, kgs, nss, entries)
-        for nsb in set(nss):
-            self._table_for(nsb)
+        """Bulk-load restored entries by key bytes (a disk store puts them straight into its
+        database)."""
+        self._store.put_rows(kbs, kgs, nss, entries, self._table_for)
 
     def apply_many(self, records: Iterable[tuple[bytes, bytes, int, Any, Any, int | None]], keys: dict[bytes, Any]) -> None:
         """Apply change records ``(key bytes, namespace bytes, op, user key, value, expires)``
         in order (restore path; what each op does: :mod:`statelog.state.appliers`); ``keys``
         maps key bytes to decoded keys."""
-        table_for = self._table_for
-        if self._ws is not None:  # writes to keys that are not current: made resident first
-            ws, primary = self._ws, self._tables[NONE_NS]
-
-            def table_for(nsb: bytes) -> Any:
-                return ws.replay_view(primary) if nsb == NONE_NS else self._table_for(nsb)
-
-        self._applier.apply_all(records, table_for, keys)
+        self._applier.apply_all(records, self._store.replay_table_for(self._table_for), keys)
 
 
 class ValueState(KeyedState):

@@ -24,8 +24,8 @@ HEAD_LINES = 40  # where a module's "# size:" reason must be
 KNOWN_LARGE = {
     "statelog/backend.py", "statelog/backend.py:KeyedStateBackend", "statelog/job.py",
     "statelog/job.py:StateJob", "statelog/keys.py", "statelog/ondemand.py", "statelog/ondemand.py:KeyGroupLoader",
-    "statelog/options.py", "statelog/spark/rescale.py", "statelog/state/disk.py",
-    "statelog/state/disk.py:WorkingSet", "statelog/state/kinds.py", "statelog/store/s3.py",
+    "statelog/options.py", "statelog/spark/rescale.py",
+    "statelog/state/kinds.py", "statelog/store/s3.py",
     "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
     "materializer/gc.py", "runtime/channels.py", "runtime/driver.py", "runtime/driver.py:JobMaster",
     "runtime/kafka.py", "runtime/sources.py", "runtime/task.py", "runtime/task.py:Task",

@@ -1,4 +1,4 @@
-"""The disk-backed working set (statelog/state/disk.py): the same state as in memory under a
+"""The disk-backed working set (statelog/state/tables/disk/): the same state as in memory under a
 cache far smaller than the state, a local directory that is a cache and never the source of
 truth, and clear errors. (The property tests of the core and the materializer and the
 runtime's crash loop run with it too: tests/core/test_property.py and friends.)"""
@@ -30,8 +30,8 @@ from statelog import (
 )
 from statelog.errors import ConfigError
 from statelog.keys import encode_key, key_group_of
-from statelog.state import disk
-from statelog.state.disk import DIR_PREFIX, WorkingSetError
+from statelog.state.tables.disk import DIR_PREFIX, WorkingSetError, codec
+from statelog.state.tables.disk import miss_path as paths
 
 
 class Avg(AggregateFunction):
@@ -112,12 +112,12 @@ def open_job(root: Path, store: str, state_dir: Path, **kw: Any) -> statelog.Sta
 def miss_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The working set's miss path in C (statelog/_ext/workingset.c) and its pure-Python reference."""
     if request.param == "python":
-        for name in ("_key_prefix", "_install", "_admit", "_write_back", "_plan", "_install_many", "_clock_victims"):
-            monkeypatch.setattr(disk, name, getattr(disk, name + "_py"))
-        monkeypatch.setattr(disk, "_DUMPS", disk._rec_dumps_py)
-        monkeypatch.setattr(disk, "_LOADS", disk._rec_loads_py)
+        for name in ("key_prefix", "admit", "write_back", "plan", "install_many", "clock_victims"):
+            monkeypatch.setattr(paths, name, getattr(paths, name + "_py"))
+        monkeypatch.setattr(codec, "dumps", codec.rec_dumps_py)
+        monkeypatch.setattr(codec, "loads", codec.rec_loads_py)
     elif not _ext.FORCE_PYTHON:
-        assert disk._C is not None, "statelog/_ext/workingset.c is not built (make venv builds it)"
+        assert paths.C is not None, "statelog/_ext/workingset.c is not built (make venv builds it)"
     return request.param
 
 
@@ -242,7 +242,7 @@ class _Spy:
         return spy._db
 
 
-@pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
+@pytest.mark.skipif(paths.C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
 @pytest.mark.parametrize("seed", range(40))
 def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
     """install, admit and write_back in C and in Python, on the same random resident keys (entries of
@@ -272,7 +272,7 @@ def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
     for drop in (True, False):
         out = []
         chosen = [k for k in keys if rnd.random() < 0.7]
-        for impl in (disk._C.write_back, disk._write_back_py):
+        for impl in (paths.C.write_back, paths.write_back_py):
             res, primary, extra, present = build()
             ops: list = []
             n = impl(chosen, res, drop, primary, list(sids), extra, present,
@@ -288,17 +288,17 @@ def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
         index = {sid: i for i, sid in enumerate(sids)}
         done = []
         had_extra = rnd.random() < 0.5
-        for impl in (disk._C.install, disk._install_py):
+        for impl in (paths.C.install, paths.install_py):
             primary = [{"other": 1} for _ in sids]
             extra: dict = {"k": {7: 0}} if had_extra else {}
             impl("k", dict(rec), index, primary, extra)
             done.append((primary, extra))
         assert done[0] == done[1]
-    db = {disk._key_prefix_py(kg, encode_key(k)): pickle.dumps({sid: k for sid in [*sids, 9]}) for k, kg in [(1, 3), ("x", 5)]}
+    db = {paths.key_prefix_py(kg, encode_key(k)): pickle.dumps({sid: k for sid in [*sids, 9]}) for k, kg in [(1, 3), ("x", 5)]}
     for key, kg in [(1, 3), ("x", 5), (2, 3)]:  # two with a record, one without
         info = (type(key), encode_key(key), kg)
         done = []
-        for impl in (disk._C.admit, disk._admit_py):
+        for impl in (paths.C.admit, paths.admit_py):
             present: set = set()
             primary = [{} for _ in sids]
             extra: dict = {}
@@ -309,7 +309,7 @@ def test_the_c_miss_path_equals_its_python_reference(seed: int) -> None:
         assert done[0][0] is (key != 2) and done[0][4] == {key: info}
 
 
-@pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
+@pytest.mark.skipif(paths.C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
 @pytest.mark.parametrize("seed", range(40))
 def test_the_c_prefetch_and_eviction_paths_equal_their_python_references(seed: int) -> None:
     """plan, install_many and clock_victims in C and in Python, on the same random inputs: keys of
@@ -329,14 +329,14 @@ def test_the_c_prefetch_and_eviction_paths_equal_their_python_references(seed: i
     resident = {k: (type(k), encode_key(k), 0) for k in rnd.sample(range(-3, 40), rnd.randrange(0, 20))}
     lo = rnd.randrange(0, 16)
     hi = rnd.randrange(lo, 16)
-    plans = [impl(iter(keys), resident, lo, hi, 16, encode_key) for impl in (disk._C.plan, disk._plan_py)]
+    plans = [impl(iter(keys), resident, lo, hi, 16, encode_key) for impl in (paths.C.plan, paths.plan_py)]
     assert plans[0] == plans[1]
     todo, infos, prefixes = (list(x) for x in plans[0])
     assert all(lo <= info[2] <= hi and info[0] is type(k) for k, info in zip(todo, infos, strict=True))
     sids = [1, 3][: rnd.randrange(0, 3)]
     raws = [None if rnd.random() < 0.3 else pickle.dumps({sid: i for sid in [*sids, 9]}) for i in range(len(todo))]
     done = []
-    for impl in (disk._C.install_many, disk._install_many_py):
+    for impl in (paths.C.install_many, paths.install_many_py):
         present: set = set()
         primary = [{} for _ in sids]
         extra: dict = {}
@@ -352,7 +352,7 @@ def test_the_c_prefetch_and_eviction_paths_equal_their_python_references(seed: i
     missing = object()
     cur = rnd.choice([missing, rnd.choice(order), 10**6])
     out = []
-    for impl in (disk._C.clock_victims, disk._clock_victims_py):
+    for impl in (paths.C.clock_victims, paths.clock_victims_py):
         res = {k: k for k in order}
         touched = set(touched_init)
         victims = impl(res, n, touched, cur, missing)
@@ -411,7 +411,7 @@ def _outcome(f: Any, raw: bytes) -> tuple:
         return ("error", type(e).__name__)
 
 
-@pytest.mark.skipif(disk._C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
+@pytest.mark.skipif(codec.C is None, reason="statelog/_ext/workingset.c not built or STATELOG_PURE_PYTHON set")
 @pytest.mark.parametrize("seed", range(40))
 def test_the_c_record_codec_equals_its_python_reference(seed: int) -> None:
     """rec_dumps and rec_loads in C and in Python (docs/format.md section 10): the same bytes for
@@ -426,26 +426,26 @@ def test_the_c_record_codec_equals_its_python_reference(seed: int) -> None:
         deep = [deep]
     odd = [2**63, -(2**63) - 1, "\ud800", {1, 2}, _IntSub(3), deep, {"a": [1, frozenset()]}, (1, 2.5, 10**30)]
     for v in values + odd:
-        raws = [f(v, pickle.HIGHEST_PROTOCOL) for f in (disk._C.rec_dumps, disk._rec_dumps_py)]
+        raws = [f(v, pickle.HIGHEST_PROTOCOL) for f in (codec.C.rec_dumps, codec.rec_dumps_py)]
         assert raws[0] == raws[1]
         raw = raws[0]
         assert raw[0] == (0x80 if any(v is o for o in odd) else 0x01)
-        for f in (disk._C.rec_loads, disk._rec_loads_py):
+        for f in (codec.C.rec_loads, codec.rec_loads_py):
             assert _same(f(raw), v) if raw[0] == 0x01 else f(raw) == v
         if raw[0] == 0x01:
             for cut in range(1, len(raw)):  # every truncation: a clear error in both
-                for f in (disk._C.rec_loads, disk._rec_loads_py):
+                for f in (codec.C.rec_loads, codec.rec_loads_py):
                     with pytest.raises(ValueError, match="does not parse"):
                         f(raw[:cut])
             for _ in range(30):  # a changed byte: both read the same value or both refuse it
                 b = bytearray(raw)
                 b[rnd.randrange(len(b))] = rnd.randrange(256)
-                assert _outcome(disk._C.rec_loads, bytes(b)) == _outcome(disk._rec_loads_py, bytes(b))
-    for f in (disk._C.rec_loads, disk._rec_loads_py):
+                assert _outcome(codec.C.rec_loads, bytes(b)) == _outcome(codec.rec_loads_py, bytes(b))
+    for f in (codec.C.rec_loads, codec.rec_loads_py):
         for bad in (b"", b"\x02abc", b"\x01", b"\x01\x00\x00", b"\x01\x0a"):
             with pytest.raises(ValueError, match="does not parse"):
                 f(bad)
-    for f in (disk._C.rec_dumps, disk._rec_dumps_py):
+    for f in (codec.C.rec_dumps, codec.rec_dumps_py):
         with pytest.raises(ValueError, match="protocol"):
             f({1, 2}, 1)
 
@@ -465,9 +465,9 @@ def test_records_of_plain_values_are_stored_in_the_plain_form(tmp_path: Path, mi
         m.put_all({"a": k, "ü": -k})
     ws = b._ws
     ws.release()
-    raw = ws.get(disk._key_prefix_py(ws.key_info(3)[2], encode_key(3)))
-    assert raw is not None and raw[0] == disk.REC_MAGIC
-    rec = disk._LOADS(raw)
+    raw = ws.get(paths.key_prefix_py(ws.key_info(3)[2], encode_key(3)))
+    assert raw is not None and raw[0] == codec.REC_MAGIC
+    rec = codec.loads(raw)
     assert sorted(rec.values(), key=repr) == sorted([-79, {"a": 3, "ü": -3}], key=repr)
     for k in range(40):
         b.set_current_key(k)
@@ -476,7 +476,7 @@ def test_records_of_plain_values_are_stored_in_the_plain_form(tmp_path: Path, mi
     b.set_current_key(5)
     w.update(decimal.Decimal("1.25"))
     ws.release()
-    raw = ws.get(disk._key_prefix_py(ws.key_info(5)[2], encode_key(5)))
+    raw = ws.get(paths.key_prefix_py(ws.key_info(5)[2], encode_key(5)))
     assert raw is not None and raw[0] == 0x80  # a Decimal: a pickle
     b.set_current_key(5)
     assert w.value() == decimal.Decimal("1.25") and v.value() == -65
@@ -601,7 +601,7 @@ def test_a_value_that_does_not_parse_fails_the_task_clearly(tmp_path: Path, miss
         v.update(k)
     ws = b._ws
     ws.release()
-    ws._db.put(disk._key_prefix_py(ws.key_info(7)[2], encode_key(7)), bytes([disk.REC_MAGIC, 9, 0x7F]))
+    ws._db.put(paths.key_prefix_py(ws.key_info(7)[2], encode_key(7)), bytes([codec.REC_MAGIC, 9, 0x7F]))
     b.set_current_key(6)
     assert v.value() == 6
     with pytest.raises(WorkingSetError, match="does not parse.*restart the job from its latest checkpoint"):
