@@ -147,7 +147,8 @@ def start_copy(broker: KafkaBroker, tin: str, tout: str, root: str, prefix: str,
     return p
 
 
-@pytest.mark.parametrize("run", range(5))
+# 5 runs in a row: STATELOG_STALL_RUNS=5 pytest tests/kafka/test_fencing.py -k master_loses
+@pytest.mark.parametrize("run", range(int(os.environ.get("STATELOG_STALL_RUNS", "1"))))
 def test_a_stalled_job_master_loses_its_root_for_good(kafka_broker: KafkaBroker, tmp_path: Path,
                                                         run: int) -> None:  # fmt: skip
     tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)

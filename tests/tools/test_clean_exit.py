@@ -217,7 +217,7 @@ def test_a_late_arrow_worker_does_not_abort_the_exit(demo: DemoRoot, no_core_dum
 
 
 BURNERS = 4  # busy-loop processes
-RUNS = 4  # of each command
+RUNS = 2  # of each command (the deterministic test above forces the race; this one checks the load case)
 PARALLEL = 4
 
 
