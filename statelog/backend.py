@@ -49,14 +49,14 @@ from statelog.keys import (
     key_group_range_for_subtask,
 )
 from statelog.materialization import Manifest
-from statelog.ondemand import KeyGroupLoader, PreparedKeyGroup
-from statelog.restore import (
+from statelog.restore.changes import (
     RestoredChanges,
     base_entries,
     gc_paused,
     pause_gc_while_loading,
     resume_gc,
 )
+from statelog.restore.ondemand.loader import KeyGroupLoader, PreparedKeyGroup
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.disk import WorkingSet
 from statelog.state.kinds import (
@@ -145,7 +145,7 @@ class KeyedStateBackend:
         )
         self._restore_timers()
         self._closed = False
-        # on-demand restore (statelog/ondemand.py): key groups not loaded yet load on first touch
+        # on-demand restore (statelog/restore/ondemand/loader.py): key groups not loaded yet load on first touch
         self._loader = loader
         self._stash: dict[str, list[tuple[list[Any], list[Any]]]] = {}  # loaded, state not registered
         self.restore_stats: dict[str, Any] = {"on_demand": loader is not None}
@@ -391,7 +391,7 @@ class KeyedStateBackend:
             self._apply_records(state, records)
         state.prune()
 
-    # -- on-demand restore (statelog/ondemand.py) ----------------------------------------------
+    # -- on-demand restore (statelog/restore/ondemand/loader.py) ----------------------------------------------
 
     def _load_key_group(self, kg: int | None, kb: bytes | None = None) -> None:
         """Install what the loader prepared, and key group ``kg`` (preparing it if needed), or

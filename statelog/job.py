@@ -45,9 +45,9 @@ from statelog.errors import (
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
-from statelog.ondemand import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
 from statelog.options import WriterOptions
-from statelog.restore import RestoredChanges, gc_paused
+from statelog.restore.changes import RestoredChanges, gc_paused
+from statelog.restore.ondemand.loader import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
 from statelog.state.disk import WorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
@@ -108,7 +108,7 @@ class StateJob:
         self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
-        # restore key groups on first use (statelog/ondemand.py) instead of all before returning
+        # restore key groups on first use (statelog/restore/ondemand/loader.py) instead of all before returning
         self.on_demand_restore = bool(on_demand_restore)
         self.on_demand_background = True  # False: key groups load only when touched (tests)
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
@@ -183,7 +183,7 @@ class StateJob:
         ``on_demand`` (default: the job's ``on_demand_restore``) returns after reading only the
         checkpoint's handles, manifests and timers; each key group's state loads the first
         time a key of it is set, and a background thread loads the others
-        (:mod:`statelog.ondemand`; ``backend.wait_loaded()`` waits for all of them).
+        (:mod:`statelog.restore.ondemand.loader`; ``backend.wait_loaded()`` waits for all of them).
 
         ``state_store`` (default: the job's) is ``"memory"`` (the entries in Python dicts) or
         ``"disk"``: the entries in a local RocksDB database under a cache of the job's

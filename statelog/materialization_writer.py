@@ -2,7 +2,7 @@
 
 For every operator and subtask handle of a checkpoint, the new image of each state is the
 handle's materialized base (parts of earlier manifests) with the handle's changelog ranges
-applied (:mod:`statelog.state.appliers`; value-like states and timers merged in Arrow).
+applied (:mod:`statelog.restore.appliers`; value-like states and timers merged in Arrow).
 Key groups are grouped into fixed units (``units`` per operator, aligned over
 ``[0, max_parallelism)``); a base file whose key groups are all untouched by the changelog
 (for that state) is reused as is, everything else is rewritten. The caller writes the
@@ -39,7 +39,7 @@ from statelog.materialization import (
     table_schema,
     table_to_image,
 )
-from statelog.state.appliers import TimerApplier, applier_for
+from statelog.restore.appliers import TimerApplier, applier_for
 from statelog.store.base import ObjectStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -95,8 +95,8 @@ def _kg_filter(table: pa.Table, kgr: KeyGroupRange) -> pa.Table:
 def _merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
     """Value-like states and timers, in Arrow: the last record per entry decides.
 
-    The result of :class:`~statelog.state.appliers.ValueApplier` (timers:
-    :class:`~statelog.state.appliers.TimerApplier`) on the image, vectorized (tested against
+    The result of :class:`~statelog.restore.appliers.ValueApplier` (timers:
+    :class:`~statelog.restore.appliers.TimerApplier`) on the image, vectorized (tested against
     them): base rows count as puts (timers: adds) before every change record; per
     ``(key_group, key, namespace)`` (timers: plus timestamp) the last record wins and
     entries whose last record is a delete (timer removal) are dropped.
@@ -280,7 +280,7 @@ def split_units(work: UnitWork, unit: int) -> list[UnitWork]:
 
 class StateTableWriter:
     """Writes the Parquet state tables of a checkpoint's operators: per subtask handle, its
-    materialized base with its changelog ranges applied (:mod:`statelog.state.appliers`).
+    materialized base with its changelog ranges applied (:mod:`statelog.restore.appliers`).
 
     The materializer (``materializer.build.Materializer``) writes a materialization with
     it and publishes the manifest; the restore job (:mod:`statelog.spark.rescale`) writes

@@ -32,7 +32,7 @@ from statelog.descriptors import (
 from statelog.errors import StatelogError
 from statelog.keys import KeyGroupRange, encode_key, key_group_range_for_subtask
 from statelog.materialization import Manifest, load_manifest
-from statelog.restore import RestoredChanges
+from statelog.restore.changes import RestoredChanges
 from statelog.store.base import ObjectStore
 
 # The clock of restoring backends: far in the past, so that no entry is hidden as expired.

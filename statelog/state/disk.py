@@ -23,7 +23,7 @@ Layout (one database per backend; docs/format.md section 10)::
 
 (values: a plain encoding of plain types, None, bool, int64, float, str, bytes and
 lists, tuples and dicts of them, else a pickle: _rec_dumps_py below; entries: the in-memory
-entries of the state kinds, statelog.state.appliers), so the entries of one key group are
+entries of the state kinds, statelog.restore.appliers), so the entries of one key group are
 one contiguous range (dropped, iterated and bulk loaded in key-group order), and one read
 brings a key's entries of every state. State ids are given by each backend in the order it
 first sees each state.

@@ -1,4 +1,4 @@
-"""On-demand restore (statelog/ondemand.py): key groups load when touched and in the background.
+"""On-demand restore (statelog/restore/ondemand/loader.py): key groups load when touched and in the background.
 
 A state of value, map and list entries plus timers is checkpointed, materialized and given a
 changelog tail; backends restored on demand are compared with eager restores of the same
@@ -21,7 +21,7 @@ import pytest
 import statelog
 import statelog.changelog.encoder
 import statelog.materialization
-import statelog.ondemand
+import statelog.restore.ondemand.loader
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
@@ -81,16 +81,16 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     32 rows by key-group range (format.md 4.2), so a touch reads one block of a segment.
     ``tail-first``: the first key group that needs its tail reads the whole tail (as for a
     tail of many small segments); otherwise a touch reads its key group's records alone."""
-    monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 1 << 30 if request.param == "tail-first" else 0)
+    monkeypatch.setattr(statelog.restore.ondemand.loader, "SEGMENT_READ_COST_BYTES", 1 << 30 if request.param == "tail-first" else 0)
     if request.param == "sliced":
         monkeypatch.setattr(statelog.materialization, "MIN_ROW_GROUP_ROWS", 8)
         monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 16)
     if request.param in ("sliced", "split"):  # a touch reads a file's footer and row groups, not the whole file
-        monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
+        monkeypatch.setattr(statelog.restore.ondemand.loader, "RANGED_MIN_BYTES", 0)
     if request.param == "split":  # and a touch reads the tail's segments in ranges
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 64)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 32)
-        monkeypatch.setattr(statelog.ondemand, "TOUCH_WHOLE_BYTES", 0)
+        monkeypatch.setattr(statelog.restore.ondemand.loader, "TOUCH_WHOLE_BYTES", 0)
     root = (tmp_path / "root").as_uri()
     info = _build(root)
     assert (b"\x00\x02" in info["segment_versions"]) == (request.param == "split")
@@ -441,7 +441,7 @@ def test_a_tail_of_many_small_segments_is_read_once_however_many_key_groups_are_
     whole are kept for the next touches. The state equals the values written either way.
     (With no table file, the tail read first is installed at once for every key group.)"""
     if not tail_first:
-        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+        monkeypatch.setattr(statelog.restore.ondemand.loader, "SEGMENT_READ_COST_BYTES", 0)
     root = (tmp_path / "root").as_uri()
     with statelog.open(root, max_parallelism=MAXP) as job:
         b = job.backend("op")

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statelog
-import statelog.ondemand
+import statelog.restore.ondemand.loader
 from statelog import StateJob
 from statelog.changelog import encoder
 from tests.core.harness import Clock, Driver, Model
@@ -73,7 +73,7 @@ def reads_alone(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     of each segment); ``on-demand``: the tail, small here, is read whole by the first touch
     (and a state without table files is installed at once)."""
     if mode.endswith("touched"):
-        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+        monkeypatch.setattr(statelog.restore.ondemand.loader, "SEGMENT_READ_COST_BYTES", 0)
 
 
 def is_lazy(mode: str) -> bool:

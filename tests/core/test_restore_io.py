@@ -1,4 +1,4 @@
-"""Restore I/O lives in statelog/restore.py: reading a checkpoint's handles (manifests, state
+"""Restore I/O lives in statelog/restore/changes.py: reading a checkpoint's handles (manifests, state
 tables, changelog tail) apart from the backend that turns them into state."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import statelog.backend
 from materializer.build import materialize
 from statelog.changelog.reader import SegmentReader
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
-from statelog.restore import RestoredChanges, base_entries
+from statelog.restore.changes import RestoredChanges, base_entries
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_backend_reads_no_handle_itself() -> None:
-    assert RestoredChanges.__module__ == "statelog.restore"
-    assert base_entries.__module__ == "statelog.restore"
+    assert RestoredChanges.__module__ == "statelog.restore.changes"
+    assert base_entries.__module__ == "statelog.restore.changes"
     tree = ast.parse((REPO / "statelog" / "backend.py").read_text())
     defined = {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
     assert not defined & {"RestoredChanges", "base_entries", "gc_paused"}

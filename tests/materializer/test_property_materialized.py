@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 import statelog
 import statelog.changelog.encoder
 import statelog.materialization
-import statelog.ondemand
+import statelog.restore.ondemand.loader
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
@@ -367,7 +367,7 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, monkeypatch, s
     and segments of version 2, a block per key group of every stream with two records or
     more in a segment (format.md 4.2); touches read table files in ranges (footer, row groups)."""
     if mode.endswith("touched") or mode.endswith("touched-sliced"):  # touches read their tail alone
-        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+        monkeypatch.setattr(statelog.restore.ondemand.loader, "SEGMENT_READ_COST_BYTES", 0)
     if mode.endswith("-sliced"):
         mode = mode.removesuffix("-sliced")
         monkeypatch.setattr(sys.modules[__name__], "MAXP", 2)
@@ -375,7 +375,7 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, monkeypatch, s
         monkeypatch.setattr(statelog.materialization, "ROW_GROUP_ROWS", 1)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 2)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 1)
-        monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
+        monkeypatch.setattr(statelog.restore.ondemand.loader, "RANGED_MIN_BYTES", 0)
     root = tmp_path_factory.mktemp("propm").as_uri()
     _tally("file", run_scenario(root, {}, flatten(steps), mode))
 

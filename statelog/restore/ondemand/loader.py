@@ -1,7 +1,7 @@
 """On-demand restore: a restored backend's state, loaded key group by key group.
 
 Opening a backend at a checkpoint on demand reads only the checkpoint's handles, the
-manifests they build on (:meth:`statelog.restore.RestoredChanges.plan`) and the timers
+manifests they build on (:meth:`statelog.restore.changes.RestoredChanges.plan`) and the timers
 (their tables and changelog streams, which are small, and must be complete before event time
 may pass a timer). Everything else is loaded per key group by a :class:`KeyGroupLoader`:
 
@@ -78,7 +78,7 @@ from statelog.materialization import (
     key_range_mask,
     key_slices,
 )
-from statelog.restore import BaseFile, base_entries
+from statelog.restore.changes import BaseFile, base_entries
 from statelog.store.base import ObjectStore
 
 __all__ = ["KeyGroupLoader", "PreparedKeyGroup", "split_timers"]

@@ -1,0 +1,1 @@
+"""Restore: turning a checkpoint's handles back into a subtask's keyed state."""
