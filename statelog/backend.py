@@ -49,14 +49,10 @@ from statelog.keys import (
     key_group_range_for_subtask,
 )
 from statelog.materialization import Manifest
-from statelog.restore.changes import (
-    RestoredChanges,
-    base_entries,
-    gc_paused,
-    pause_gc_while_loading,
-    resume_gc,
-)
-from statelog.restore.ondemand.loader import KeyGroupLoader, PreparedKeyGroup
+from statelog.restore.changes import RestoredChanges, base_entries
+from statelog.restore.collector import gc_paused
+from statelog.restore.ondemand.loader import KeyGroupLoader
+from statelog.restore.ondemand.prepare import PreparedKeyGroup
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.disk import WorkingSet
 from statelog.state.kinds import (
@@ -145,15 +141,14 @@ class KeyedStateBackend:
         )
         self._restore_timers()
         self._closed = False
-        # on-demand restore (statelog/restore/ondemand/loader.py): key groups not loaded yet load on first touch
+        # on-demand restore (statelog/restore/ondemand/): key groups not loaded yet load on first touch
         self._loader = loader
         self._stash: dict[str, list[tuple[list[Any], list[Any]]]] = {}  # loaded, state not registered
         self.restore_stats: dict[str, Any] = {"on_demand": loader is not None}
         self.key_context.load_all = self.wait_loaded
         if loader is not None:
             self._opened = time.monotonic()
-            pause_gc_while_loading()  # resumed when every key group is loaded, or at close
-            loader.start(self._check_restored_keys)
+            loader.start(self._check_restored_keys)  # the cyclic GC paused until the loader is closed
 
     # -- current key ---------------------------------------------------------------------------
 
@@ -391,23 +386,15 @@ class KeyedStateBackend:
             self._apply_records(state, records)
         state.prune()
 
-    # -- on-demand restore (statelog/restore/ondemand/loader.py) ----------------------------------------------
+    # -- on-demand restore (statelog/restore/ondemand/) ----------------------------------------
 
     def _load_key_group(self, kg: int | None, kb: bytes | None = None) -> None:
         """Install what the loader prepared, and key group ``kg`` (preparing it if needed), or
         only the slice of it that holds key bytes ``kb``."""
         loader = self._loader
         assert loader is not None
-        for p in loader.take_ready():
-            self._install(p)
-        if kg is not None:
-            p = loader.take(kg, kb)
-            if p is not None:
-                try:
-                    self._install(p)
-                finally:
-                    loader.installed()
-                self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
+        if loader.load(self._install, kg, kb):
+            self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
         if loader.done:
             self._loaded()
 
@@ -442,7 +429,6 @@ class KeyedStateBackend:
         assert loader is not None
         loader.close()
         self._loader = None
-        resume_gc()
         for state in self._states.values():
             state.prune()
         self.restore_stats.update(
@@ -641,7 +627,6 @@ class KeyedStateBackend:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
-            resume_gc()
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)

@@ -16,6 +16,7 @@ creates keyed backends (fresh or restored from a checkpoint), and publishes chec
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -46,8 +47,11 @@ from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
 from statelog.options import WriterOptions
-from statelog.restore.changes import RestoredChanges, gc_paused
-from statelog.restore.ondemand.loader import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
+from statelog.restore.changes import RestoredChanges
+from statelog.restore.collector import gc_paused
+from statelog.restore.ondemand.loader import KeyGroupLoader
+from statelog.restore.ondemand.options import OnDemandOptions
+from statelog.restore.plan import split_timers
 from statelog.state.disk import WorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
@@ -108,9 +112,10 @@ class StateJob:
         self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
-        # restore key groups on first use (statelog/restore/ondemand/loader.py) instead of all before returning
+        # restore key groups on first use (statelog/restore/ondemand/) instead of all before returning
         self.on_demand_restore = bool(on_demand_restore)
         self.on_demand_background = True  # False: key groups load only when touched (tests)
+        self.on_demand_options = OnDemandOptions()  # the tuning of on-demand restores
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         # one checkpoint publisher per root: taken by the first backend or publish (see
         # statelog/writer_lease.py); writer_lease=False only for processes that write
@@ -183,7 +188,7 @@ class StateJob:
         ``on_demand`` (default: the job's ``on_demand_restore``) returns after reading only the
         checkpoint's handles, manifests and timers; each key group's state loads the first
         time a key of it is set, and a background thread loads the others
-        (:mod:`statelog.restore.ondemand.loader`; ``backend.wait_loaded()`` waits for all of them).
+        (:mod:`statelog.restore.ondemand`; ``backend.wait_loaded()`` waits for all of them).
 
         ``state_store`` (default: the job's) is ``"memory"`` (the entries in Python dicts) or
         ``"disk"``: the entries in a local RocksDB database under a cache of the job's
@@ -377,7 +382,8 @@ class StateJob:
             KeyGroupLoader(
                 self.store, files, ranges, kgr, background=self.on_demand_background, raw_keys=disk,
                 # into a disk-backed working set: a key group at a time, one prepared ahead
-                read_ahead=1 if disk else DEFAULT_READ_AHEAD, max_run=1 if disk else None,
+                options=dataclasses.replace(self.on_demand_options, read_ahead=1) if disk else self.on_demand_options,
+                max_run=1 if disk else None,
             )
             if files or ranges
             else None

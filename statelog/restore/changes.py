@@ -13,10 +13,6 @@ with the cyclic garbage collector paused (:func:`gc_paused`).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
-import gc
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -34,53 +30,10 @@ from statelog.materialization import (
     read_table_file,
 )
 
-__all__ = ["BaseFile", "RestoredChanges", "base_entries", "gc_paused"]
+__all__ = ["BaseFile", "RestoredChanges", "base_entries"]
 
 # a materialized table file to read: its state, the file, the key groups to read of it
 BaseFile = tuple[StateInfo, TableFile, KeyGroupRange]
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector during a bulk restore.
-
-    A restore allocates millions of objects without reference cycles (keys, values, lists);
-    every 700 container allocations would start a collection, and the older generations'
-    collections traverse the whole heap of the process, so their cost grows with the state
-    already loaded. Reference counting frees everything as usual meanwhile.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-_paused_by_loaders = 0
-_paused_lock = threading.Lock()
-_gc_was_enabled = False
-
-
-def pause_gc_while_loading() -> None:
-    """An on-demand restore started: pause the cyclic collector until :func:`resume_gc`
-    (see :func:`gc_paused`; the loaders allocate the restored state over a longer time,
-    from two threads). Counted: the collector resumes when the last loader is done."""
-    global _paused_by_loaders, _gc_was_enabled
-    with _paused_lock:
-        if _paused_by_loaders == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _paused_by_loaders += 1
-
-
-def resume_gc() -> None:
-    global _paused_by_loaders
-    with _paused_lock:
-        _paused_by_loaders -= 1
-        if _paused_by_loaders == 0 and _gc_was_enabled:
-            gc.enable()
 
 
 def base_entries(info: StateInfo, table: pa.Table, raw_keys: bool = False) -> tuple[list[Any], list[bytes], list[Any]]:

@@ -69,7 +69,7 @@ class KeyContext:
       writer) or only kept in memory.
     * ``operator_uid``: the operator the backend belongs to (for error messages).
     * ``load_all``: loads every key group not loaded yet (an on-demand restore,
-      :mod:`statelog.restore.ondemand.loader`); whole-state reads (``entries()``) call it first.
+      :mod:`statelog.restore.ondemand`); whole-state reads (``entries()``) call it first.
     * ``working_set``: the backend's disk-backed working set (:mod:`statelog.state.disk`)
       that its states keep their entries in, or ``None`` (Python dicts).
     """
