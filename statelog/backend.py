@@ -20,7 +20,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
@@ -51,6 +50,7 @@ from statelog.keys import (
 from statelog.materialization import Manifest
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.collector import gc_paused
+from statelog.restore.eager import restore_timers
 from statelog.restore.ondemand.loader import KeyGroupLoader
 from statelog.restore.ondemand.prepare import PreparedKeyGroup
 from statelog.state.context import NO_KEY, KeyContext
@@ -139,7 +139,7 @@ class KeyedStateBackend:
             self.key_context,
             (self._open_stream(TIMER_INFOS[0], True), self._open_stream(TIMER_INFOS[1], True)),
         )
-        self._restore_timers()
+        restore_timers(self._restored, self.timers, self._check_restored_keys)
         self._closed = False
         # on-demand restore (statelog/restore/ondemand/): key groups not loaded yet load on first touch
         self._loader = loader
@@ -459,25 +459,6 @@ class KeyedStateBackend:
         for p in loader.take_all():
             self._install(p)
         self._loaded()
-
-    def _restore_timers(self) -> None:
-        for d, name in enumerate(TIMER_STATES):
-            for table in self._restored.base.pop(name, ()):
-                self._check_restored_keys(name, table.column("key"))
-                self._check_restored_keys(name, table.column("namespace"))
-                self.timers._sets[d].update(
-                    zip(
-                        table.column("timestamp").to_pylist(),
-                        table.column("key").to_pylist(),
-                        table.column("namespace").to_pylist(),
-                        strict=True,
-                    )
-                )
-            records = self._restored.records.pop(name, ())
-            if records:
-                self._check_restored_keys(name, pa.array({b for r in records for b in r[:2]}, pa.binary()))
-            for kb, nsb, op, _ukey, value, _exp in records:
-                self.timers.apply(d, kb, nsb, op, value)
 
     def state_infos(self) -> list[StateInfo]:
         """Descriptions of all states: registered ones, restored-but-unregistered ones, timers."""

@@ -16,7 +16,6 @@ creates keyed backends (fresh or restored from a checkpoint), and publishes chec
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -26,7 +25,6 @@ from typing import Any
 from statelog import options as opt
 from statelog.backend import KeyedStateBackend, PendingSnapshot
 from statelog.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
-from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint import (
     CheckpointMetadata,
@@ -38,20 +36,18 @@ from statelog.errors import (
     ConfigError,
     CorruptionError,
     FencedError,
-    JobMismatchError,
     RestoreRequiredError,
     StatelogError,
     StoreError,
 )
 from statelog.keys import check_parallelism, key_group_range_for_subtask
-from statelog.layout import JOB_KEY
 from statelog.materialization import Manifest, latest_manifest_key, load_manifest
 from statelog.options import WriterOptions
 from statelog.restore.changes import RestoredChanges
-from statelog.restore.collector import gc_paused
+from statelog.restore.eager import read_restored
 from statelog.restore.ondemand.loader import KeyGroupLoader
 from statelog.restore.ondemand.options import OnDemandOptions
-from statelog.restore.plan import split_timers
+from statelog.restore.plan import plan_restored, resolve_checkpoint
 from statelog.state.disk import WorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
@@ -313,87 +309,24 @@ class StateJob:
 
     def resolve_checkpoint(self, which: CheckpointMetadata | int | str | None) -> CheckpointMetadata | None:
         """The metadata ``which`` names: ``None`` for ``None``, ``"none"``, or ``"latest"`` on
-        a root without checkpoints. A checkpoint of another job (job id) is refused."""
-        if which is None:
-            return None
-        if isinstance(which, CheckpointMetadata):
-            meta = which
-        else:
-            ref = opt.parse_checkpoint_ref(which, "restore", allow_none=True)  # the one parser
-            if ref.kind == "none":
-                return None
-            if ref.kind == "savepoint":
-                assert ref.savepoint is not None
-                meta = self.load_savepoint(ref.savepoint)
-            elif ref.kind == "latest":
-                meta = self.catalog.latest()
-                if meta is None:
-                    return None
-            else:
-                assert ref.checkpoint_id is not None
-                meta = self.catalog.load(ref.checkpoint_id)
-        if meta.kind == "checkpoint" and meta.job_id != self.job_id:
-            raise JobMismatchError(
-                f"checkpoint {meta.checkpoint_id} of {self.root} belongs to job {meta.job_id}, but the "
-                f"job descriptor {JOB_KEY} names job {self.job_id}: the descriptor was replaced; put "
-                f"the original {JOB_KEY} back, or rebuild it with "
-                f"statelog.open(ROOT, recover_descriptor=True) after deleting the wrong one"
-            )
-        if meta.max_parallelism != self.max_parallelism:
-            raise JobMismatchError(
-                f"checkpoint {meta.checkpoint_id} has max_parallelism {meta.max_parallelism}, the job "
-                f"has {self.max_parallelism}"
-            )
-        return meta
+        a root without checkpoints. A checkpoint of another job (job id) is refused
+        (:func:`statelog.restore.plan.resolve_checkpoint`)."""
+        return resolve_checkpoint(self.catalog, which, job_id=self.job_id, max_parallelism=self.max_parallelism)
 
     def read_restored(self, meta: CheckpointMetadata, operator_uid: str, kgr: Any) -> RestoredChanges:
-        op = meta.operators.get(operator_uid)
-        handles = op.handles_for(kgr) if op is not None else []
-        t0 = time.monotonic()
-        with gc_paused():
-            restored = RestoredChanges.read(
-                SegmentReader(self.store), handles, kgr, self._manifests, job_id=meta.job_id
-            )
-        if meta.kind == "checkpoint":
-            restored.checkpoint_id = meta.checkpoint_id
-        log.info(
-            "restored operator %r key groups %s from %s %d: %d materialized rows, %d change records, "
-            "%d bytes in %.3fs",
-            operator_uid, kgr, meta.kind, meta.checkpoint_id, restored.base_rows, restored.records_read,
-            restored.bytes_read, time.monotonic() - t0,
-        )
-        return restored
+        """An eager restore: everything ``operator_uid`` holds in key groups ``kgr`` at ``meta``
+        (:func:`statelog.restore.eager.read_restored`)."""
+        return read_restored(self.store, meta, operator_uid, kgr, self._manifests)
 
     def plan_restored(
         self, meta: CheckpointMetadata, operator_uid: str, kgr: Any, disk: bool = False
     ) -> tuple[RestoredChanges, KeyGroupLoader | None]:
-        """An on-demand restore: the handles' plan and the timers now, a loader for the rest."""
-        op = meta.operators.get(operator_uid)
-        handles = op.handles_for(kgr) if op is not None else []
-        t0 = time.monotonic()
-        reader = SegmentReader(self.store)
-        restored, files, ranges = RestoredChanges.plan(reader, handles, kgr, self._manifests, job_id=meta.job_id)
-        timer_files, timer_ranges, files, ranges = split_timers(files, ranges)
-        with gc_paused():
-            restored.load(reader, timer_files, timer_ranges)
-        if meta.kind == "checkpoint":
-            restored.checkpoint_id = meta.checkpoint_id
-        loader = (
-            KeyGroupLoader(
-                self.store, files, ranges, kgr, background=self.on_demand_background, raw_keys=disk,
-                # into a disk-backed working set: a key group at a time, one prepared ahead
-                options=dataclasses.replace(self.on_demand_options, read_ahead=1) if disk else self.on_demand_options,
-                max_run=1 if disk else None,
-            )
-            if files or ranges
-            else None
-        )
-        log.info(
-            "opened operator %r key groups %s at %s %d on demand: %d table files and %d changelog ranges to "
-            "load by key group; timers read in %.3fs",
-            operator_uid, kgr, meta.kind, meta.checkpoint_id, len(files), len(ranges), time.monotonic() - t0,
+        """An on-demand restore: the handles' plan and the timers now, a loader for the rest
+        (:func:`statelog.restore.plan.plan_restored`)."""
+        return plan_restored(
+            self.store, meta, operator_uid, kgr, self._manifests, disk=disk, background=self.on_demand_background,
+            options=self.on_demand_options,
         )  # fmt: skip
-        return restored, loader
 
     def load_savepoint(self, name: str) -> CheckpointMetadata:
         """The metadata of savepoint ``name`` (restore from it like from a checkpoint)."""

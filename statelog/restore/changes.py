@@ -1,13 +1,11 @@
-"""Restore I/O: what a restored backend reads from the handles of a checkpoint.
+"""What a restore read: :class:`RestoredChanges`, and the entries of a state table.
 
-:meth:`RestoredChanges.read` takes the handles of one operator that overlap the key groups
-of the restoring subtask and reads, restricted to those key groups, the materialized base
-tables (manifests verified against their references and the job; table files fetched and
-decoded by a thread pool) and the changelog tail after them (:class:`SegmentReader`, every
-block checked), grouped per state in replay order. The backend
-(:class:`statelog.backend.KeyedStateBackend`) turns them into state when a state registers
-(:func:`base_entries` for the base tables, then the records through the kind's applier),
-with the cyclic garbage collector paused (:func:`gc_paused`).
+A :class:`RestoredChanges` holds what a restore read from the handles of a checkpoint,
+restricted to the key groups of the restoring subtask: the materialized base tables per
+state and the change records of the tail after them, grouped per state in replay order
+(:meth:`RestoredChanges.load` reads the table files, by a thread pool, and the changelog
+ranges :func:`statelog.restore.plan.plan_reads` listed). :func:`base_entries` turns a state
+table into the keys, namespaces and entries the backend installs.
 """
 
 from __future__ import annotations
@@ -19,14 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statelog.changelog.reader import SegmentReader
-from statelog.checkpoint import ChangelogRange, MaterializedPart, SubtaskStateHandle
+from statelog.checkpoint import ChangelogRange, MaterializedPart
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys import KeyGroupRange, decode_key_array
 from statelog.materialization import (
-    Manifest,
     TableFile,
     decode_values,
-    load_manifest,
     read_table_file,
 )
 
@@ -85,64 +81,9 @@ class RestoredChanges:
         self.base_rows = 0
         self.records_read = 0
 
-    @staticmethod
-    def read(
-        reader: SegmentReader,
-        handles: list[SubtaskStateHandle],
-        key_groups: KeyGroupRange,
-        manifests: dict[str, Manifest] | None = None,
-        job_id: str | None = None,
-    ) -> RestoredChanges:
-        """Read what ``handles`` hold in ``key_groups``; with ``job_id``, the manifests they
-        build on must belong to that job (every manifest is also checked against its key and
-        against the size and CRC-32 its reference recorded)."""
-        out, files, ranges = RestoredChanges.plan(reader, handles, key_groups, manifests, job_id)
-        out.load(reader, files, ranges)
-        return out
-
-    @staticmethod
-    def plan(
-        reader: SegmentReader,
-        handles: list[SubtaskStateHandle],
-        key_groups: KeyGroupRange,
-        manifests: dict[str, Manifest] | None = None,
-        job_id: str | None = None,
-    ) -> tuple[RestoredChanges, list[BaseFile], list[ChangelogRange]]:
-        """What a restore of ``key_groups`` reads, from the handles and their manifests only:
-        an empty :class:`RestoredChanges` with the state descriptions, the materialized parts
-        and the inherited changelog ranges set, the table files (each with its state and the
-        key groups to read of it) and the changelog ranges, in replay order."""
-        out = RestoredChanges()
-        store = reader.store
-        cache = manifests if manifests is not None else {}
-        files: list[BaseFile] = []
-        ranges: list[ChangelogRange] = []
-        for h in handles:
-            for info in h.states:
-                out.infos.setdefault(info.name, info)
-            for part in h.materialization:
-                sub = part.restrict(key_groups.intersect(h.key_groups))
-                if sub is None:
-                    continue
-                out.parts.append(sub)
-                m = load_manifest(store, part, cache, job_id=job_id)
-                out.base_checkpoint_id = max(out.base_checkpoint_id, m.checkpoint_id)
-                mop = m.operators.get(h.operator_uid)
-                if mop is None:
-                    continue
-                for info in mop.states:
-                    out.infos.setdefault(info.name, info)
-                    for f in mop.files_for(info.name, sub.key_groups):
-                        files.append((info, f, sub.key_groups))
-            for rng in h.changelog:
-                sub_r = rng.restrict(key_groups)
-                if sub_r is not None:
-                    ranges.append(sub_r)
-        out.inherited.extend(ranges)
-        return out, files, ranges
-
     def load(self, reader: SegmentReader, files: list[BaseFile], ranges: list[ChangelogRange]) -> None:
-        """Read ``files`` and ``ranges`` (as :meth:`plan` returned them, or a part of them)."""
+        """Read ``files`` and ``ranges`` (as :func:`statelog.restore.plan.plan_reads` listed
+        them, or a part of them)."""
         store = reader.store
         before = reader.bytes_read
         # Table files are fetched and decoded by a thread pool (I/O and Parquet decoding release
