@@ -49,7 +49,8 @@ from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import bench_state_dump_key
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
-from statelog.restore import RestoredChanges, gc_paused
+from statelog.restore.changes import RestoredChanges
+from statelog.restore.collector import gc_paused
 from statelog.state_dump import decode_state_dump, encode_state_dump
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)

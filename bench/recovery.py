@@ -121,7 +121,7 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     import pyarrow.parquet  # noqa: F401
 
     import statelog
-    import statelog.ondemand  # noqa: F401
+    import statelog.restore.ondemand.loader  # noqa: F401
     import statelog.store.local  # noqa: F401
     import statelog.store.s3  # noqa: F401
 
@@ -171,7 +171,7 @@ def measure_touches(root: str, options: dict[str, Any], checkpoint: int, on_dema
     import pyarrow.parquet  # noqa: F401
 
     import statelog
-    import statelog.ondemand  # noqa: F401
+    import statelog.restore.ondemand.loader  # noqa: F401
     import statelog.store.local  # noqa: F401
     import statelog.store.s3  # noqa: F401
 

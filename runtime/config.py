@@ -66,7 +66,7 @@ class JobConfig:
     # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
     # "full-snapshot", its former name, is kept as given)
     state_backend: str = CHANGELOG
-    # restore keyed state by key group on first use (statelog/ondemand.py) instead of all of
+    # restore keyed state by key group on first use (statelog/restore/ondemand/) instead of all of
     # it before the first record
     on_demand_restore: bool = True
     # where keyed state lives: "memory" (Python dicts) or "disk" (RocksDB under a cache of

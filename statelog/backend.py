@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart, SubtaskStateHandle
@@ -49,14 +48,11 @@ from statelog.keys import (
     key_group_range_for_subtask,
 )
 from statelog.materialization.manifest import Manifest
-from statelog.ondemand import KeyGroupLoader, PreparedKeyGroup
-from statelog.restore import (
-    RestoredChanges,
-    base_entries,
-    gc_paused,
-    pause_gc_while_loading,
-    resume_gc,
-)
+from statelog.restore.changes import RestoredChanges, base_entries
+from statelog.restore.collector import gc_paused
+from statelog.restore.eager import restore_timers
+from statelog.restore.ondemand.loader import KeyGroupLoader
+from statelog.restore.ondemand.prepare import PreparedKeyGroup
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.kinds import (
     STATE_CLASSES,
@@ -142,17 +138,16 @@ class KeyedStateBackend:
             self.key_context,
             (self._open_stream(TIMER_INFOS[0], True), self._open_stream(TIMER_INFOS[1], True)),
         )
-        self._restore_timers()
+        restore_timers(self._restored, self.timers, self._check_restored_keys)
         self._closed = False
-        # on-demand restore (statelog/ondemand.py): key groups not loaded yet load on first touch
+        # on-demand restore (statelog/restore/ondemand/): key groups not loaded yet load on first touch
         self._loader = loader
         self._stash: dict[str, list[tuple[list[Any], list[Any]]]] = {}  # loaded, state not registered
         self.restore_stats: dict[str, Any] = {"on_demand": loader is not None}
         self.key_context.load_all = self.wait_loaded
         if loader is not None:
             self._opened = time.monotonic()
-            pause_gc_while_loading()  # resumed when every key group is loaded, or at close
-            loader.start(self._check_restored_keys)
+            loader.start(self._check_restored_keys)  # the cyclic GC paused until the loader is closed
 
     # -- current key ---------------------------------------------------------------------------
 
@@ -347,23 +342,15 @@ class KeyedStateBackend:
             self._apply_records(state, records)
         state.prune()
 
-    # -- on-demand restore (statelog/ondemand.py) ----------------------------------------------
+    # -- on-demand restore (statelog/restore/ondemand/) ----------------------------------------
 
     def _load_key_group(self, kg: int | None, kb: bytes | None = None) -> None:
         """Install what the loader prepared, and key group ``kg`` (preparing it if needed), or
         only the slice of it that holds key bytes ``kb``."""
         loader = self._loader
         assert loader is not None
-        for p in loader.take_ready():
-            self._install(p)
-        if kg is not None:
-            p = loader.take(kg, kb)
-            if p is not None:
-                try:
-                    self._install(p)
-                finally:
-                    loader.installed()
-                self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
+        if loader.load(self._install, kg, kb):
+            self.restore_stats.setdefault("first_key_group_s", round(time.monotonic() - self._opened, 6))
         if loader.done:
             self._loaded()
 
@@ -398,7 +385,6 @@ class KeyedStateBackend:
         assert loader is not None
         loader.close()
         self._loader = None
-        resume_gc()
         for state in self._states.values():
             state.prune()
         self.restore_stats.update(
@@ -429,25 +415,6 @@ class KeyedStateBackend:
         for p in loader.take_all():
             self._install(p)
         self._loaded()
-
-    def _restore_timers(self) -> None:
-        for d, name in enumerate(TIMER_STATES):
-            for table in self._restored.base.pop(name, ()):
-                self._check_restored_keys(name, table.column("key"))
-                self._check_restored_keys(name, table.column("namespace"))
-                self.timers._sets[d].update(
-                    zip(
-                        table.column("timestamp").to_pylist(),
-                        table.column("key").to_pylist(),
-                        table.column("namespace").to_pylist(),
-                        strict=True,
-                    )
-                )
-            records = self._restored.records.pop(name, ())
-            if records:
-                self._check_restored_keys(name, pa.array({b for r in records for b in r[:2]}, pa.binary()))
-            for kb, nsb, op, _ukey, value, _exp in records:
-                self.timers.apply(d, kb, nsb, op, value)
 
     def state_infos(self) -> list[StateInfo]:
         """Descriptions of all states: registered ones, restored-but-unregistered ones, timers."""
@@ -597,7 +564,6 @@ class KeyedStateBackend:
         if self._loader is not None:
             self._loader.close()
             self._loader = None
-            resume_gc()
         if self._writer is not None:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)

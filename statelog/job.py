@@ -24,7 +24,6 @@ from typing import Any
 
 from statelog import options as opt
 from statelog.backend import KeyedStateBackend, PendingSnapshot
-from statelog.changelog.reader import SegmentReader
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.checkpoint.metadata import (
@@ -42,17 +41,18 @@ from statelog.errors import (
     ConfigError,
     CorruptionError,
     FencedError,
-    JobMismatchError,
     RestoreRequiredError,
     StatelogError,
     StoreError,
 )
 from statelog.keys import check_parallelism, key_group_range_for_subtask
-from statelog.layout import JOB_KEY
 from statelog.materialization.manifest import Manifest, latest_manifest_key, load_manifest
-from statelog.ondemand import DEFAULT_READ_AHEAD, KeyGroupLoader, split_timers
 from statelog.options import WriterOptions
-from statelog.restore import RestoredChanges, gc_paused
+from statelog.restore.changes import RestoredChanges
+from statelog.restore.eager import read_restored
+from statelog.restore.ondemand.loader import KeyGroupLoader
+from statelog.restore.ondemand.options import OnDemandOptions
+from statelog.restore.plan import plan_restored, resolve_checkpoint
 from statelog.state.tables.disk import DiskWorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
@@ -112,9 +112,10 @@ class StateJob:
         self.job_id = info.job_id
         self.max_parallelism = info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
-        # restore key groups on first use (statelog/ondemand.py) instead of all before returning
+        # restore key groups on first use (statelog/restore/ondemand/) instead of all before returning
         self.on_demand_restore = bool(on_demand_restore)
         self.on_demand_background = True  # False: key groups load only when touched (tests)
+        self.on_demand_options = OnDemandOptions()  # the tuning of on-demand restores
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         # one checkpoint publisher per root: taken by the first backend or publish (see
         # statelog/checkpoint/writer_lease.py); writer_lease=False only for processes that write
@@ -187,7 +188,7 @@ class StateJob:
         ``on_demand`` (default: the job's ``on_demand_restore``) returns after reading only the
         checkpoint's handles, manifests and timers; each key group's state loads the first
         time a key of it is set, and a background thread loads the others
-        (:mod:`statelog.ondemand`; ``backend.wait_loaded()`` waits for all of them).
+        (:mod:`statelog.restore.ondemand`; ``backend.wait_loaded()`` waits for all of them).
 
         ``state_store`` (default: the job's) is ``"memory"`` (the entries in Python dicts) or
         ``"disk"``: the entries in a local RocksDB database under a cache of the job's
@@ -312,86 +313,24 @@ class StateJob:
 
     def resolve_checkpoint(self, which: CheckpointMetadata | int | str | None) -> CheckpointMetadata | None:
         """The metadata ``which`` names: ``None`` for ``None``, ``"none"``, or ``"latest"`` on
-        a root without checkpoints. A checkpoint of another job (job id) is refused."""
-        if which is None:
-            return None
-        if isinstance(which, CheckpointMetadata):
-            meta = which
-        else:
-            ref = opt.parse_checkpoint_ref(which, "restore", allow_none=True)  # the one parser
-            if ref.kind == "none":
-                return None
-            if ref.kind == "savepoint":
-                assert ref.savepoint is not None
-                meta = self.load_savepoint(ref.savepoint)
-            elif ref.kind == "latest":
-                meta = self.catalog.latest()
-                if meta is None:
-                    return None
-            else:
-                assert ref.checkpoint_id is not None
-                meta = self.catalog.load(ref.checkpoint_id)
-        if meta.kind == "checkpoint" and meta.job_id != self.job_id:
-            raise JobMismatchError(
-                f"checkpoint {meta.checkpoint_id} of {self.root} belongs to job {meta.job_id}, but the "
-                f"job descriptor {JOB_KEY} names job {self.job_id}: the descriptor was replaced; put "
-                f"the original {JOB_KEY} back, or rebuild it with "
-                f"statelog.open(ROOT, recover_descriptor=True) after deleting the wrong one"
-            )
-        if meta.max_parallelism != self.max_parallelism:
-            raise JobMismatchError(
-                f"checkpoint {meta.checkpoint_id} has max_parallelism {meta.max_parallelism}, the job "
-                f"has {self.max_parallelism}"
-            )
-        return meta
+        a root without checkpoints. A checkpoint of another job (job id) is refused
+        (:func:`statelog.restore.plan.resolve_checkpoint`)."""
+        return resolve_checkpoint(self.catalog, which, job_id=self.job_id, max_parallelism=self.max_parallelism)
 
     def read_restored(self, meta: CheckpointMetadata, operator_uid: str, kgr: Any) -> RestoredChanges:
-        op = meta.operators.get(operator_uid)
-        handles = op.handles_for(kgr) if op is not None else []
-        t0 = time.monotonic()
-        with gc_paused():
-            restored = RestoredChanges.read(
-                SegmentReader(self.store), handles, kgr, self._manifests, job_id=meta.job_id
-            )
-        if meta.kind == "checkpoint":
-            restored.checkpoint_id = meta.checkpoint_id
-        log.info(
-            "restored operator %r key groups %s from %s %d: %d materialized rows, %d change records, "
-            "%d bytes in %.3fs",
-            operator_uid, kgr, meta.kind, meta.checkpoint_id, restored.base_rows, restored.records_read,
-            restored.bytes_read, time.monotonic() - t0,
-        )
-        return restored
+        """An eager restore: everything ``operator_uid`` holds in key groups ``kgr`` at ``meta``
+        (:func:`statelog.restore.eager.read_restored`)."""
+        return read_restored(self.store, meta, operator_uid, kgr, self._manifests)
 
     def plan_restored(
         self, meta: CheckpointMetadata, operator_uid: str, kgr: Any, disk: bool = False
     ) -> tuple[RestoredChanges, KeyGroupLoader | None]:
-        """An on-demand restore: the handles' plan and the timers now, a loader for the rest."""
-        op = meta.operators.get(operator_uid)
-        handles = op.handles_for(kgr) if op is not None else []
-        t0 = time.monotonic()
-        reader = SegmentReader(self.store)
-        restored, files, ranges = RestoredChanges.plan(reader, handles, kgr, self._manifests, job_id=meta.job_id)
-        timer_files, timer_ranges, files, ranges = split_timers(files, ranges)
-        with gc_paused():
-            restored.load(reader, timer_files, timer_ranges)
-        if meta.kind == "checkpoint":
-            restored.checkpoint_id = meta.checkpoint_id
-        loader = (
-            KeyGroupLoader(
-                self.store, files, ranges, kgr, background=self.on_demand_background, raw_keys=disk,
-                # into a disk-backed working set: a key group at a time, one prepared ahead
-                read_ahead=1 if disk else DEFAULT_READ_AHEAD, max_run=1 if disk else None,
-            )
-            if files or ranges
-            else None
-        )
-        log.info(
-            "opened operator %r key groups %s at %s %d on demand: %d table files and %d changelog ranges to "
-            "load by key group; timers read in %.3fs",
-            operator_uid, kgr, meta.kind, meta.checkpoint_id, len(files), len(ranges), time.monotonic() - t0,
+        """An on-demand restore: the handles' plan and the timers now, a loader for the rest
+        (:func:`statelog.restore.plan.plan_restored`)."""
+        return plan_restored(
+            self.store, meta, operator_uid, kgr, self._manifests, disk=disk, background=self.on_demand_background,
+            options=self.on_demand_options,
         )  # fmt: skip
-        return restored, loader
 
     def load_savepoint(self, name: str) -> CheckpointMetadata:
         """The metadata of savepoint ``name`` (restore from it like from a checkpoint)."""

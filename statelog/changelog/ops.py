@@ -2,7 +2,7 @@
 
 The codes are stored in the ``op`` column of every changelog block: never renumber them; a
 new operation needs a new segment version. What each operation does to an entry of a state
-is written once, in :mod:`statelog.state.appliers` (used by the backend's restore and by the
+is written once, in :mod:`statelog.restore.appliers` (used by the backend's restore and by the
 materializer); the change feed shows :attr:`Op.label`.
 """
 

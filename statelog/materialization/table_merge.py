@@ -1,6 +1,6 @@
 """A state's new table rows: its base rows with its change records applied, per entry.
 
-The result of the state kind's applier (:mod:`statelog.state.appliers`) on the image the
+The result of the state kind's applier (:mod:`statelog.restore.appliers`) on the image the
 base rows hold: vectorized in Arrow for value-like states and timers (the last record per
 entry wins), rebuilt in Python for lists and maps. :class:`~statelog.materialization.table_writer.StateTableWriter`
 merges a run of key groups at a time.
@@ -17,14 +17,14 @@ from statelog.changelog.ops import Op
 from statelog.changelog.reader import ChangeBatch
 from statelog.descriptors import StateInfo
 from statelog.materialization.table_schema import image_to_table, table_schema, table_to_image
-from statelog.state.appliers import TimerApplier, applier_for
+from statelog.restore.appliers import TimerApplier, applier_for
 
 
 def merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table]) -> pa.Table | None:
     """Value-like states and timers, in Arrow: the last record per entry decides.
 
-    The result of :class:`~statelog.state.appliers.ValueApplier` (timers:
-    :class:`~statelog.state.appliers.TimerApplier`) on the image, vectorized (tested against
+    The result of :class:`~statelog.restore.appliers.ValueApplier` (timers:
+    :class:`~statelog.restore.appliers.TimerApplier`) on the image, vectorized (tested against
     them): base rows count as puts (timers: adds) before every change record; per
     ``(key_group, key, namespace)`` (timers: plus timestamp) the last record wins and
     entries whose last record is a delete (timer removal) are dropped.

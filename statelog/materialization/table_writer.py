@@ -192,7 +192,7 @@ def split_units(work: UnitWork, unit: int) -> list[UnitWork]:
 
 class StateTableWriter:
     """Writes the Parquet state tables of a checkpoint's operators: per subtask handle, its
-    materialized base with its changelog ranges applied (:mod:`statelog.state.appliers`).
+    materialized base with its changelog ranges applied (:mod:`statelog.restore.appliers`).
 
     The materializer (``materializer.build.Materializer``) writes a materialization with
     it and publishes the manifest; the restore job (:mod:`statelog.spark.rescale`) writes

@@ -3,7 +3,7 @@
 The data source and the tools restore through the library: the checkpoint's handles that
 overlap the range, their materialized parts (only the state's table files, only the
 overlapping row groups) and their changelog ranges of that state, read with
-:meth:`statelog.backend.RestoredChanges.read` and replayed by a
+:func:`statelog.restore.eager.read_changes` and replayed by a
 :class:`~statelog.backend.KeyedStateBackend` without changelog. Only the requested state is
 read: each changelog range holds the records of one state (its stream id ends with
 ``/<state name>``, docs/format.md 4.7) and each table file holds one state.
@@ -32,7 +32,8 @@ from statelog.descriptors import (
 from statelog.errors import StatelogError
 from statelog.keys import KeyGroupRange, encode_key, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest, load_manifest
-from statelog.restore import RestoredChanges
+from statelog.restore.changes import RestoredChanges
+from statelog.restore.eager import read_changes
 from statelog.store.base import ObjectStore
 
 # The clock of restoring backends: far in the past, so that no entry is hidden as expired.
@@ -87,7 +88,7 @@ def read_state_changes(
         for p in h.materialization:
             if p.manifest not in cache:
                 cache[p.manifest] = _only_state(load_manifest(store, p, full), name)
-    return RestoredChanges.read(SegmentReader(store), handles, kgr, cache)
+    return read_changes(SegmentReader(store), handles, kgr, cache)
 
 
 def restored_backend(

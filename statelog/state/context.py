@@ -69,7 +69,7 @@ class KeyContext:
       writer) or only kept in memory.
     * ``operator_uid``: the operator the backend belongs to (for error messages).
     * ``load_all``: loads every key group not loaded yet (an on-demand restore,
-      :mod:`statelog.ondemand`); whole-state reads (``entries()``) call it first.
+      :mod:`statelog.restore.ondemand`); whole-state reads (``entries()``) call it first.
     * ``working_set``: the store its states keep their entries in
       (:mod:`statelog.state.tables`: dicts, or the disk-backed working set); set by the
       backend, ``None`` for a context no backend owns (its states use dicts).

@@ -4,7 +4,7 @@ Each state keeps one table per namespace: ``{namespace_bytes: {key: entry}}``, m
 store of its backend (:mod:`statelog.state.tables`: dicts, or a disk-backed cache). Every
 mutation updates the table and appends a change record to the state's changelog stream
 (``state._append``; a no-op for a backend without changelog). A restore replays change
-records with the state kind's applier (:mod:`statelog.state.appliers`, shared with the
+records with the state kind's applier (:mod:`statelog.restore.appliers`, shared with the
 materializer), on the same tables. A state reaches the current key (and the clock) through
 its backend's :class:`~statelog.state.context.KeyContext`, never through the backend.
 
@@ -31,7 +31,7 @@ from statelog.descriptors import (
 )
 from statelog.errors import StatelogError
 from statelog.keys import check_map_key, decode_key, encode_key, is_legacy_key
-from statelog.state.appliers import applier_for
+from statelog.restore.appliers import applier_for
 from statelog.state.context import KeyContext
 from statelog.state.tables import MemoryStateTables, StateTables
 from statelog.types import fast_check, make_validator
@@ -191,7 +191,7 @@ class KeyedState:
 
     def apply_many(self, records: Iterable[tuple[bytes, bytes, int, Any, Any, int | None]], keys: dict[bytes, Any]) -> None:
         """Apply change records ``(key bytes, namespace bytes, op, user key, value, expires)``
-        in order (restore path; what each op does: :mod:`statelog.state.appliers`); ``keys``
+        in order (restore path; what each op does: :mod:`statelog.restore.appliers`); ``keys``
         maps key bytes to decoded keys."""
         self._applier.apply_all(records, self._store.replay_table_for(self._table_for), keys)
 

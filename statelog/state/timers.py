@@ -21,7 +21,7 @@ from statelog.changelog.ops import Op
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import StateTypeError
 from statelog.keys import decode_key, encode_key
-from statelog.state.appliers import TimerApplier
+from statelog.restore.appliers import TimerApplier
 from statelog.state.context import KeyContext
 
 if TYPE_CHECKING:
@@ -152,5 +152,5 @@ class TimerService:
         return len(self._sets[0]) + len(self._sets[1])
 
     def apply(self, d: int, kb: bytes, nsb: bytes, op: int, timestamp: int) -> None:
-        """Apply one change record of domain ``d`` (restore path; :mod:`statelog.state.appliers`)."""
+        """Apply one change record of domain ``d`` (restore path; :mod:`statelog.restore.appliers`)."""
         self._appliers[d].apply(self._sets[d], (timestamp, kb, nsb), op, None, timestamp, None)

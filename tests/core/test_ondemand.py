@@ -1,4 +1,4 @@
-"""On-demand restore (statelog/ondemand.py): key groups load when touched and in the background.
+"""On-demand restore (statelog/restore/ondemand/): key groups load when touched and in the background.
 
 A state of value, map and list entries plus timers is checkpointed, materialized and given a
 changelog tail; backends restored on demand are compared with eager restores of the same
@@ -10,6 +10,7 @@ that is only reached when its key group loads.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,13 +21,15 @@ import pytest
 
 import statelog
 import statelog.changelog.encoder
+import statelog.materialization
 import statelog.materialization.table_schema
-import statelog.ondemand
 from materializer.build import materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
 from statelog.keys import encode_key
 from statelog.materialization.manifest import load_manifest
+from statelog.restore.ondemand.options import OnDemandOptions
+from statelog.restore.ondemand.progress import KeyGroupState
 from statelog.store.faulty import FaultInjectingStore
 
 MAXP = 32
@@ -34,6 +37,8 @@ N = 3000
 V = ValueStateDescriptor("v", pa.int64(), default=0)
 M = MapStateDescriptor("m", pa.int64())
 L = ListStateDescriptor("l", pa.string())
+# the on-demand restore options of the jobs the tests open (variants of the tests set them)
+ON_DEMAND = OnDemandOptions()
 
 
 def _build(root: str) -> dict[str, Any]:
@@ -81,16 +86,17 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     32 rows by key-group range (format.md 4.2), so a touch reads one block of a segment.
     ``tail-first``: the first key group that needs its tail reads the whole tail (as for a
     tail of many small segments); otherwise a touch reads its key group's records alone."""
-    monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 1 << 30 if request.param == "tail-first" else 0)
+    options = {"segment_read_cost_bytes": 1 << 30 if request.param == "tail-first" else 0}
     if request.param == "sliced":
         monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 8)
         monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 16)
     if request.param in ("sliced", "split"):  # a touch reads a file's footer and row groups, not the whole file
-        monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
+        options["ranged_min_bytes"] = 0
     if request.param == "split":  # and a touch reads the tail's segments in ranges
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 64)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 32)
-        monkeypatch.setattr(statelog.ondemand, "TOUCH_WHOLE_BYTES", 0)
+        options["touch_whole_bytes"] = 0
+    monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(**options))
     root = (tmp_path / "root").as_uri()
     info = _build(root)
     assert (b"\x00\x02" in info["segment_versions"]) == (request.param == "split")
@@ -110,12 +116,14 @@ def _view(b: Any) -> dict[str, dict]:
 
 def _eager(root: str, cid: int, subtask: int = 0, parallelism: int = 1) -> dict[str, dict]:
     with statelog.open(root, create=False) as job:
+        job.on_demand_options = ON_DEMAND
         return _view(job.backend("op", restore=cid, changelog=False, subtask=subtask, parallelism=parallelism))
 
 
 def _open(root: str, background: bool) -> statelog.StateJob:
     job = statelog.open(root, create=False, on_demand_restore=True)
     job.on_demand_background = background
+    job.on_demand_options = ON_DEMAND
     return job
 
 
@@ -183,12 +191,12 @@ def test_wait_loaded_after_touches_and_background_progress_equals_eager_and_stop
             b.set_current_key(key)
             v.update(v.value() + 0)  # a touch that writes the value it read
         deadline = time.monotonic() + 60
-        while loader._taken < 8 and time.monotonic() < deadline:  # some prepared in the background
+        while loader.progress.taken < 8 and time.monotonic() < deadline:  # some prepared in the background
             b.poll_loading()
             time.sleep(0.001)
-        assert 3 <= loader._taken < MAXP  # some loaded before, the rest by wait_loaded
+        assert 3 <= loader.progress.taken < MAXP  # some loaded before, the rest by wait_loaded
         b.wait_loaded()
-        assert not b.loading and loader.done and not loader._thread.is_alive()
+        assert not b.loading and loader.done and not loader.progress.thread.is_alive()
         assert b.restore_stats["rows"] == loader.rows > N
         assert _view(b) == want
 
@@ -301,7 +309,7 @@ def test_opening_reads_no_table_file_and_loading_fetches_each_once(built) -> Non
             loader = b._loader
             assert loader is not None
             if not background:
-                assert loader.bytes_read == 0 and loader.files_fetched == 0  # opening read none
+                assert loader.bytes_read == 0 and loader.files.fetched == 0  # opening read none
             v = b.get_state(V)
             if not background:
                 b.set_current_key(17)  # a first touch
@@ -311,10 +319,10 @@ def test_opening_reads_no_table_file_and_loading_fetches_each_once(built) -> Non
                 held = sum(1 for name, fs in manifest.operators["op"].files.items() if not name.startswith("__")
                            for f in fs if f.key_groups.start <= kg <= f.key_groups.end)  # fmt: skip
                 assert held >= 2
-                assert (loader.files_ranged, loader.files_fetched) == ((held, 0) if info["ranged"] else (0, held))
+                assert (loader.files.ranged, loader.files.fetched) == ((held, 0) if info["ranged"] else (0, held))
                 assert loader.bytes_read > 0
             b.wait_loaded()
-            assert loader.files_fetched == len(files) > 1  # every table file once
+            assert loader.files.fetched == len(files) > 1  # every table file once
             assert b.restore_stats["rows"] == sum(
                 f.rows for name, fs in manifest.operators["op"].files.items() if not name.startswith("__") for f in fs
             )
@@ -344,11 +352,11 @@ def test_a_first_touch_reads_its_tail_while_it_reads_its_table_files(built) -> N
                 assert started[other].wait(20), f"{key} was read alone"
                 met.append(mine)
 
-        store = FaultInjectingStore(loader.store)
+        store = FaultInjectingStore(loader.files.store)
         for op in ("get", "get_range"):
             store.before(op, meet)
-        loader.store = loader._touch_reader.store = loader._reader.store = store
-        assert loader._whole_first == info["tail_first"]
+        loader.files.store = loader.tail.touch_reader.store = loader.tail.reader.store = store
+        assert loader.tail.whole_first == info["tail_first"]
         b.set_current_key(17)
         assert v.value() == info["want_v"][17]
         assert sorted(met) == sorted(started)
@@ -366,19 +374,21 @@ def test_the_background_thread_pauses_while_the_task_thread_prepares_and_install
         loader = b._loader
         assert loader is not None
         passed: list[float] = []
-        # stands in for the background thread: _pause_for_task only pauses that thread
-        loader._thread = threading.Thread(target=lambda: (loader._pause_for_task(), passed.append(time.monotonic())))
+        # stands in for the background thread: pause_for_task only pauses that thread
+        loader.progress.thread = threading.Thread(
+            target=lambda: (loader.progress.pause_for_task(), passed.append(time.monotonic()))
+        )
         p = loader.take(statelog.key_group_of(17, MAXP))
-        assert p is not None and loader._urgent == 1
-        loader._thread.start()
+        assert p is not None and loader.progress.urgent == 1
+        loader.progress.thread.start()
         time.sleep(0.3)
-        assert loader._thread.is_alive() and not passed  # paused while the key group is not installed
+        assert loader.progress.thread.is_alive() and not passed  # paused while the key group is not installed
         released = time.monotonic()
         loader.installed()
-        loader._thread.join(5)
+        loader.progress.thread.join(5)
         assert passed and passed[0] >= released
         b.set_current_key(1234)  # the backend says when what it took is installed
-        assert loader._urgent == 0
+        assert loader.progress.urgent == 0
 
 
 @pytest.mark.parametrize("store", ["memory", "disk"])
@@ -406,8 +416,9 @@ def test_a_key_waits_only_for_its_slice_and_the_rest_loads_without_the_slices_ha
     b.set_current_key(key)
     assert v.value() == want["v"][(key, None)] and m.get("a") == want["m"].get((key, None), {}).get("a")
     if not background:
-        assert loader._state[kg] == 4 and loader._slices_taken[kg] == {loader._slice_of(kg, encode_key(key))}
-        assert len(loader._bounds[kg]) >= 4  # about 100 rows in row groups of at most 16
+        assert loader.progress.state[kg] is KeyGroupState.PARTIAL
+        assert loader.slices.taken[kg] == {loader.slices.index(kg, encode_key(key))}
+        assert len(loader.slices.bounds[kg]) >= 4  # about 100 rows in row groups of at most 16
         if store == "memory":
             loaded = {k for table in v._tables.values() for k in table}
             assert key in loaded and loaded < set(of_kg)  # its slice, not the whole key group
@@ -441,7 +452,7 @@ def test_a_tail_of_many_small_segments_is_read_once_however_many_key_groups_are_
     whole are kept for the next touches. The state equals the values written either way.
     (With no table file, the tail read first is installed at once for every key group.)"""
     if not tail_first:
-        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+        monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(segment_read_cost_bytes=0))
     root = (tmp_path / "root").as_uri()
     with statelog.open(root, max_parallelism=MAXP) as job:
         b = job.backend("op")
@@ -454,13 +465,13 @@ def test_a_tail_of_many_small_segments_is_read_once_however_many_key_groups_are_
     with _open(root, background=False) as job:
         b = job.backend("op", restore=last.checkpoint_id)
         loader = b._loader
-        assert loader is not None and loader._whole_first == tail_first
-        assert len({s.name for r in loader._ranges for s in r.segments}) == 12
+        assert loader is not None and loader.tail.whole_first == tail_first
+        assert len({s.name for r in loader.tail.ranges for s in r.segments}) == 12
         reads: list[str] = []
-        store = FaultInjectingStore(loader.store)
+        store = FaultInjectingStore(loader.files.store)
         for op in ("get", "get_range"):
             store.before(op, lambda _op, key: reads.append(key))
-        loader.store = loader._reader.store = loader._touch_reader.store = store
+        loader.files.store = loader.tail.reader.store = loader.tail.touch_reader.store = store
         v = b.get_state(V)
         for i in range(40):
             b.set_current_key(i)

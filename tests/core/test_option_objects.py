@@ -27,6 +27,7 @@ from statelog.changelog.format import BLOCK_CODECS, Codec
 from statelog.changelog.writer import ChangelogWriter
 from statelog.errors import ConfigError
 from statelog.options import WriterOptions
+from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.store import open_store
 from tools.cli import main
 
@@ -36,7 +37,7 @@ def _defaults(cls: type) -> dict[str, Any]:
 
 
 def test_every_option_has_a_doc_and_a_check() -> None:
-    for cls in (WriterOptions, MaterializerOptions):
+    for cls in (WriterOptions, MaterializerOptions, OnDemandOptions):
         for f in dataclasses.fields(cls):
             assert f.metadata["doc"].strip(), (cls.__name__, f.name)
             assert f.metadata["check"] is not None, (cls.__name__, f.name)

@@ -3,14 +3,16 @@ crashes (in-memory state and unflushed buffers dropped); every restore equals th
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statelog
-import statelog.ondemand
 from statelog import StateJob
 from statelog.changelog import encoder
+from statelog.restore.ondemand.options import OnDemandOptions
 from tests.core.harness import Clock, Driver, Model
 
 # keys equal in Python are one key (issue 11 point 0): the model is a dict, so Python
@@ -66,6 +68,7 @@ OPS = st.one_of(  # nested one_of is flattened: every operation keeps its weight
 # operations write entries back and read them again)
 MODES = ["eager", "touched", "on-demand", "disk", "disk-touched"]
 DISK_CACHE_ENTRIES = 6
+ON_DEMAND = OnDemandOptions()  # the on-demand restore options of the jobs (reads_alone sets them)
 
 
 def reads_alone(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
@@ -73,7 +76,7 @@ def reads_alone(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     of each segment); ``on-demand``: the tail, small here, is read whole by the first touch
     (and a state without table files is installed at once)."""
     if mode.endswith("touched"):
-        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+        monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(segment_read_cost_bytes=0))
 
 
 def is_lazy(mode: str) -> bool:
@@ -86,6 +89,7 @@ def open_job(root: str, options: dict, writer_options: dict | None = None, on_de
                         on_demand_restore=is_lazy(on_demand),
                         state_store="disk" if on_demand.startswith("disk") else "memory")  # fmt: skip
     job.on_demand_background = not on_demand.endswith("touched")
+    job.on_demand_options = ON_DEMAND
     job.state_cache_entries = DISK_CACHE_ENTRIES
     return job
 

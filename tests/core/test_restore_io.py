@@ -1,4 +1,4 @@
-"""Restore I/O lives in statelog/restore.py: reading a checkpoint's handles (manifests, state
+"""Restore I/O lives in statelog/restore/: reading a checkpoint's handles (manifests, state
 tables, changelog tail) apart from the backend that turns them into state."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import statelog.backend
 from materializer.build import materialize
 from statelog.changelog.reader import SegmentReader
 from statelog.keys import KeyGroupRange, key_group_range_for_subtask
-from statelog.restore import RestoredChanges, base_entries
+from statelog.restore.changes import RestoredChanges, base_entries
+from statelog.restore.eager import read_changes
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_backend_reads_no_handle_itself() -> None:
-    assert RestoredChanges.__module__ == "statelog.restore"
-    assert base_entries.__module__ == "statelog.restore"
+    assert RestoredChanges.__module__ == "statelog.restore.changes"
+    assert base_entries.__module__ == "statelog.restore.changes"
     tree = ast.parse((REPO / "statelog" / "backend.py").read_text())
     defined = {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
     assert not defined & {"RestoredChanges", "base_entries", "gc_paused"}
@@ -44,9 +45,9 @@ def test_restored_changes_read_the_base_and_the_tail_of_the_requested_key_groups
         meta = job.checkpoint()
         handles = list(meta.operators["op"].subtasks)
         assert [p.manifest for h in handles for p in h.materialization] == [m.key]
-        whole = RestoredChanges.read(SegmentReader(job.store), handles, KeyGroupRange(0, 15), job_id=job.job_id)
+        whole = read_changes(SegmentReader(job.store), handles, KeyGroupRange(0, 15), job_id=job.job_id)
         half = key_group_range_for_subtask(16, 2, 0)
-        part = RestoredChanges.read(SegmentReader(job.store), handles, half, job_id=job.job_id)
+        part = read_changes(SegmentReader(job.store), handles, half, job_id=job.job_id)
     assert whole.base_checkpoint_id == base.checkpoint_id and whole.base_rows == 100
     assert whole.records_read == 40 and len(whole.records["v"]) == 40
     assert 0 < part.base_rows < 100 and 0 < part.records_read < 40

@@ -1,5 +1,5 @@
 """The Arrow merge of value-like states and timers in materializations (``merge_last_wins``) gives
-what the reference appliers (statelog/state/appliers.py) give on random op sequences."""
+what the reference appliers (statelog/restore/appliers.py) give on random op sequences."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from statelog.descriptors import StateInfo, StateKind, TtlConfig
 from statelog.errors import CorruptionError
 from statelog.materialization.table_merge import merge_last_wins, merge_python
 from statelog.materialization.table_schema import image_to_table, table_to_image
-from statelog.state.appliers import applier_for
+from statelog.restore.appliers import applier_for
 
 KEYS = [b"\x06\x01a", b"\x06\x01b", b"\x06\x01c", b"\x06\x01d"]
 NSS = [b"\x00", b"\x03\x80\x00\x00\x00\x00\x00\x00\x05"]
@@ -113,7 +113,7 @@ def test_an_op_not_valid_for_the_kind_fails_both_paths_alike(info, op):
 
 def test_list_and_map_merge_use_the_appliers(monkeypatch):
     calls = []
-    from statelog.state import appliers
+    from statelog.restore import appliers
 
     orig = appliers.ListApplier.apply
 

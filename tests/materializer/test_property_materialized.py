@@ -33,14 +33,15 @@ from hypothesis import strategies as st
 
 import statelog
 import statelog.changelog.encoder
+import statelog.materialization
 import statelog.materialization.table_schema
-import statelog.ondemand
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
 from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.layout import MANIFEST_PREFIX
 from statelog.materialization.manifest import latest_manifest_key, list_manifests, load_manifest
+from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.store.faulty import FaultInjectingStore
 from tests.core.harness import (
     DESCRIPTORS,
@@ -55,6 +56,7 @@ from tests.core.test_property import DISK_CACHE_ENTRIES, MODES, STATE_OPS, is_la
 from tools.cli import main as cli_main
 
 MAXP = 16
+ON_DEMAND = OnDemandOptions()  # the on-demand restore options of the jobs (tests' variants set them)
 UID = "op"
 JOB_RETAIN = 4
 
@@ -133,6 +135,7 @@ class Scenario:
             state_store="disk" if self.mode.startswith("disk") else "memory",
         )
         job.on_demand_background = not self.mode.endswith("touched")
+        job.on_demand_options = ON_DEMAND
         job.state_cache_entries = DISK_CACHE_ENTRIES
         job.materialization_poll_s = 0
         return job
@@ -299,6 +302,7 @@ class Scenario:
         now = self.clock.now
         parallelism = min(parallelism, MAXP)
         job = statelog.open(self.root, store_options=self.options, create=False)
+        job.on_demand_options = ON_DEMAND
         try:
             targets: list[tuple[Any, Model]] = [(cid, self.snapshots[cid]) for cid in ids]
             assert set(savepoint_names(job.store)) == set(self.sp_models)
@@ -366,8 +370,9 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, monkeypatch, s
     on-demand restore loads key groups by slices (a key, or a key's namespaces cut apart);
     and segments of version 2, a block per key group of every stream with two records or
     more in a segment (format.md 4.2); touches read table files in ranges (footer, row groups)."""
+    on_demand: dict[str, int] = {}
     if mode.endswith("touched") or mode.endswith("touched-sliced"):  # touches read their tail alone
-        monkeypatch.setattr(statelog.ondemand, "SEGMENT_READ_COST_BYTES", 0)
+        on_demand["segment_read_cost_bytes"] = 0
     if mode.endswith("-sliced"):
         mode = mode.removesuffix("-sliced")
         monkeypatch.setattr(sys.modules[__name__], "MAXP", 2)
@@ -375,7 +380,8 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, monkeypatch, s
         monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 1)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 2)
         monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 1)
-        monkeypatch.setattr(statelog.ondemand, "RANGED_MIN_BYTES", 0)
+        on_demand["ranged_min_bytes"] = 0
+    monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(**on_demand))
     root = tmp_path_factory.mktemp("propm").as_uri()
     _tally("file", run_scenario(root, {}, flatten(steps), mode))
 

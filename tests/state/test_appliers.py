@@ -14,7 +14,13 @@ from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescript
 from statelog.changelog.ops import OVERWRITING_OPS, Op, op_label
 from statelog.descriptors import StateInfo, StateKind, TtlConfig
 from statelog.errors import CorruptionError
-from statelog.state.appliers import ListApplier, MapApplier, TimerApplier, ValueApplier, applier_for
+from statelog.restore.appliers import (
+    ListApplier,
+    MapApplier,
+    TimerApplier,
+    ValueApplier,
+    applier_for,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 

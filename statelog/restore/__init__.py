@@ -1,0 +1,14 @@
+"""Restore: turning a checkpoint's handles back into a subtask's keyed state.
+
+* ``plan.py``: what a restore reads (the checkpoint ``restore=`` names, the table files and
+  changelog ranges of a key-group range, the opening of an on-demand restore);
+* ``eager.py``: everything read at once, then installed when the states register;
+* ``ondemand/``: key groups loaded when first touched and in the background;
+* ``changes.py``: what a restore read (``RestoredChanges``) and a state table's entries;
+* ``appliers.py``: what each change operation does, per state kind (also the materializer's);
+* ``collector.py``: the cyclic garbage collector paused while state is built.
+
+The backend (:mod:`statelog.backend`) installs what these read into its states' tables.
+This package imports none of its modules here: the state kinds import ``appliers.py``, and
+the rest imports the state kinds.
+"""

@@ -1,0 +1,109 @@
+"""What a restore read: :class:`RestoredChanges`, and the entries of a state table.
+
+A :class:`RestoredChanges` holds what a restore read from the handles of a checkpoint,
+restricted to the key groups of the restoring subtask: the materialized base tables per
+state and the change records of the tail after them, grouped per state in replay order
+(:meth:`RestoredChanges.load` reads the table files, by a thread pool, and the changelog
+ranges :func:`statelog.restore.plan.plan_reads` listed). :func:`base_entries` turns a state
+table into the keys, namespaces and entries the backend installs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statelog.changelog.reader import SegmentReader
+from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart
+from statelog.descriptors import StateInfo, StateKind
+from statelog.keys import KeyGroupRange, decode_key_array
+from statelog.materialization.manifest import TableFile
+from statelog.materialization.table_reader import read_table_file
+from statelog.materialization.table_schema import decode_values
+
+__all__ = ["BaseFile", "RestoredChanges", "base_entries"]
+
+# a materialized table file to read: its state, the file, the key groups to read of it
+BaseFile = tuple[StateInfo, TableFile, KeyGroupRange]
+
+
+def base_entries(info: StateInfo, table: pa.Table, raw_keys: bool = False) -> tuple[list[Any], list[bytes], list[Any]]:
+    """Keys, namespaces and in-memory entries (TTL: ``[value, expires]``) of a state table;
+    ``raw_keys``: the keys' bytes instead of the decoded keys (a disk-backed working set)."""
+    keys = table.column("key").to_pylist() if raw_keys else decode_key_array(table.column("key"))
+    nss = _namespaces(table.column("namespace"))
+    values = decode_values(info, table)
+    if info.ttl is not None:
+        exps = table.column("expires_ms").to_pylist()
+        if info.kind is StateKind.LIST:
+            values = [[[v, x] for v, x in zip(vs, xs, strict=True)] for vs, xs in zip(values, exps, strict=True)]
+        elif info.kind is StateKind.MAP:
+            values = [
+                {k: [v, x] for (k, v), x in zip(m.items(), xs, strict=True)}
+                for m, xs in zip(values, exps, strict=True)
+            ]
+        else:
+            values = [[v, x] for v, x in zip(values, exps, strict=True)]
+    return keys, nss, values
+
+
+def _namespaces(col: pa.ChunkedArray) -> list[bytes]:
+    """The namespace of each row; one shared ``bytes`` object when every row has the same one
+    (as in a state without namespaces: no object per row)."""
+    n = len(col)
+    if n and col.null_count == 0:
+        first = col[0]
+        if pc.all(pc.equal(col, first)).as_py():
+            return [first.as_py()] * n
+    return col.to_pylist()
+
+
+class RestoredChanges:
+    """What a restore reads from checkpoint handles: materialized base tables per state, then
+    change records grouped per state, in replay order."""
+
+    def __init__(self) -> None:
+        self.infos: dict[str, StateInfo] = {}
+        # per state (timers included): its materialized tables, turned into entries when the
+        # state registers
+        self.base: dict[str, list[pa.Table]] = {}
+        self.records: dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]] = {}
+        self.parts: list[MaterializedPart] = []
+        self.inherited: list[ChangelogRange] = []
+        self.checkpoint_id: int | None = None
+        self.base_checkpoint_id = -1
+        self.bytes_read = 0
+        self.base_rows = 0
+        self.records_read = 0
+
+    def load(self, reader: SegmentReader, files: list[BaseFile], ranges: list[ChangelogRange]) -> None:
+        """Read ``files`` and ``ranges`` (as :func:`statelog.restore.plan.plan_reads` listed
+        them, or a part of them)."""
+        store = reader.store
+        before = reader.bytes_read
+        # Table files are fetched and decoded by a thread pool (I/O and Parquet decoding release
+        # the GIL) while this thread reads the changelog tail; keys and entries of the tables
+        # are built only after the pool finished: decoding keys while the pool runs would make
+        # the pool's threads wait for the GIL at every Python step.
+        pool = cf.ThreadPoolExecutor(min(4, len(files)), thread_name_prefix="statelog-restore") if files else None
+        try:
+            futures = [pool.submit(read_table_file, store, f, kgr, info) for info, f, kgr in files] if pool else []
+            for sub_r in ranges:
+                for batch in reader.read_range(sub_r.stream, sub_r.start, sub_r.end, sub_r.key_groups, sub_r.segments):
+                    recs = self.records.setdefault(batch.state, [])
+                    for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
+                        recs.append((kb, nsb, op, ukey, value, exp))
+                    self.records_read += batch.table.num_rows
+            tables = [f.result() for f in futures]
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        for (info, f, _kgr), table in zip(files, tables, strict=True):
+            self.bytes_read += f.bytes
+            if table.num_rows:  # turned into keys and entries when the state is registered
+                self.base.setdefault(info.name, []).append(table)
+                self.base_rows += table.num_rows
+        self.bytes_read += reader.bytes_read - before
