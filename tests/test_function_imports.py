@@ -19,12 +19,15 @@ PACKAGES = ("statelog", "materializer", "runtime", "tools")
 # (module, imported module or its prefix) -> why the import is inside a function
 ALLOWED: dict[tuple[str, str], str] = {
     # optional dependencies: the spark extra, pandas
-    ("tools.cli_spark", "statelog.spark"): "the spark extra: the other commands work without PySpark",
-    ("tools.cli_spark", "pyspark"): "the spark extra",
-    ("tools.cli_spark", "tools.sql_duckdb"): "the DuckDB engine reads through statelog.spark (the spark extra)",
-    ("tools.sql_views", "statelog.spark"): "the spark extra: tools.cli imports the view names without PySpark",
-    ("tools.sql_duckdb", "statelog.spark"): "the spark extra: the DuckDB engine uses the data sources' readers",
-    ("tools.sql_duckdb", "pyspark"): "the spark extra (the metadata schemas are Spark DDL)",
+    ("tools.cli.spark", "statelog.spark"): "the spark extra: the other commands work without PySpark",
+    ("tools.cli.spark", "tools.sql.duckdb"): "the DuckDB engine reads through statelog.spark (the spark extra)",
+    ("tools.cli.spark_session", "statelog.spark"): "the spark extra: the other commands work without PySpark",
+    ("tools.cli.spark_session", "pyspark"): "the spark extra",
+    ("tools.sql.spark", "statelog.spark"): "the spark extra: the Spark engine reads the statelog data sources",
+    ("tools.sql.spark", "pyspark"): "the spark extra",
+    ("tools.sql.views", "statelog.spark"): "the spark extra: tools.cli imports the view names without PySpark",
+    ("tools.sql.duckdb", "statelog.spark"): "the spark extra: the DuckDB engine uses the data sources' readers",
+    ("tools.sql.duckdb", "pyspark"): "the spark extra (the metadata schemas are Spark DDL)",
     ("statelog.spark.schema", "pyspark.sql.pandas"): "needs pandas, which the spark extra does not install",
     # minio is imported for s3:// roots only
     ("statelog.store.options", "statelog.store.s3"): "minio only for s3:// roots",
@@ -34,9 +37,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.spark.tasks", "pyspark"): "the spark extra",
     ("materializer.spark", "statelog.spark"): "the spark extra: SparkEngine fails at construction without it",
     ("materializer.daemon", "materializer.spark"): "the spark extra: engine='spark' only",
-    ("tools.cli_materializer", "statelog.spark"): "the spark extra: --engine spark only",
-    ("tools.cli_materializer", "materializer.spark"): "the spark extra: --engine spark only",
-    ("tools.cli_materializer", "tools"): "tools.cli_spark (its session helpers) imports statelog.spark: --engine spark only",
+    ("tools.cli.materializer", "statelog.spark"): "the spark extra: --engine spark only",
+    ("tools.cli.materializer", "materializer.spark"): "the spark extra: --engine spark only",
     ("runtime.spark_cluster", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
 }
 
@@ -92,7 +94,7 @@ def test_every_reason_still_has_its_import() -> None:
 
 def test_the_check_finds_a_function_level_import() -> None:
     found = function_level_imports()
-    assert ("tools.cli_spark", "statelog.spark") in {(m, t) for m, _, t in found}
+    assert ("tools.cli.spark", "statelog.spark") in {(m, t) for m, _, t in found}
 
 
 def test_dead_code_is_gone() -> None:

@@ -29,7 +29,6 @@ KNOWN_LARGE = {
     "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
     "materializer/gc.py", "runtime/channels.py", "runtime/driver.py", "runtime/driver.py:JobMaster",
     "runtime/kafka.py", "runtime/sources.py", "runtime/task.py", "runtime/task.py:Task",
-    "tools/cli_spark.py", "tools/output.py",
 }
 
 

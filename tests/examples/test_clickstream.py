@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tools import ui
+from tools.dashboard.page import CHARTS
 
 PROJECT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("clickstream")  # both tests share the one demo run
@@ -112,7 +112,7 @@ def test_the_dashboard_draws_every_chart_on_the_demo_root(demo: dict[str, Any]) 
                 assert page.title() == f"statelog: {root}"
                 assert page.locator(".no-data").count() == 0, page.locator(".no-data").all_inner_texts()
                 drawn = {}
-                for name in ui.CHARTS:
+                for name in CHARTS:
                     plot = f"#plot-{name}"
                     page.wait_for_selector(f"{plot} .main-svg", timeout=30_000)
                     # plotly keeps the figure's traces on the div: every trace holds data points

@@ -39,7 +39,7 @@ from statelog.materialization.manifest import (
 from statelog.store.base import ObjectStore
 from tests.s3server import RootSpec
 from tools.cli import main
-from tools.cli_materializer import parse_duration, parse_size
+from tools.cli.materializer import parse_duration, parse_size
 
 PROJECT = Path(__file__).resolve().parents[2]
 MAXP = 16

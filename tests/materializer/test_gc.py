@@ -474,7 +474,7 @@ def test_cli_gc_bad_input_exit_2(file_root: RootSpec, capsys: pytest.CaptureFixt
 
 
 def test_cli_gc_durations_and_missing_root(file_root: RootSpec, capsys: pytest.CaptureFixture[str]) -> None:
-    from tools.cli_maintenance import parse_duration
+    from tools.cli.maintenance import parse_duration
 
     assert [parse_duration(t) for t in ("0", "30s", "10m", "1h", "1.5h", "2d", "250ms", " 7 ")] == [
         0, 30, 600, 3600, 5400, 172800, 0.25, 7

@@ -248,7 +248,7 @@ def test_gc_without_delete_permission_is_one_line(
 def refuse_spark(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """Record every SparkSession ``statelog restore`` starts (and refuse to start it)."""
     pytest.importorskip("pyspark")
-    import tools.cli_spark
+    import tools.cli.spark_session
 
     started: list[str | None] = []
 
@@ -258,7 +258,7 @@ def refuse_spark(monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
         raise StatelogError("the test does not start Spark")
         yield  # a generator function, as the context manager it replaces
 
-    monkeypatch.setattr(tools.cli_spark, "_spark", no_spark)
+    monkeypatch.setattr(tools.cli.spark_session, "session", no_spark)
     return started
 
 

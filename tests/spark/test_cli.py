@@ -11,7 +11,7 @@ import pytest
 import statelog
 from statelog import ListStateDescriptor, ValueStateDescriptor
 from tools.cli import main
-from tools.cli_spark import view_names
+from tools.sql.views import view_names
 
 
 @pytest.fixture(scope="module")

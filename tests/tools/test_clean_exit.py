@@ -38,7 +38,9 @@ from statelog.materialization.table_reader import read_table_file
 from tests.s3server import RootSpec, S3Server
 from tests.tools.dashboard_root import DemoRoot, build_demo_root
 from tests.tools.test_cli import EVENTS, build_job, s3_args
-from tools.cli import main, open_root, verify_root
+from tools.cli import main
+from tools.roots import open_root
+from tools.verify import verify_root
 
 REPO = Path(__file__).resolve().parents[2]
 SQL = "SELECT count(*) AS n FROM user_counts__clicks"

@@ -1,4 +1,4 @@
-"""The data behind `statelog ui` (tools/dashboard.py) and the command's files and errors.
+"""The data behind `statelog ui` (tools/dashboard/data.py) and the command's files and errors.
 
 The root is built with statelog.open (tests/tools/dashboard_root.py): two operators, six
 checkpoints, materializations of checkpoints 2 and 4, savepoints of 3 and 6. Every figure is
@@ -26,8 +26,9 @@ from tests.tools.dashboard_root import (
     build_demo_root,
     rows_per_key_group,
 )
-from tools import dashboard, ui
 from tools.cli import main
+from tools.dashboard.data import gather
+from tools.dashboard.page import CHARTS, render_html
 from tools.roots import open_root
 
 
@@ -39,7 +40,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRoot:
 @pytest.fixture(scope="module")
 def data(demo: DemoRoot) -> dict[str, Any]:
     with open_root(demo.url, {}) as root:
-        return dashboard.gather(root)
+        return gather(root)
 
 
 def test_checkpoint_history_has_the_recorded_stats_and_referenced_sizes(demo: DemoRoot, data: dict[str, Any]) -> None:
@@ -101,7 +102,7 @@ def test_key_group_skew_counts_rows_per_key_group(demo: DemoRoot, data: dict[str
     assert series[("clicks-per-window", "count")] == rows_per_key_group(demo.windows[4])
     # over the byte budget: each file's rows spread over its key groups, same totals per file
     with open_root(demo.url, {}) as root:
-        coarse = dashboard.gather(root, skew_scan_bytes=0)["skew"]
+        coarse = gather(root, skew_scan_bytes=0)["skew"]
     assert coarse["granularity"] == "table file"
     for s in coarse["series"]:
         exact = series[(s["operator"], s["state"])]
@@ -131,10 +132,10 @@ def test_a_root_with_checkpoints_but_no_materialization_has_no_skew(tmp_path: Pa
         b.get_state(CLICKS).update(1)
         job.checkpoint()
     with open_root(url, {}) as root:
-        d = dashboard.gather(root)
+        d = gather(root)
     assert d["skew"]["series"] == [] and d["materializations"] == [] and d["savepoints"] == []
     assert any("key-group skew needs a materialization" in n for n in d["notes"])
-    page = ui.render_html(d)
+    page = render_html(d)
     for name in ("key-group-skew", "materialization-lag", "savepoints"):
         assert f'id="plot-{name}"' not in page and f'<section class="chart" id="chart-{name}">' in page
     assert page.count('class="no-data"') == 3
@@ -146,7 +147,7 @@ def test_a_corrupt_checkpoint_is_reported_not_fatal(tmp_path: Path, demo: DemoRo
     shutil.copytree(Path(demo.url.removeprefix("file://")), copy)
     (copy / checkpoint_key(5)).write_bytes(b"{not json")
     with open_root(copy.as_uri(), {}) as root:
-        d = dashboard.gather(root)
+        d = gather(root)
     assert [r["checkpoint_id"] for r in d["checkpoints"]] == [1, 2, 3, 4, 6]
     assert [r["checkpoint_id"] for r in d["unreadable_checkpoints"]] == [5]
     assert any(n.startswith("checkpoint 5 could not be read") and checkpoint_key(5) in n for n in d["notes"])
@@ -169,9 +170,9 @@ def test_ui_out_writes_one_self_contained_page(demo: DemoRoot, tmp_path: Path, c
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     page = out.read_text()
     assert "<script src" not in page and "<link" not in page  # nothing loaded from elsewhere
-    assert page.count("<script") == 1 + len(ui.CHARTS)  # plotly.js inlined once, one per chart
+    assert page.count("<script") == 1 + len(CHARTS)  # plotly.js inlined once, one per chart
     assert len(page) > 3_000_000  # plotly.js itself is a few MB
-    for name in ui.CHARTS:
+    for name in CHARTS:
         assert f'<div id="plot-{name}"' in page, name
     assert "before-upgrade" in page and "nightly" in page
 

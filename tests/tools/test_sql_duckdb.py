@@ -1,4 +1,4 @@
-"""``statelog sql`` and ``statelog inspect`` on DuckDB (the default engine, tools/sql_duckdb.py).
+"""``statelog sql`` and ``statelog inspect`` on DuckDB (the default engine, tools/sql/duckdb.py).
 
 The job of :mod:`tests.spark.jobs` (every state kind; checkpoints c1: changelog only, c2:
 materialized without tail, c3: materialized plus a tail, c4: a longer tail with deletes):
@@ -28,9 +28,9 @@ from statelog.spark.restore import stream_state
 from tests.s3server import RootSpec
 from tests.spark import jobs
 from tests.spark.test_changes import apply_feed, state_at
-from tools import sql_duckdb
 from tools.cli import main
-from tools.sql_views import check_read_only, plan_views, referenced
+from tools.sql.duckdb import ArrowViews, connect, run_query
+from tools.sql.views import check_read_only, plan_views, referenced
 
 
 class Row(dict):
@@ -56,7 +56,7 @@ def duck(b: jobs.Built, query: str, checkpoint: Any = "latest", changes_from: An
     """Columns and rows of ``query`` on the DuckDB engine, as the CLI runs it."""
     check_read_only(query)
     plan = plan_views(b.root, b.options, str(checkpoint), None if changes_from is None else str(changes_from))
-    cols, rows = sql_duckdb.run_query(plan, b.options, key_type, query, referenced(query, plan.names), max_rows)
+    cols, rows = run_query(plan, b.options, key_type, query, referenced(query, plan.names), max_rows)
     return cols, [Row(zip(cols, r, strict=True)) for r in rows]
 
 
@@ -250,8 +250,8 @@ def test_inspect_counts_rows_with_duckdb(built: jobs.Built, capsys: Any) -> None
 def test_the_connection_reads_only_the_registered_views(built: jobs.Built, tmp_path: Path) -> None:
     """Even a statement past the checks could not touch a file: DuckDB's file access is off."""
     plan = plan_views(built.root, {}, "latest")
-    with sql_duckdb.ArrowViews(plan, {}, None) as views:
-        con = sql_duckdb.connect(views, ["op__count"])
+    with ArrowViews(plan, {}, None) as views:
+        con = connect(views, ["op__count"])
     target = tmp_path / "out.csv"
     try:
         for statement in (f"COPY op__count TO '{target}'", f"ATTACH '{tmp_path / 'x.db'}'",

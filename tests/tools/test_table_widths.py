@@ -26,8 +26,7 @@ from rich.text import Text
 
 import statelog
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from tools import output, widths
-from tools.cli import main
+from tools.cli import main, output, widths
 
 REPO = Path(__file__).resolve().parents[2]
 PIPE = 0  # the width parameter of the pipe case: stdout is not a terminal, COLUMNS is unset

@@ -7,19 +7,15 @@
   it uses (:func:`referenced`: only those are built).
 * One error line for an unknown view (:func:`unknown_view`), the same for both engines.
 * The ``inspect`` report (:func:`inspect_report`; the engine counts the rows).
-* Printing a result (:func:`print_result`): a table, or JSON rows.
 
-The engines are :mod:`tools.sql_duckdb` (in-process, the default) and the Spark path of
-:mod:`tools.cli_spark`; both read the state through the ``statelog`` data source's own
-readers (:mod:`statelog.spark`), so a view has the same rows and columns on both.
+The engines are :mod:`tools.sql.duckdb` (in-process, the default) and :mod:`tools.sql.spark`;
+both read the state through the ``statelog`` data source's own readers
+(:mod:`statelog.spark`), so a view has the same rows and columns on both. The command line
+(:mod:`tools.cli.spark`) prints their results.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import decimal
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +24,6 @@ from typing import Any
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError
 from statelog.job import StateJob
-from tools.output import _console, _json, _row, _table
 
 METADATA_VIEW_PREFIX = "statelog_"
 CHANGES_SUFFIX = "__changes"
@@ -210,68 +205,3 @@ def inspect_report(root: str, options: Mapping[str, Any], checkpoint: str,
             })
         out["operators"].append(entry)
     return out
-
-
-def print_inspect(report: Mapping[str, Any], as_json: bool) -> None:
-    if as_json:
-        _json(report)
-        return
-    console = _console()
-    what = f"savepoint {report['savepoint']} (checkpoint {report['checkpoint_id']})" if report["savepoint"] \
-        else f"checkpoint {report['checkpoint_id']}"
-    console.print(f"{what} of {report['root']}: max_parallelism {report['max_parallelism']}, "
-                  f"sources {json.dumps(report['sources'], default=str)}", soft_wrap=True)
-    for op in report["operators"]:
-        table = _table(f"Operator {op['uid']} (parallelism {op['parallelism']})", "state", "kind", "value type",
-                       "map key type", "ttl (ms)", "rows", "changelog records", "materialized rows", "view",
-                       right=("rows", "changelog records", "materialized rows"))
-        for s in op["states"]:
-            _row(table, s["name"], s["kind"], s["value_type"], s["user_key_type"], s["ttl_ms"], s["rows"],
-                 s["changelog_records"], s["materialized_rows"], s["view"])
-        console.print()
-        console.print(table)
-
-
-# -- printing a result ---------------------------------------------------------------------------
-
-
-def print_result(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int, as_json: bool) -> None:
-    """``rows`` (at most ``max_rows + 1``: one more says the result was cut) as a table or JSON."""
-    truncated = len(rows) > max_rows
-    rows = rows[:max_rows]
-    if as_json:
-        _json([{c: plain(r[i]) for i, c in enumerate(columns)} for r in rows])
-        return
-    console = _console()
-    table = _table(None, *columns)
-    for r in rows:
-        _row(table, *(cell(v) for v in r))
-    console.print(table)
-    console.print(f"{len(rows)} row(s)" + (f" (first {max_rows}; use --max-rows)" if truncated else ""))
-
-
-def plain(v: Any) -> Any:
-    """A JSON value: bytes as base64 ({"base64": ...}), dates ISO, decimals as strings, rows as objects."""
-    if isinstance(v, bytes | bytearray):
-        return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
-    if isinstance(v, dt.datetime | dt.date):
-        return v.isoformat()
-    if isinstance(v, decimal.Decimal):
-        return str(v)
-    if hasattr(v, "asDict"):
-        return {k: plain(x) for k, x in v.asDict().items()}
-    if isinstance(v, dict):
-        return {str(plain(k)) if not isinstance(k, str) else k: plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [plain(x) for x in v]
-    return v
-
-
-def cell(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, bytes | bytearray):
-        return "0x" + bytes(v).hex()
-    if isinstance(v, str):
-        return v
-    return json.dumps(plain(v), default=str)

@@ -1,19 +1,19 @@
 """The ``statelog`` command line: inspect, verify and maintain job roots (``docs/cli.md``).
 
 A thin shell over the library: commands compute plain data (dicts, lists, a
-:class:`VerifyReport`) and :mod:`tools.output` renders it as ``rich`` tables or JSON
-(``--json`` on every command). This module builds the parser, runs ``checkpoints
-list|show`` and ``verify``, and takes the other command groups from their modules, each of
-which registers its parsers: :mod:`tools.cli_materializer` (``materializer run|status``),
-:mod:`tools.cli_maintenance` (``gc``, ``savepoint create|list|delete``),
-:mod:`tools.cli_spark` (``sql``, ``inspect``, ``restore``; they need the ``spark`` extra) and
-:mod:`tools.cli_ui` (``ui``, the dashboard).
+:class:`VerifyReport`) and :mod:`tools.cli.output` prints it as ``rich`` tables or JSON
+(``--json`` on every command). This module builds the parser and runs a command; each
+command group is a module that registers its parsers: :mod:`tools.cli.checkpoints`
+(``checkpoints list|show``), :mod:`tools.cli.materializer` (``materializer run|status``),
+:mod:`tools.cli.maintenance` (``gc``, ``savepoint create|list|delete``, ``verify``),
+:mod:`tools.cli.spark` (``sql``, ``inspect``, ``restore``; ``--engine spark`` and ``restore``
+need the ``spark`` extra) and :mod:`tools.cli.ui` (``ui``, the dashboard).
 The inspection commands open a root read-only, so a mistyped root is reported, never
 created; the maintenance commands write only what they are for.
 
 Exit codes: 0 success, 1 ``verify`` found faults, 2 usage or library error (one line on
-stderr, no traceback), 130 interrupted. The console script (and ``python -m tools``) is
-:func:`run`: :func:`main`, then :func:`exit_process`.
+stderr, no traceback), 130 interrupted. The console script (and ``python -m tools``,
+``python -m tools.cli``) is :func:`run`: :func:`main`, then :func:`exit_process`.
 """
 
 from __future__ import annotations
@@ -28,49 +28,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import statelog
-from statelog.checkpoint.metadata import CheckpointMetadata
-from statelog.errors import (
-    CheckpointNotFoundError,
-    StatelogError,
-)
-from tools import cli_maintenance, cli_materializer, cli_spark, cli_ui, output
-from tools.roots import (  # noqa: F401 - re-exported for callers and tests
-    Root,
-    StoreOptionArg,
-    load_checkpoint_or_savepoint,
-    load_metadata,
-    open_root,
-    parse_store_options,
-    redacted_options,
-    resolve_checkpoint_id,
-)
-from tools.verify import Fault, VerifyReport, verify_root  # noqa: F401
+from statelog.errors import StatelogError
+from tools.cli import checkpoints, maintenance, materializer, output, spark, ui
+from tools.roots import StoreOptionArg, parse_store_options
 
 log = logging.getLogger("tools.cli")
 
-EXIT_OK, EXIT_FAULTS, EXIT_ERROR = 0, 1, 2
+EXIT_ERROR = 2
 EXIT_FLUSH_FAILED = 120  # what CPython exits with when stdout or stderr cannot be flushed at exit
-
-# -- checkpoints list / show ---------------------------------------------------------------------
-
-
-def list_checkpoints(root: Root) -> list[CheckpointMetadata]:
-    """Every retained checkpoint, oldest first."""
-    root.require_job()
-    rows = []
-    for cid in root.catalog.checkpoint_ids():
-        try:
-            rows.append(load_metadata(root, cid))
-        except CheckpointNotFoundError:
-            log.info("checkpoint %d was removed by retention while listing", cid)
-    return rows
-
-
-def load_checkpoint(root: Root, which: str) -> CheckpointMetadata:
-    """A retained checkpoint (an id or ``latest``) or a savepoint (``savepoint:NAME``)."""
-    root.require_job()
-    return load_checkpoint_or_savepoint(root, which)
-
 
 # -- command line --------------------------------------------------------------------------------
 
@@ -104,8 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=option_help,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    chk = commands.add_parser("checkpoints", help="list and show retained checkpoints")
-    chk_cmds = chk.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
 
     def command(group: Any, name: str, handler: Any, text: str) -> argparse.ArgumentParser:
         p = group.add_parser(name, parents=[common], help=text, description=text)
@@ -115,43 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     # command groups in their own modules: register(commands, command) adds their parsers
-    cli_materializer.register(commands, command)
-    cli_maintenance.register(commands, command)
-    cli_spark.register(commands, command)
-    cli_ui.register(commands, command)
-
-    command(chk_cmds, "list", cmd_list, "list the retained checkpoints")
-    show = command(chk_cmds, "show", cmd_show, "show one checkpoint in detail")
-    show.add_argument("checkpoint", metavar="ID", help="checkpoint id, 'latest' or 'savepoint:NAME'")
-    verify = command(
-        commands,
-        "verify",
-        cmd_verify,
-        "read and check every object the retained checkpoints reference",
-    )
-    verify.add_argument("--checkpoint", metavar="ID", help="verify only this checkpoint")
+    checkpoints.register(commands, command)
+    materializer.register(commands, command)
+    maintenance.register(commands, command)
+    spark.register(commands, command)
+    ui.register(commands, command)
+    maintenance.register_verify(commands, command)
     return parser
-
-
-def cmd_list(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    with open_root(args.root, options) as root:
-        checkpoints = list_checkpoints(root)
-    output.checkpoint_list(checkpoints, root.url, as_json=args.json)
-    return EXIT_OK
-
-
-def cmd_show(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    with open_root(args.root, options) as root:
-        meta = load_checkpoint(root, args.checkpoint)
-    output.render_checkpoint(meta, root.url, as_json=args.json)
-    return EXIT_OK
-
-
-def cmd_verify(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    with open_root(args.root, options) as root:
-        report = verify_root(root, args.checkpoint)
-    output.verify_report(report.to_json(), as_json=args.json)
-    return EXIT_OK if report.ok else EXIT_FAULTS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,9 +135,6 @@ def exit_process(code: int) -> NoReturn:
 
 
 def run() -> NoReturn:
-    """The ``statelog`` console script and ``python -m tools``: :func:`main`, then :func:`exit_process`."""
+    """The ``statelog`` console script, ``python -m tools`` and ``python -m tools.cli``:
+    :func:`main`, then :func:`exit_process`."""
     exit_process(main())
-
-
-if __name__ == "__main__":
-    run()

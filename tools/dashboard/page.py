@@ -1,4 +1,4 @@
-"""The ``statelog ui`` page: the data of :mod:`tools.dashboard` drawn with plotly.
+"""The ``statelog ui`` page: the data of :mod:`tools.dashboard.data` drawn with plotly.
 
 :func:`render_html` turns the gathered data into one self-contained HTML page (plotly.js
 inlined, no network access needed, so ``--out report.html`` can be opened anywhere);

@@ -1,9 +1,9 @@
 """``statelog ui ROOT``: the checkpoint dashboard, served over HTTP or written to one file.
 
-The data comes from :mod:`tools.dashboard` (read-only: the root is never written), the page
-from :mod:`tools.ui`. ``--out FILE`` writes the page once (self-contained, plotly.js inlined)
-and exits, ``--json`` prints the data; without either the page is served at
-``http://HOST:PORT/`` (data at ``/data.json``) until interrupted. Exit codes: 0 ok, 2 usage
+The data comes from :mod:`tools.dashboard.data` (read-only: the root is never written), the
+page from :mod:`tools.dashboard.page`. ``--out FILE`` writes the page once (self-contained,
+plotly.js inlined) and exits, ``--json`` prints the data; without either the page is served
+at ``http://HOST:PORT/`` (data at ``/data.json``) until interrupted. Exit codes: 0 ok, 2 usage
 or library error (one line, e.g. a root without a job, a port that is taken, an unwritable
 ``--out``).
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from statelog.errors import ConfigError
-from tools import dashboard, ui
+from tools.dashboard.data import gather
+from tools.dashboard.page import make_server, render_html
 from tools.roots import open_root
 
 log = logging.getLogger("tools.cli")
@@ -57,16 +58,16 @@ def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
     with open_root(args.root, options) as root:
         root.require_job()  # a mistyped root fails here, before anything is served or written
         if args.out or args.json:
-            data = dashboard.gather(root)
+            data = gather(root)
             if args.out:
-                write_page(Path(args.out), ui.render_html(data))
+                write_page(Path(args.out), render_html(data))
             if args.json:
                 print(json.dumps(data, indent=1))
             else:
                 print(f"wrote {args.out}")
             return 0
         try:
-            server = ui.make_server(lambda: dashboard.gather(root), args.host, port)
+            server = make_server(lambda: gather(root), args.host, port)
         except OSError as e:
             raise ConfigError(
                 f"cannot serve on {args.host}:{port}: {e.strerror or e}; pick another --port (0: any free "

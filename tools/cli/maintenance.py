@@ -1,11 +1,13 @@
-"""``statelog gc`` and ``statelog savepoint ...`` (see ``docs/cli.md``, ``docs/gc.md``).
+"""``statelog gc``, ``statelog savepoint ...`` and ``statelog verify`` (``docs/cli.md``, ``docs/gc.md``).
 
-Unlike the inspection commands, these write to the job root: ``gc`` deletes checkpoint
-metadata (with ``--retain``) and unreachable objects, ``savepoint create`` writes a
-savepoint, ``savepoint delete`` removes one. The work is done by :mod:`materializer.gc` and
-:mod:`materializer.savepoint`; this module parses arguments and renders the results (JSON
-with ``--json``, else ``rich`` tables). Exit codes: 0 ok, 1 ``gc`` completed with errors
-(something could not be read or deleted; it is reported and kept), 2 usage or library error.
+``gc`` and ``savepoint`` write to the job root: ``gc`` deletes checkpoint metadata (with
+``--retain``) and unreachable objects, ``savepoint create`` writes a savepoint, ``savepoint
+delete`` removes one. The work is done by :mod:`materializer.gc` and
+:mod:`materializer.savepoint`. ``verify`` only reads: :func:`tools.verify.verify_root` reads
+and checks every object the retained checkpoints and the savepoints reference. This module
+parses arguments and renders the results (JSON with ``--json``, else ``rich`` tables). Exit
+codes: 0 ok, 1 ``gc`` completed with errors (something could not be read or deleted; it is
+reported and kept) or ``verify`` found faults, 2 usage or library error.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from materializer.savepoint import (
 from statelog import options as opt
 from statelog.errors import ConfigError
 from statelog.layout import check_savepoint_name
-from tools.output import NONE, _console, _json, _row, _table, human_bytes
+from tools.cli.output import NONE, _console, _json, _row, _table, human_bytes
 from tools.roots import Root, open_root, resolve_checkpoint_id
+from tools.verify import verify_root
 
 log = logging.getLogger("tools.cli")
 
@@ -77,6 +80,17 @@ def register(commands: Any, command: Any) -> None:
                         help="delete even if retained checkpoints still build on the savepoint's files")
 
 
+def register_verify(commands: Any, command: Any) -> None:
+    """Add the ``verify`` command (``command(group, name, handler, help)``)."""
+    verify = command(
+        commands,
+        "verify",
+        cmd_verify,
+        "read and check every object the retained checkpoints reference",
+    )
+    verify.add_argument("--checkpoint", metavar="ID", help="verify only this checkpoint")
+
+
 @contextlib.contextmanager
 def _session(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Root]:
     """The opened root, which must hold a job (logging to stderr is set up by ``tools.cli``)."""
@@ -117,6 +131,13 @@ def cmd_savepoint_delete(args: argparse.Namespace, options: dict[str, Any]) -> i
         result = delete_savepoint(root.catalog.store, args.name, force=args.force)
     render_savepoint_deleted(result, root.url, as_json=args.json)
     return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    with open_root(args.root, options) as root:
+        report = verify_root(root, args.checkpoint)
+    verify_report(report.to_json(), as_json=args.json)
+    return EXIT_OK if report.ok else EXIT_FAULTS
 
 
 # -- rendering -----------------------------------------------------------------------------------
@@ -200,3 +221,29 @@ def render_savepoint_deleted(result: Mapping[str, Any], root: str, *, as_json: b
         f"deleted {what} {result['name']} from {root}: {result['objects_deleted']} object(s), "
         f"{human_bytes(result['bytes_deleted'])}", soft_wrap=True,
     )
+
+
+def verify_report(report: Mapping[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        _json(dict(report))
+        return
+    console = _console()
+    summary = (
+        f"{report['root']}: {report['checkpoints_checked']} checkpoint(s), "
+        f"{len(report.get('savepoints', ()))} savepoint(s), "
+        f"{report['segments_checked']} segment(s), "
+        f"{report['ranges_checked']} changelog range(s) with {report['records_checked']} record(s), "
+        f"{report.get('manifests_checked', 0)} materialization(s) with "
+        f"{report.get('table_files_checked', 0)} table file(s); "
+        f"{human_bytes(report['bytes_checked'])} checked"
+    )
+    console.print(summary, soft_wrap=True)
+    if report["ok"]:
+        console.print("OK: no faults found", soft_wrap=True)
+        return
+    faults = report["faults"]
+    console.print(f"FAILED: {len(faults)} fault(s)", soft_wrap=True)
+    for f in faults:
+        refs = ", ".join(map(str, f["checkpoints"]))
+        where = f" (checkpoints {refs})" if refs else ""
+        console.print(f"FAULT {f['object']}{where}: {f['error']}: {f['message']}", soft_wrap=True)

@@ -19,7 +19,7 @@ sees the column names and types Spark sees (docs/cli.md lists DuckDB's names for
 Only the views the query names are built (a state is restored once per run).
 
 DuckDB runs in memory and read-only for the query: one statement, which must be a query
-(its own parser decides, after :func:`tools.sql_views.check_read_only`); file system access,
+(its own parser decides, after :func:`tools.sql.views.check_read_only`); file system access,
 extension installs and Python variable scans are off and the configuration is locked before
 the query runs, so a query reads the registered views and nothing else, and writes nowhere.
 Every DuckDB error becomes one :class:`StatelogError` line.
@@ -41,7 +41,7 @@ import pyarrow as pa
 from statelog.errors import StatelogError
 from statelog.job import StateJob
 from statelog.keys import KeyGroupRange
-from tools.sql_views import ViewPlan, open_job, plan_views, unknown_view
+from tools.sql.views import ViewPlan, open_job, plan_views, unknown_view
 
 _CONFIG = {
     "enable_external_access": False,  # no file, URL or database but the registered views
@@ -270,7 +270,7 @@ def run_query(plan: ViewPlan, options: Mapping[str, Any], key_type: str | None, 
 
 
 class RowCounter:
-    """Counts the rows of state views for :func:`tools.sql_views.inspect_report` (the same
+    """Counts the rows of state views for :func:`tools.sql.views.inspect_report` (the same
     Arrow tables the views of ``statelog sql`` hold)."""
 
     def __init__(self, root: str, options: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ Everything here is read from what the root already records, nothing is estimated
 
 What a root does not record (failed or aborted checkpoints, which only the running job
 knows; durations a publisher did not measure) is listed in ``notes`` instead of invented.
-:func:`gather` returns JSON-ready dicts and lists; :mod:`tools.ui` draws them.
+:func:`gather` returns JSON-ready dicts and lists; :mod:`tools.dashboard.page` draws them.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from statelog.errors import ConfigError
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
 from statelog.options import parse_duration, parse_size  # noqa: F401 - re-exported for callers
 from statelog.store import open_store
-from tools import output
+from tools.cli import output, spark_session
 from tools.roots import open_root
 
 log = logging.getLogger("tools.cli")
@@ -190,12 +190,11 @@ def cmd_run(args: argparse.Namespace, options: dict[str, Any]) -> int:
     if daemon_options.engine != ENGINE_SPARK:
         return _run(args, options, daemon_options, None)
     import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
-    from tools import cli_spark
     try:
-        cli_spark.check_master(daemon_options.spark_master)
+        spark_session.check_master(daemon_options.spark_master)
     except ConfigError as e:  # the same check, named by this command's flag
         raise ConfigError(str(e).replace("--master:", "--spark-master:", 1)) from None
-    with cli_spark._spark(daemon_options.spark_master, cli_spark._verbosity(args)) as spark:
+    with spark_session.session(daemon_options.spark_master, spark_session.verbosity(args)) as spark:
         from materializer.spark import SparkEngine
 
         return _run(args, options, daemon_options, SparkEngine(args.root, options, spark=spark))
