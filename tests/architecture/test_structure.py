@@ -28,9 +28,7 @@ KNOWN_LARGE = {
     "statelog/options.py", "statelog/spark/rescale.py", "statelog/state/disk.py",
     "statelog/state/disk.py:WorkingSet", "statelog/state/kinds.py", "statelog/store/s3.py",
     "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
-    "materializer/gc.py", "runtime/channels.py", "runtime/driver.py", "runtime/driver.py:JobMaster",
-    "runtime/kafka.py", "runtime/sources.py", "runtime/task.py", "runtime/task.py:Task",
-    "tools/cli_spark.py", "tools/output.py",
+    "materializer/gc.py", "tools/cli_spark.py", "tools/output.py",
 }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import JobGraphError
-from runtime.operators import KeyedOperator, KeySelector
+from runtime.task.operators import KeyedOperator, KeySelector
 from statelog.descriptors import (
     AggregateFunction,
     AggregatingStateDescriptor,

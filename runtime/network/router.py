@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from runtime.functions import MAX_WATERMARK
+from runtime.api.functions import MAX_WATERMARK
 from runtime.graph import FORWARD
 from statelog.keys import key_group_of, subtask_for_key_group
 

@@ -5,11 +5,11 @@ One attempt of a job:
 
 1. sinks recover (commit the pending transactions of checkpoints ``<=`` the one restored,
    abort the rest);
-2. the launcher (:mod:`runtime.launcher`) starts ``parallelism`` workers: local processes
+2. the launcher (:mod:`runtime.cluster.launcher`) starts ``parallelism`` workers: local processes
    (``multiprocessing``, ``forkserver`` by default with the runtime preloaded, or ``spawn``)
-   or the tasks of a Spark barrier stage (:mod:`runtime.spark_cluster`); each opens a
+   or the tasks of a Spark barrier stage (:mod:`runtime.cluster.spark`); each opens a
    listening socket and reports it. Every connection proves knowledge of the run's job
-   secret first (:mod:`runtime.auth`);
+   secret first (:mod:`runtime.network.auth`);
 3. every worker gets the pickled job graph, the addresses of its peers, its source splits
    with their positions (from the restored checkpoint) and the checkpoint to restore; it
    builds its tasks, restores their backends and reports running;
@@ -24,7 +24,6 @@ completed in this run (or the one it was started from).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import pickle
 import threading
@@ -32,52 +31,36 @@ import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from multiprocessing.connection import wait
 from typing import Any
 
 import cloudpickle
 
 from materializer import BackgroundMaterializer, start_background
-from materializer.savepoint import create_savepoint
-from runtime.auth import new_secret
-from runtime.config import CHANGELOG, JobConfig
-from runtime.coordinator import CheckpointCoordinator
-from runtime.errors import (
-    JobCancelledError,
-    JobFailedError,
-    NonRestoredStateError,
-    RuntimeJobError,
-    TaskFailedError,
-    WorkerLostError,
+from runtime.cluster.control import WorkerControl
+from runtime.cluster.coordinator import CheckpointCoordinator
+from runtime.cluster.launcher import Launcher, LocalLauncher, WorkerProc
+from runtime.cluster.metrics import JobMetrics
+from runtime.cluster.restart import RestartStrategy
+from runtime.cluster.restore_plan import (
+    check_fresh_start,
+    check_restore,
+    restore_ref,
+    split_assignments,
 )
+from runtime.cluster.savepoints import Savepoints
+from runtime.config import CHANGELOG, JobConfig
+from runtime.errors import JobCancelledError, JobFailedError, RuntimeJobError, WorkerLostError
 from runtime.graph import JobGraph, StreamGraph
-from runtime.inflight import INFLIGHT_KEY, collect_inflight
-from runtime.launcher import Launcher, LocalLauncher, WorkerProc
-from runtime.metrics import JobMetrics
-from runtime.restart import RestartStrategy
+from runtime.network.auth import new_secret
+from runtime.network.inflight import collect_inflight
 from statelog.checkpoint.metadata import CheckpointMetadata
-from statelog.errors import FencedError, RestoreRequiredError, StatelogError
+from statelog.errors import FencedError, StatelogError
 from statelog.job import StateJob
-from statelog.layout import check_savepoint_name
 from statelog.metrics import MetricsServer
-from statelog.store import reopen_store
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 120.0
-STOP_TIMEOUT_S = 20.0
-# a worker's channel error names a dead peer as the cause if one is seen dead within this long
-PEER_DEATH_GRACE_S = 1.0
-
-
-@dataclass
-class _SavepointRequest:
-    name: str
-    stop: bool
-    future: Future[CheckpointMetadata]
-    min_id: int | None = None  # the first checkpoint id the savepoint may be taken of
-    started: bool = False
-    checkpoint_id: int | None = None
 
 
 @dataclass
@@ -111,7 +94,12 @@ def serialize_graph(graph: JobGraph) -> bytes:
         return cloudpickle.dumps(graph, protocol=5)
 
 
-class JobMaster:
+class JobMaster(WorkerControl):
+    """Runs one job: its attempts, each on a fresh set of workers, until the job ends, is
+    cancelled, or fails beyond its restart strategy (see the module docstring). Its dealings
+    with the workers are :class:`~runtime.cluster.control.WorkerControl`'s, its savepoints
+    :class:`~runtime.cluster.savepoints.Savepoints`'."""
+
     def __init__(
         self,
         name: str,
@@ -151,8 +139,7 @@ class JobMaster:
         self._cancel = threading.Event()
         self._fenced_event = threading.Event()  # set when this process lost the root
         self._granted = 0.0  # the workers' write grant: the lease deadline last sent (wall clock)
-        self._savepoints: list[_SavepointRequest] = []
-        self._stopped_with: _SavepointRequest | None = None
+        self.savepoints = Savepoints()
         self._materializer: BackgroundMaterializer | None = None  # with config.materializer
         p = config.parallelism
         self.task_keys = {f"{v.id}.{i}" for v in self.job_graph.vertices for i in range(p)}
@@ -174,10 +161,7 @@ class JobMaster:
             raise RuntimeJobError(
                 f"state_backend={self.config.state_backend!r} is a benchmark baseline: it takes no savepoints"
             )
-        req = _SavepointRequest(check_savepoint_name(name), stop, Future())
-        with self.lock:
-            self._savepoints.append(req)
-        return req.future
+        return self.savepoints.request(name, stop)
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -194,7 +178,7 @@ class JobMaster:
         )
         try:
             if cfg.metrics_port is not None:
-                self.metrics_server = MetricsServer(self.metrics.registry, self.health, cfg.metrics_host,
+                self.metrics_server = MetricsServer(self.metrics.registry, self.metrics.health, cfg.metrics_host,
                                                     cfg.metrics_port)  # fmt: skip
             # the master publishes the checkpoints: it holds the root's writer lease (a second
             # job on this root is refused here); its workers write changelog under it
@@ -206,13 +190,13 @@ class JobMaster:
                     settings = replace(settings, retain_checkpoints=cfg.retain_checkpoints)
                 self._materializer = start_background(self.job, settings)  # stopped before job.close()
             if self.restore is None:
-                self._check_fresh_start()
+                check_fresh_start(self.job, self.name)
             meta = self.job.resolve_checkpoint(self.restore)
             if self.restore not in (None, "none") and meta is None:
                 log.info("restore=%r: no checkpoint yet, starting empty", self.restore)
             if meta is not None:
-                self._check_restore(meta)
-            restore_ref: int | str | None = self._ref(meta)
+                check_restore(meta, self.job_graph.stream, self.allow_non_restored_state)
+            ref: int | str | None = restore_ref(self.restore, meta)
             self.next_id = self.job.next_checkpoint_id()
             if meta is not None:
                 self.next_id = max(self.next_id, meta.checkpoint_id + 1)
@@ -221,7 +205,7 @@ class JobMaster:
             while True:
                 self.attempt += 1
                 try:
-                    final = self._run_attempt(restore_ref, meta)
+                    final = self._run_attempt(ref, meta)
                     break
                 except JobCancelledError:
                     self._teardown(kill=True)
@@ -249,7 +233,7 @@ class JobMaster:
                     latest = self._latest_completed()
                     if latest is not None:
                         meta = self.job.load_checkpoint(latest)
-                        restore_ref = meta.checkpoint_id
+                        ref = meta.checkpoint_id
             self._teardown(kill=False)
             self.job.check_root()  # a sink's commit acts on the root's checkpoints
             for node in self.job_graph.stream.sinks():
@@ -267,15 +251,11 @@ class JobMaster:
                 checkpoint_stats=self.stats,
                 failures=self.failures,
                 duration_s=time.monotonic() - t0,
-                savepoint=self._stopped_with.name if self._stopped_with is not None else None,
+                savepoint=self.savepoints.stopped_with.name if self.savepoints.stopped_with is not None else None,
                 restore_stats=self.restore_stats,
             )
         finally:
-            with self.lock:
-                left, self._savepoints = self._savepoints, []
-            for req in left:
-                if not req.started and not req.future.done():  # a started one finishes by itself
-                    req.future.set_exception(RuntimeJobError(f"job {self.name!r} ended before savepoint {req.name!r}"))
+            self.savepoints.fail_left(self.name)
             if self._materializer is not None:
                 self._materializer.stop()
                 self._materializer = None
@@ -302,15 +282,6 @@ class JobMaster:
             log.warning("could not check the writer lease of %s: %s", self.job.root, e)
         return None
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        """``/healthz``: healthy while an attempt runs; restarting or not started is not."""
-        details = {"job": self.name, "attempt": self.attempt, "completed_checkpoints": len(self.completed),
-                   "restarts": max(0, self.attempt - 1)}  # fmt: skip
-        if self.running_attempt and self.running_attempt == self.attempt:
-            return True, details
-        reason = f"restarting after: {self.failures[-1]}" if self.failures else "not running yet"
-        return False, {**details, "reason": reason}
-
     def _latest_completed(self) -> int | None:
         """The newest checkpoint of this run: the catalog is the truth (a checkpoint exists
         once its metadata does), whatever happened between its publish and its notification."""
@@ -318,55 +289,6 @@ class JobMaster:
         with self.lock:
             ids += self.completed
         return max(ids) if ids else None
-
-    def _ref(self, meta: CheckpointMetadata | None) -> int | str | None:
-        """How workers name the checkpoint to restore: its id, or ``"savepoint:NAME"``."""
-        if meta is None:
-            return None
-        return self.restore if meta.kind == "savepoint" else meta.checkpoint_id
-
-    def _check_fresh_start(self) -> None:
-        """A run without ``restore=`` on a root with checkpoints would start from empty state
-        and repeat the sinks' output: refuse it, naming the newest checkpoint and the choices."""
-        latest = self.job.catalog.latest()
-        if latest is not None:
-            raise RestoreRequiredError(
-                f"the state root {self.job.root} already has checkpoints (the newest: checkpoint "
-                f"{latest.checkpoint_id}, operators {sorted(latest.operators)}); job {self.name!r} "
-                f"started without restore= would start from empty state and write its output again. "
-                f"Pass restore='latest' (or restore={latest.checkpoint_id}, or 'savepoint:NAME') to "
-                f"continue from it, or restore='none' to start fresh on purpose"
-            )
-
-    def _check_restore(self, meta: CheckpointMetadata) -> None:
-        stream = self.job_graph.stream
-        ops = sorted(set(meta.operators) - stream.stateful_uids())
-        srcs = sorted(set(meta.sources) - stream.source_uids() - {INFLIGHT_KEY})
-        if (ops or srcs) and not self.allow_non_restored_state:
-            what = []
-            if ops:
-                what.append(f"state of operator uid(s) {ops}")
-            if srcs:
-                what.append(f"positions of source uid(s) {srcs}")
-            raise NonRestoredStateError(
-                f"{meta.kind} {meta.checkpoint_id} holds {' and '.join(what)} that this job does not have "
-                f"(its stateful uids: {sorted(stream.stateful_uids())}, sources: {sorted(stream.source_uids())}); "
-                "keep the uids, or pass allow_non_restored_state=True to drop that state"
-            )
-        if ops or srcs:
-            log.warning("dropping non-restored state of %s", ops + srcs)
-
-    def _assignments(self, meta: CheckpointMetadata | None) -> list[dict[int, dict[str, Any]]]:
-        p = self.config.parallelism
-        out: list[dict[int, dict[str, Any]]] = [{} for _ in range(p)]
-        for node in self.job_graph.stream.nodes:
-            if node.source is None:
-                continue
-            restored: dict[str, Any] = dict(meta.sources.get(node.uid or "", {})) if meta is not None else {}
-            splits = sorted(set(node.source.splits()) | set(restored))
-            for k, split in enumerate(splits):
-                out[k % p].setdefault(node.id, {})[split] = restored.get(split)
-        return out
 
     # -- one attempt ---------------------------------------------------------------------------
 
@@ -394,7 +316,7 @@ class JobMaster:
                 raise WorkerLostError(f"workers did not start within {START_TIMEOUT_S}s")
         t_ready = time.monotonic()
         peers = [w.address for w in workers]
-        assignments = self._assignments(meta)
+        assignments = split_assignments(self.job_graph.stream, cfg.parallelism, meta)
         for w in workers:
             spec = {
                 "config": cfg,
@@ -428,9 +350,8 @@ class JobMaster:
         )
         if self._finished >= self.source_task_keys:
             self.coordinator.request_final()
-        with self.lock:
-            if any(r.stop and r.started for r in self._savepoints):
-                self.coordinator.suspended = True  # stopping with a savepoint already taken
+        if self.savepoints.stopping():
+            self.coordinator.suspended = True  # stopping with a savepoint already taken
         with self.lock:
             self.running_attempt = self.attempt
             self.running_changed.notify_all()
@@ -442,9 +363,10 @@ class JobMaster:
             while self.coordinator.final_completed is None:
                 if self._cancel.is_set():
                     raise JobCancelledError(f"job {self.name!r} was cancelled")
-                if self._service_savepoints():
-                    assert self._stopped_with is not None and self._stopped_with.checkpoint_id is not None
-                    return self._stopped_with.checkpoint_id
+                if self.savepoints.service(self.coordinator):
+                    stopped = self.savepoints.stopped_with
+                    assert stopped is not None and stopped.checkpoint_id is not None
+                    return stopped.checkpoint_id
                 now = time.monotonic()
                 self.coordinator.tick(now)
                 self._poll(min(0.2, self.coordinator.next_wakeup(time.monotonic())))
@@ -454,192 +376,15 @@ class JobMaster:
             self.coordinator.failed_total = 0
         return self.coordinator.final_completed
 
-    def _service_savepoints(self) -> bool:
-        """Ask for checkpoints for new savepoint requests; True when the job stops with one."""
-        with self.lock:
-            reqs = list(self._savepoints)
-        for req in reqs:
-            if req.min_id is None:
-                req.min_id = self.coordinator.next_id
-                self.coordinator.trigger_soon()
-            if req.future.done():
-                with self.lock:
-                    self._savepoints.remove(req)
-                if req.stop:
-                    if req.future.exception() is None:
-                        self._stopped_with = req
-                        return True
-                    self.coordinator.suspended = False  # the savepoint failed: keep running
-        return False
-
-    def _start_savepoint(self, req: _SavepointRequest, cid: int) -> None:
-        req.started, req.checkpoint_id = True, cid
-        if req.stop:
-            self.coordinator.suspended = True  # nothing may commit after the savepoint's checkpoint
-
-        def run() -> None:
-            try:
-                # a handle fenced like the job's: a process that lost the root writes no savepoint
-                own = reopen_store(self.job.store)
-                try:
-                    req.future.set_result(create_savepoint(own or self.job.store, cid, req.name))
-                finally:
-                    if own is not None:
-                        own.close()
-            except BaseException as e:  # noqa: BLE001 - reported through the future
-                req.future.set_exception(e)
-
-        threading.Thread(target=run, name=f"savepoint-{req.name}", daemon=True).start()
-
-    def _broadcast(self, msg: tuple[Any, ...]) -> None:
-        for w in self.workers:
-            try:
-                w.conn.send(msg)
-            except OSError as e:
-                raise WorkerLostError(f"worker {w.index} (pid {w.pid}) is unreachable: {e}") from None
-
-    def _poll(self, timeout: float) -> None:
-        if self._fenced_event.is_set() and self.job.fenced is not None:
-            raise self.job.fenced
-        self._grant_writes()
-        by_obj: dict[Any, tuple[str, WorkerProc | None]] = {}
-        for w in self.workers:
-            by_obj[w.conn] = ("conn", w)
-            if w.sentinel is not None:
-                by_obj[w.sentinel] = ("exit", w)
-        for obj in self.launcher.waitables():
-            by_obj[obj] = ("launcher", None)
-        ready = wait(list(by_obj), max(0.0, timeout))
-        # messages first: a failing worker's report comes before its exit
-        for obj in sorted(ready, key=lambda o: by_obj[o][0] != "conn"):
-            kind, w = by_obj[obj]
-            if w is None:
-                for other in self.workers:  # a worker's own report or death names the cause best
-                    self._drain(other)
-                raise WorkerLostError(f"the workers' cluster side failed: {self.launcher.failure()}")
-            if kind == "conn":
-                self._drain(w)
-            else:
-                self._drain(w)
-                if not w.stopped:
-                    w.proc.join(0.1)
-                    raise WorkerLostError(
-                        f"worker {w.index} (pid {w.pid}) exited with code {w.proc.exitcode}"
-                    )
-
-    def _grant_writes(self) -> None:
-        """Send the workers the lease's new deadline when it moved (runtime/lease_grant.py)."""
-        valid_until = self.job.writer_lease_valid_until()
-        if valid_until is None or valid_until <= self._granted + 0.05:
-            return
-        self._granted = valid_until
-        for w in self.workers:
-            if w.running:  # deployed: the deploy message carried the grant until then
-                with contextlib.suppress(OSError):  # a dead worker is noticed by the poll
-                    w.conn.send(("lease", valid_until))
-
-    def _drain(self, w: WorkerProc) -> None:
-        try:
-            while w.conn.poll():
-                self._on_message(w, w.conn.recv())
-        except (EOFError, OSError):
-            if not w.stopped:
-                raise WorkerLostError(f"worker {w.index} (pid {w.pid}) closed its connection") from None
-
-    def _on_message(self, w: WorkerProc, msg: tuple[Any, ...]) -> None:
-        kind = msg[0]
-        if kind == "ack":
-            _, cid, task, handles, sources, stats = msg
-            self.metrics.observe_task(task, stats)
-            self.coordinator.ack(cid, task, handles, sources, stats)
-        elif kind == "committables":
-            _, cid, _task, by_uid = msg
-            for uid, records in by_uid.items():
-                self._uncommitted.append((cid, uid, records))
-        elif kind == "decline":
-            _, cid, task, reason = msg
-            self.coordinator.decline(cid, task, reason)
-        elif kind == "source_finished":
-            self._finished.add(msg[1])
-            if self._finished >= self.source_task_keys and self.running_attempt == self.attempt:
-                self.coordinator.request_final()
-        elif kind == "ready":
-            _, _i, address, pid = msg
-            with self.lock:
-                w.address, w.pid = tuple(address), pid
-        elif kind == "running":
-            w.running = True
-        elif kind == "failed":
-            if str(msg[2]).startswith("ChannelError"):  # usually secondary: name the dead worker
-                dead = self._dead_peer(w)
-                if dead is not None:
-                    raise WorkerLostError(f"worker {dead.index} (pid {dead.pid}) exited with code {dead.proc.exitcode}")
-            raise TaskFailedError(f"worker {w.index} (pid {w.pid}) failed:\n{msg[2]}")
-        elif kind == "restored":
-            stats = self.restore_stats.setdefault(self.attempt, {"workers": 0, "on_demand": self.config.on_demand_restore})
-            stats["workers"] += 1
-            for k, v in msg[2].items():
-                stats[k] = max(stats.get(k, 0.0), v)
-        elif kind == "stopped":
-            w.stopped = True
-        else:
-            log.warning("unknown message from worker %d: %r", w.index, kind)
-
-    def _dead_peer(self, w: WorkerProc) -> WorkerProc | None:
-        """A worker other than ``w`` seen dead within ``PEER_DEATH_GRACE_S`` (a forkserver
-        child's exit reaches its Popen only after the forkserver reaped it), or None."""
-        deadline = time.monotonic() + PEER_DEATH_GRACE_S
-        while True:
-            dead = next((o for o in self.workers if o is not w and not o.proc.is_alive()), None)
-            if dead is not None or time.monotonic() >= deadline:
-                return dead
-            time.sleep(0.02)
-
     def _on_complete(self, meta: CheckpointMetadata) -> None:
         cid = meta.checkpoint_id
         with self.lock:
             self.completed.append(cid)
-            reqs = [r for r in self._savepoints if not r.started and r.min_id is not None and cid >= r.min_id]
         self.stats[cid] = dict(meta.stats)
         self.metrics.observe_checkpoint(cid, meta.stats, meta.changelog_bytes)
-        for req in reqs:
-            self._start_savepoint(req, cid)
-        keep = []
-        for entry in self._uncommitted:
-            if entry[0] <= cid:
-                self.collected.setdefault(entry[1], []).extend(entry[2])
-            else:
-                keep.append(entry)
-        self._uncommitted = keep
+        self.savepoints.on_complete(cid, self.coordinator, self.job.store)
+        self._collect_committed(cid)
         try:  # in-flight data (unaligned checkpoints) of checkpoints no longer retained
             collect_inflight(self.job.store, self.job.catalog.checkpoint_ids(), cid)
         except Exception as e:  # noqa: BLE001 - garbage only; the next checkpoint tries again
             log.warning("could not delete old in-flight data: %s", e)
-
-    def _teardown(self, kill: bool) -> None:
-        workers = self.workers
-        if not kill:
-            for w in workers:
-                with contextlib.suppress(OSError):
-                    w.conn.send(("stop",))
-            deadline = time.monotonic() + STOP_TIMEOUT_S
-            while any(not w.stopped and w.proc.is_alive() for w in workers) and time.monotonic() < deadline:
-                for w in workers:
-                    try:
-                        while not w.stopped and w.conn.poll(0.01):
-                            msg = w.conn.recv()
-                            if msg[0] == "stopped":
-                                w.stopped = True
-                    except (EOFError, OSError):
-                        w.stopped = True
-        for w in workers:
-            if w.proc.is_alive() and (kill or not w.stopped):
-                w.proc.kill()
-        for w in workers:
-            w.proc.join(5.0)
-            w.conn.close()
-        self.launcher.finish(workers, kill)
-        with self.lock:
-            self.workers = []
-            self.running_attempt = 0
-            self.running_changed.notify_all()

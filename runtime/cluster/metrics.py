@@ -1,6 +1,6 @@
 """The job master's Prometheus metrics (served by :class:`statelog.metrics.MetricsServer`).
 
-Read from the :class:`~runtime.driver.JobMaster` when scraped (a ``prometheus_client``
+Read from the :class:`~runtime.cluster.master.JobMaster` when scraped (a ``prometheus_client``
 collector): checkpoint counts and the newest checkpoint's figures from the metadata it
 published, restarts, and per task (``task="<vertex>.<subtask>"``, ``vertex`` its chain of
 operators) the counters each task reports with its checkpoint acknowledgements: records in
@@ -51,6 +51,16 @@ class JobMetrics(Collector):
         self.tasks[task] = {k: float(stats[k]) for k in ("records_in", "backpressured_s") if k in stats}
         for label, values in (stats.get("channels") or {}).items():
             self.channels.setdefault(label, {}).update(values)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """``/healthz``: healthy while an attempt runs; restarting or not started is not."""
+        m = self.master
+        details = {"job": m.name, "attempt": m.attempt, "completed_checkpoints": len(m.completed),
+                   "restarts": max(0, m.attempt - 1)}  # fmt: skip
+        if m.running_attempt and m.running_attempt == m.attempt:
+            return True, details
+        reason = f"restarting after: {m.failures[-1]}" if m.failures else "not running yet"
+        return False, {**details, "reason": reason}
 
     def collect(self) -> Iterator[Metric]:
         m = self.master

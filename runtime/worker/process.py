@@ -9,7 +9,7 @@ Threads of a worker:
   state access happen on this thread;
 * the **control reader** receives messages from the job master's pipe into the mailbox;
 * **channel** threads: one sender per outgoing and one reader per incoming remote channel
-  (:mod:`runtime.channels`);
+  (:mod:`runtime.network`);
 * the **snapshot pool** runs the asynchronous part of checkpoints (``pending.result()``)
   and sends acknowledgements;
 * statelog's own changelog flusher and uploaders.
@@ -20,7 +20,7 @@ then it receives ``("trigger", cid)``, ``("complete", cid)``, ``("abort", cid)``
 and sends ``("ack", cid, task, handles, sources, stats)``, ``("decline", cid, task, reason)``,
 ``("committables", cid, task, {uid: records})``, ``("source_finished", task)``,
 ``("failed", i, traceback)`` and ``("stopped", i)``. On ``deploy`` the worker opens the
-job root and builds its tasks and their channels with :func:`runtime.deploy.build_tasks`.
+job root and builds its tasks and their channels with :func:`runtime.worker.deploy.build_tasks`.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.channels import ChannelServer
+from runtime.baselines.state_dump_backend import PendingStateDump
 from runtime.config import JobConfig
-from runtime.deploy import build_tasks
 from runtime.errors import ChannelError
 from runtime.graph import JobGraph
-from runtime.lease_grant import LeaseGrant
-from runtime.state_dump_backend import PendingStateDump
-from runtime.task import Task
+from runtime.network.server import ChannelServer
+from runtime.task.task import Task
+from runtime.worker.deploy import build_tasks
+from runtime.worker.lease_grant import LeaseGrant
 from statelog.backend import PendingSnapshot
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.job import StateJob
@@ -81,7 +81,7 @@ def worker_main(index: int, conn: Connection, log_level: int | None, secret: byt
 
 
 class Worker:
-    """``secret``: the job secret (:mod:`runtime.auth`) its channels authenticate with;
+    """``secret``: the job secret (:mod:`runtime.network.auth`) its channels authenticate with;
     ``host``: the address its channel server listens on (and peers connect to)."""
 
     def __init__(self, index: int, conn: Connection, secret: bytes, host: str = "127.0.0.1") -> None:
@@ -142,7 +142,7 @@ class Worker:
 
     def deploy(self, spec: dict[str, Any]) -> None:
         """Open the job root, resolve the checkpoint to restore and build this worker's tasks
-        (:mod:`runtime.deploy`), then open them (each task opens its chain downstream first)."""
+        (:mod:`runtime.worker.deploy`), then open them (each task opens its chain downstream first)."""
         self.config: JobConfig = spec["config"]
         self.run_id: str = spec["run_id"]
         self.attempt: int = spec["attempt"]

@@ -10,8 +10,8 @@
    workers run at once or none does;
 3. each task (:func:`run_worker_task`, in the executor's Python worker process) reads its
    index (the partition id) and its host (``BarrierTaskContext.getTaskInfos``), connects to
-   the control listener, proves the job secret (:mod:`runtime.auth`) and runs a
-   :class:`~runtime.worker.Worker` over that connection: it reports its channel server's
+   the control listener, proves the job secret (:mod:`runtime.network.auth`) and runs a
+   :class:`~runtime.worker.process.Worker` over that connection: it reports its channel server's
    address and pid; the job master hands every worker the addresses of all the others
    in the deploy spec, exactly as for local workers;
 4. the listener closes once every task is connected.
@@ -42,11 +42,11 @@ import uuid
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.auth import handshake
+from runtime.cluster.launcher import Launcher, WorkerProc
 from runtime.config import JobConfig
 from runtime.errors import JobGraphError, PeerAuthenticationError, WorkerLostError
-from runtime.launcher import Launcher, WorkerProc
-from runtime.worker import Worker
+from runtime.network.auth import handshake
+from runtime.worker.process import Worker
 
 log = logging.getLogger(__name__)
 

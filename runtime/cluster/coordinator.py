@@ -24,7 +24,7 @@ from typing import Any
 
 from runtime.config import CHANGELOG
 from runtime.errors import CheckpointFailureLimitError
-from runtime.inflight import too_large
+from runtime.network.inflight import too_large
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.errors import FencedError, StatelogError
 from statelog.job import StateJob

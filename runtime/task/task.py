@@ -5,34 +5,39 @@ barriers when the coordinator triggers a checkpoint) and emits watermarks as its
 event time advances. An **input task** takes frames from its input channels round-robin
 (skipping channels blocked by alignment), feeds the records to the head operator (input
 index 0 or 1), tracks per-channel watermarks (the task's watermark is their minimum) and
-hands barriers to its :class:`~runtime.barriers.BarrierHandler`.
+hands barriers to its :class:`~runtime.network.barriers.BarrierHandler`.
 
 At a checkpoint (source: on trigger; input task: when the handler says so) the task runs
 the **synchronous part** on its thread: every operator of the chain snapshots (statelog
 ``backend.snapshot(cid)`` seals its changelog; a file sink pre-commits), then the barrier
 is sent on every output behind the records before it. In unaligned mode an input task
 snapshots at the *first* barrier, sends it ahead of its buffered output and records the
-records the barrier overtook until the last barrier (:mod:`runtime.inflight`); a task
-restored from such a checkpoint replays them in its first step. The **asynchronous part** (waiting
+records the barrier overtook until the last barrier (:mod:`runtime.network.inflight`); a task
+restored from such a checkpoint replays them in its first step
+(:mod:`runtime.task.unaligned`). The **asynchronous part** (waiting
 for the changelog to be durable, ``pending.result()``) runs on the worker's snapshot pool,
 which then acknowledges to the coordinator.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from runtime import inflight
-from runtime.barriers import BarrierAligner, BarrierHandler, BarrierTracker, BarrierUnaligner
-from runtime.channels import BARRIER, WATERMARK, InputChannel
-from runtime.config import JobConfig
-from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
-from runtime.operators import ChainedOutput, KeyedOperator, Output, StreamOperator
-from runtime.router import Router
-from runtime.sources import SourceSplits
-from statelog.layout import inflight_key
+from runtime.api.functions import MAX_WATERMARK, MIN_WATERMARK
+from runtime.connectors.sources import SourceSplits
+from runtime.network.barriers import (
+    BarrierAligner,
+    BarrierHandler,
+    BarrierTracker,
+    BarrierUnaligner,
+)
+from runtime.network.frames import BARRIER, WATERMARK
+from runtime.network.input_channel import InputChannel
+from runtime.network.router import Router
+from runtime.task.host import TaskHost
+from runtime.task.operators import ChainedOutput, KeyedOperator, Output, StreamOperator
+from runtime.task.unaligned import UnalignedCheckpointing
 
 FRAMES_PER_STEP = 4  # input frames a task handles per step at most
 # ... and it stops after this long: the tasks of a worker share its thread, so a slow operator
@@ -45,41 +50,10 @@ STEP_BUDGET_S = 0.01
 # still builds behind a slow operator, whose steps end after STEP_BUDGET_S.
 
 
-class TaskHost(Protocol):
-    """What a task needs from the process that runs it (:class:`runtime.worker.Worker`):
-    the job's configuration, the job master's pipe and the asynchronous part of checkpoints."""
+class Task(UnalignedCheckpointing):
+    """One subtask of a job vertex (see the module docstring); its part in unaligned
+    checkpoints is :class:`~runtime.task.unaligned.UnalignedCheckpointing`'s."""
 
-    config: JobConfig
-    batch_size: int  # records a source task reads per step
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        """Send a message to the job master."""
-        ...
-
-    def acknowledge_async(
-        self,
-        checkpoint_id: int,
-        task: str,
-        pending: list[Any],
-        sources: dict[str, Any] | None,
-        stats: dict[str, Any],
-        *,
-        blob: tuple[str, bytes] | None = None,
-        held: bool = False,
-    ) -> None:
-        """Run the asynchronous part of a checkpoint off the task thread, then acknowledge it."""
-        ...
-
-    def hold_async(self) -> None:
-        """Pending snapshots exist from now on (unaligned: from the first barrier)."""
-        ...
-
-    def release_async(self) -> None:
-        """The pending snapshots counted by :meth:`hold_async` were abandoned."""
-        ...
-
-
-class Task:
     def __init__(
         self,
         host: TaskHost,
@@ -339,153 +313,6 @@ class Task:
                     buffered_frames=frames, buffered_records=records, backpressured_s=round(och.backpressured_s, 6)
                 )
         return out
-
-    # -- unaligned checkpoints -------------------------------------------------------------------
-
-    def _may_overtake(self) -> bool:
-        """Barriers may go out urgent until the final watermark was sent: the final checkpoint
-        is taken aligned (see :meth:`runtime.barriers.BarrierUnaligner.on_barrier_unaligned`)."""
-        return not self.router.sent_final_watermark()
-
-    def _urgent_barrier(self, ci: int, channel: InputChannel) -> None:
-        """An urgent barrier on channel ``ci``: the frames queued before it are overtaken."""
-        frame, puts_at = channel.urgent.popleft()
-        _records, (kind, checkpoint_id) = frame
-        assert kind == BARRIER
-        self._on_unaligned_barrier(ci, checkpoint_id, channel.queued(puts_at - channel.polls))
-
-    def _on_unaligned_barrier(self, ci: int, checkpoint_id: int, overtaken: list[Any] | None = None) -> None:
-        """Barrier ``checkpoint_id`` on channel ``ci``; ``overtaken``: the frames of that channel
-        it overtook (urgent), in-flight input of the checkpoint when it is being recorded."""
-        handler = self.barriers
-        assert isinstance(handler, BarrierUnaligner)
-        finished = self.channel_wm[ci] >= MAX_WATERMARK
-        actions = handler.on_barrier_unaligned(ci, checkpoint_id, finished)
-        record = bool(overtaken) and (
-            "start" in actions or "done" in actions or (handler.recording and handler.current == checkpoint_id)
-        )
-        for action in actions:
-            if action == "abandon":
-                self._abandon()
-            elif action == "start":
-                self._start_unaligned(checkpoint_id)
-            elif action == "done":
-                if record:
-                    self._record_overtaken(ci, overtaken)  # type: ignore[arg-type]
-                    record = False
-                self._finish_unaligned(checkpoint_id, handler.alignment_ms())
-        if record:
-            self._record_overtaken(ci, overtaken)  # type: ignore[arg-type]
-
-    def _record_overtaken(self, ci: int, frames: list[Any]) -> None:
-        edge, idx = self.channel_edges[ci], self.channel_inputs[ci]
-        self._u_input.extend((edge, idx, v, t) for records, _event in frames for v, t in records)
-
-    def _start_unaligned(self, checkpoint_id: int) -> None:
-        """First barrier: snapshot now and send the barrier ahead of the buffered output.
-
-        With urgent barriers, ahead of the frames the remote outputs still queue too: they
-        are taken out of the queues, stored with the checkpoint and queued again behind the
-        barrier; what an in-process channel queues the receiving task records."""
-        t0 = time.monotonic()
-        pending, committables = self._snapshot_operators(checkpoint_id)
-        output = self._overtake_outputs(checkpoint_id, self.urgent_barriers and self._may_overtake())
-        if committables:
-            self.host.send(("committables", checkpoint_id, self.key, committables))
-        if pending:
-            self.host.hold_async()
-        self._u_pending, self._u_input, self._u_output = pending, [], output
-        self._u_sync = {"sync_ms": (time.monotonic() - t0) * 1000}
-
-    def _overtake_outputs(self, checkpoint_id: int, urgent: bool) -> list[tuple[int, Any, Any]]:
-        """Send barrier ``checkpoint_id`` ahead of the output buffers and, ``urgent``, of what
-        the remote outputs still queue; returns those records (``(edge index, value, ts)``),
-        sent again right behind the barrier."""
-        output: list[tuple[int, Any, Any]] = []
-        for k, edge in enumerate(self.router.edges):
-            queued = []
-            for j, channel in enumerate(edge.channels):
-                items = channel.take_queued() if urgent else []
-                for data in items:
-                    if isinstance(data, bytes):  # a frame (not an earlier urgent barrier)
-                        output.extend((k, v, t) for v, t in pickle.loads(data)[0])
-                buf, edge.buffers[j] = edge.buffers[j], []
-                output.extend((k, v, t) for v, t in buf)
-                queued.append((channel, items, buf))
-            if urgent:
-                edge.urgent_event((BARRIER, checkpoint_id))
-            else:
-                edge.event((BARRIER, checkpoint_id))
-            for channel, items, buf in queued:
-                channel.requeue(items)
-                if buf:
-                    channel.send((buf, None))
-        return output
-
-    def _finish_unaligned(self, checkpoint_id: int, alignment_ms: float) -> None:
-        """Last barrier: the in-flight data is complete; write it, then acknowledge."""
-        pending, data_in, data_out = self._u_pending, self._u_input, self._u_output
-        self._u_pending, self._u_input, self._u_output = [], [], []
-        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0, records_in=self.records_in,
-                     backpressured_s=round(self.backpressured_s, 6), channels=self.channel_stats())  # fmt: skip
-        blob = sources = None
-        if data_in or data_out:
-            ref = self._inflight(checkpoint_id, data_in, data_out, pending, stats, held=True)
-            if ref is None:
-                return  # declined: too large
-            blob, sources = ref
-        self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob, held=True)
-
-    def _inflight(self, checkpoint_id: int, data_in: list[Any], data_out: list[Any], pending: list[Any],
-                  stats: dict[str, Any], *, held: bool) -> tuple[tuple[str, bytes], dict[str, Any]] | None:  # fmt: skip
-        """The in-flight object of this task and checkpoint and its reference for ``sources``
-        (``stats`` get its size); None when it exceeds ``max_inflight_bytes`` (declined)."""
-        vertex, subtask = self.key.split(".")
-        payload = {
-            "version": inflight.VERSION,
-            "checkpoint": checkpoint_id,
-            "task": self.key,
-            "vertex": int(vertex),
-            "subtask": int(subtask),
-            "parallelism": self.host.config.parallelism,
-            "input": data_in,
-            "output": data_out,
-        }
-        data, digest = inflight.encode(payload)
-        cap = self.host.config.max_inflight_bytes
-        if cap is not None and len(data) > cap:
-            self._decline_inflight(checkpoint_id, pending, len(data), cap, held)
-            return None
-        key = inflight_key(checkpoint_id, self.key)
-        sources = {inflight.INFLIGHT_KEY: {self.key: {
-            "key": key, "bytes": len(data), "sha256": digest, "version": inflight.VERSION,
-            "parallelism": self.host.config.parallelism,
-            "input": len(data_in), "output": len(data_out),
-        }}}
-        stats["inflight_bytes"] = len(data)
-        stats["inflight_records"] = len(data_in) + len(data_out)
-        return (key, data), sources
-
-    def _decline_inflight(self, checkpoint_id: int, pending: list[Any], size: int, cap: int, held: bool) -> None:
-        """The in-flight data of this task alone exceeds ``max_inflight_bytes``: decline."""
-        for p in pending:
-            p.cancel()
-        if pending and held:
-            self.host.release_async()
-        self.host.send(("decline", checkpoint_id, self.key, inflight.too_large(size, cap, f"at task {self.key}")))
-
-    def _abandon(self) -> None:
-        pending, self._u_pending, self._u_input, self._u_output = self._u_pending, [], [], []
-        for p in pending:
-            p.cancel()
-        if pending:
-            self.host.release_async()
-
-    def abort_checkpoint(self, checkpoint_id: int) -> None:
-        if self.unaligned:
-            assert isinstance(self.barriers, BarrierUnaligner)
-            if self.barriers.abort(checkpoint_id):
-                self._abandon()
 
     def _replay(self) -> None:
         """Feed the restored in-flight data: first the output, then the input records."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from runtime.functions import (
+from runtime.api.functions import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     KeyedCoProcessFunction,

@@ -1,6 +1,6 @@
 """The exactly-once file sink on an object store (``s3://bucket/prefix``, ``file://`` URLs).
 
-The same two-phase commit as the local :class:`runtime.sinks.FileSink`, adapted to a store
+The same two-phase commit as the local :class:`runtime.connectors.sinks.FileSink`, adapted to a store
 without rename, through statelog's store layer (:func:`statelog.store.open_store`):
 
 * **write**: a sink subtask appends the JSON lines of one transaction to a local spool file
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 from runtime.errors import JobGraphError
-from runtime.operators import OperatorSnapshot, StreamOperator
+from runtime.task.operators import OperatorSnapshot, StreamOperator
 from statelog.errors import ObjectNotFoundError, StatelogError
 from statelog.store import open_store, redact_url
 from statelog.store.base import ObjectStore

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from runtime.driver import JobMaster, JobResult
+from runtime.cluster.master import JobMaster, JobResult
 from statelog.checkpoint.metadata import CheckpointMetadata
 
 

@@ -7,12 +7,12 @@ Worker ``i`` runs subtask ``i`` of every vertex of the job graph (slot sharing).
    worker's channel server before anything sends (peers connect to them by
    ``(edge, source subtask, target subtask)``);
 2. :func:`build_router`: each vertex's outputs, per edge and target subtask a
-   :class:`~runtime.channels.LocalOutput` into this worker's input channel or a
-   :class:`~runtime.channels.RemoteOutput` (a sender thread) to a peer's;
+   :class:`~runtime.network.outputs.LocalOutput` into this worker's input channel or a
+   :class:`~runtime.network.outputs.RemoteOutput` (a sender thread) to a peer's;
 3. :func:`build_chain`: the vertex's operators in chain order (a sink creates its operator),
    each set up with a :class:`SubtaskContext` and the next operator (or the router) as output;
 
-then it creates the :class:`~runtime.task.Task` (a source task with its splits, or an input
+then it creates the :class:`~runtime.task.task.Task` (a source task with its splits, or an input
 task with its channels) and hands a task restored from an unaligned checkpoint its
 in-flight data. Nothing here runs per record.
 """
@@ -23,15 +23,18 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from runtime import inflight
-from runtime.channels import ChannelServer, InputChannel, LocalOutput, RemoteOutput
+from runtime.baselines.state_dump_backend import PendingStateDump, delete_older
 from runtime.config import CHANGELOG, CheckpointingMode
-from runtime.debloat import REMOTE_CEILING_FACTOR, Debloater
 from runtime.graph import JobGraph, JobVertex
-from runtime.operators import ChainedOutput, StreamOperator
-from runtime.router import EdgeOutput, Router
-from runtime.state_dump_backend import PendingStateDump, delete_older
-from runtime.task import Task, TaskHost
+from runtime.network import inflight
+from runtime.network.debloat import REMOTE_CEILING_FACTOR, Debloater
+from runtime.network.input_channel import InputChannel
+from runtime.network.outputs import LocalOutput, RemoteOutput
+from runtime.network.router import EdgeOutput, Router
+from runtime.network.server import ChannelServer
+from runtime.task.host import TaskHost
+from runtime.task.operators import ChainedOutput, StreamOperator
+from runtime.task.task import Task
 from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.job import StateJob
@@ -43,10 +46,10 @@ Inputs = dict[int, tuple[list[InputChannel], list[int]]]
 
 
 class DeployHost(TaskHost, Protocol):
-    """What deploying needs from the worker process (:class:`runtime.worker.Worker`)."""
+    """What deploying needs from the worker process (:class:`runtime.worker.process.Worker`)."""
 
     index: int  # the subtask this worker runs of every vertex
-    secret: bytes  # the job secret channels authenticate with (runtime.auth)
+    secret: bytes  # the job secret channels authenticate with (runtime.network.auth)
     run_id: str
     attempt: int
     job: StateJob
@@ -60,7 +63,7 @@ class DeployHost(TaskHost, Protocol):
 
 
 class SubtaskContext:
-    """The :class:`~runtime.operators.OperatorContext` of one subtask: its keyed backends
+    """The :class:`~runtime.task.operators.OperatorContext` of one subtask: its keyed backends
     and their checkpoints (statelog's changelog, or the state-dump baseline)."""
 
     def __init__(self, host: DeployHost, subtask: int) -> None:

@@ -4,11 +4,11 @@
   (``multiprocessing``, ``forkserver`` with the runtime preloaded, or ``spawn``); the
   control connection of each is a ``multiprocessing`` pipe (an unnamed socket pair nobody
   else can reach); the job secret travels in the process arguments.
-* :class:`runtime.spark_cluster.SparkLauncher`: the workers run as the tasks of a Spark
+* :class:`runtime.cluster.spark.SparkLauncher`: the workers run as the tasks of a Spark
   barrier stage; their control connections are authenticated TCP connections.
 
 Either way the job master talks to every worker over a :class:`WorkerProc`'s ``conn`` with
-the protocol of :mod:`runtime.worker`, and a worker's ``handle`` tells whether it lives.
+the protocol of :mod:`runtime.worker.process`, and a worker's ``handle`` tells whether it lives.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from runtime.config import JobConfig
-from runtime.worker import worker_main
+from runtime.worker.process import worker_main
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class LocalLauncher(Launcher):
     def start(self, config: JobConfig, secret: bytes, log_level: int | None, attempt: int) -> list[WorkerProc]:
         ctx = mp.get_context(config.start_method)
         if config.start_method == "forkserver":
-            ctx.set_forkserver_preload(["runtime.worker"])
+            ctx.set_forkserver_preload(["runtime.worker.process"])
         workers = []
         for i in range(config.parallelism):
             parent, child = ctx.Pipe()

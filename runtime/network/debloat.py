@@ -1,7 +1,7 @@
 """Buffer debloating: how much one channel may hold, from what its consumer takes per second.
 
 A :class:`Debloater` sits at the downstream end of a channel (its
-:class:`~runtime.channels.InputChannel`). The task thread reports every frame it takes
+:class:`~runtime.network.input_channel.InputChannel`). The task thread reports every frame it takes
 (:meth:`Debloater.consumed`: records and, for remote frames, bytes) and the channel
 reports the time it was empty (:meth:`Debloater.idle`). Every ``PERIOD_S`` the debloater
 computes the consumer's throughput over the *busy* part of the period (records ÷ (elapsed
@@ -17,7 +17,7 @@ smooths it (exponential moving average) and sets the channel's **bound**:
   in-process channel, whose frames are never pickled).
 
 Below the ceiling, the bound limits everything in the channel: the sender's queue, the TCP
-connection's buffers and the receiver's queue together (:class:`~runtime.channels.RemoteOutput`
+connection's buffers and the receiver's queue together (:class:`~runtime.network.outputs.RemoteOutput`
 counts what it queued and sent against what the receiver reports consumed). So a barrier
 waits behind at most about ``target_s`` of its consumer's work per exchange. At the ceiling
 (the consumer keeps up) a remote channel holds what it held without debloating (the sender

@@ -11,7 +11,7 @@ pending and in-progress files (their records will be produced again). Commit is 
 a deterministic name, so it is idempotent. ``<tag>`` names the run and attempt, so names
 never collide across attempts. Readers take ``part-*`` files only (:func:`read_committed`).
 On a store URL (``s3://bucket/prefix``, ``file://``) the same protocol runs on objects:
-:mod:`runtime.object_sink`.
+:mod:`runtime.connectors.object_sink`.
 
 **CollectSink** hands each transaction to the coordinator with the checkpoint (as
 "committables"); the job master releases them into ``JobResult.collected[uid]`` when a
@@ -31,15 +31,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.errors import JobGraphError
-from runtime.object_sink import (
+from runtime.connectors.object_sink import (
     ObjectSinkOperator,
     committed_objects,
     read_committed_objects,
     recover_objects,
     sink_store_options,
 )
-from runtime.operators import OperatorSnapshot, StreamOperator
+from runtime.errors import JobGraphError
+from runtime.task.operators import OperatorSnapshot, StreamOperator
 from statelog.store import open_store, redact_url
 
 PENDING_DIR = ".pending"
@@ -74,7 +74,7 @@ class FileSink(Sink):
     """Exactly-once JSON lines files below ``directory`` (see the module docstring).
 
     ``directory`` may be a store URL, ``s3://bucket/prefix`` or ``file:///abs/path``: the
-    same protocol on objects through statelog's store layer (:mod:`runtime.object_sink`), so
+    same protocol on objects through statelog's store layer (:mod:`runtime.connectors.object_sink`), so
     every node of a cluster reaches the output; ``store_options`` then configures the store
     (else the ``AWS_*`` environment of the process that builds the sink: resolved here, they
     travel with the pickled sink, never shown by its ``repr``).
