@@ -1,4 +1,4 @@
-"""Streaming runtime with barrier checkpoints hosting the statelog backend (issue #5).
+"""Streaming runtime with barrier checkpoints hosting the statelog backend.
 
 Build a job with :class:`StreamExecutionEnvironment` (sources, map/filter/flat_map,
 ``key_by``, keyed process functions, windows, ``union``, ``connect``, sinks) and run it on

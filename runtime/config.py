@@ -21,7 +21,7 @@ from statelog.store.options import StoreOptions
 # state backends (docs/runtime.md, "State backends")
 CHANGELOG = "changelog"  # statelog: changelog checkpoints, restorable
 STATE_DUMP = "state-dump"  # the benchmark baseline: every checkpoint dumps the whole state
-FULL_SNAPSHOT = "full-snapshot"  # the state-dump baseline's former name, still accepted
+FULL_SNAPSHOT = "full-snapshot"  # another name of the state-dump baseline, accepted as well
 STATE_BACKENDS = (CHANGELOG, STATE_DUMP, FULL_SNAPSHOT)
 
 
@@ -64,7 +64,7 @@ class JobConfig:
     # options of a background materializer run by the job master (None: none runs)
     materializer: MaterializerOptions | None = None
     # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
-    # "full-snapshot", its former name, is kept as given)
+    # "full-snapshot", its other name, is kept as given)
     state_backend: str = CHANGELOG
     # restore keyed state by key group on first use (statelog/ondemand.py) instead of all of
     # it before the first record

@@ -115,7 +115,7 @@ class StreamExecutionEnvironment:
                 f"unknown state_backend {state_backend!r}; use {CHANGELOG!r} (statelog) or {STATE_DUMP!r} "
                 f"(the benchmark baseline; one of {list(STATE_BACKENDS)})"
             )
-        if state_backend != CHANGELOG:  # the state-dump baseline (or its former name)
+        if state_backend != CHANGELOG:  # the state-dump baseline (either of its names)
             if restart_strategy is not None and not isinstance(restart_strategy, NoRestart):
                 raise JobGraphError(
                     f"state_backend={state_backend!r} is a benchmark baseline whose checkpoints cannot be "

@@ -1,12 +1,12 @@
 """The state-dump baseline: checkpoints that write a subtask's whole keyed state.
 
-``StreamExecutionEnvironment(state_backend="state-dump")`` (formerly ``"full-snapshot"``,
-still accepted) runs the same job with the statelog backend's changelog switched off; at
-every barrier a keyed operator captures its state (:class:`statelog.state_dump.CapturedState`:
+``StreamExecutionEnvironment(state_backend="state-dump")`` (or ``"full-snapshot"``, the
+same) runs the same job with the statelog backend's changelog switched off; at every
+barrier a keyed operator captures its state (:class:`statelog.state_dump.CapturedState`:
 shallow copies of the tables, on the task thread) and the snapshot pool serializes it
 (format ``statelog.state-dump``, ``docs/format.md``) and writes it to
-``full-snapshots/<uid>/<subtask>/<checkpoint>.snapshot`` under the job root (the key prefix
-keeps the baseline's former name: the object layout is unchanged). This is what a
+``full-snapshots/<uid>/<subtask>/<checkpoint>.snapshot`` under the job root (the object
+layout of ``docs/format.md``). This is what a
 checkpoint costs without a changelog (Flink's heap backend with full snapshots);
 ``python -m bench runtime`` compares it with statelog.
 

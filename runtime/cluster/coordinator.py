@@ -217,7 +217,7 @@ class CheckpointCoordinator:
             if self.publish:
                 meta = self.job.publish_checkpoint(p.checkpoint_id, p.handles, p.sources, stats)
             else:
-                stats["state_backend"] = self.state_backend  # as configured (or its former name)
+                stats["state_backend"] = self.state_backend  # as configured (either name of the baseline)
                 meta = CheckpointMetadata(
                     p.checkpoint_id, self.job.job_id, int(time.time() * 1000), self.job.max_parallelism,
                     dict(p.sources), {}, stats,
