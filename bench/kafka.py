@@ -111,7 +111,7 @@ def produce(bootstrap: str, topic: str, keys: list[int]) -> float:
 
 
 def run_job(kind: str, bootstrap: str, topic: str, out_topic: str, parquet_dir: Path, root: str) -> Any:
-    from runtime.kafka import KafkaSink, KafkaSource
+    from runtime.connectors.kafka import KafkaSink, KafkaSource
 
     env = StreamExecutionEnvironment(parallelism=2, checkpoint_interval_s=1.0, checkpoint_timeout_s=120.0,
                                      state_root=root, state_backend="changelog")  # fmt: skip

@@ -51,7 +51,7 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
-from runtime.sinks import read_committed
+from runtime.connectors.sinks import read_committed
 from statelog import MapStateDescriptor, ValueStateDescriptor
 from statelog.layout import parse_manifest_key
 from statelog.materialization.manifest import list_manifests

@@ -37,7 +37,7 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
-from runtime.kafka import KafkaSink, KafkaSource
+from runtime.connectors.kafka import KafkaSink, KafkaSource
 
 EPOCH_MS = 1_735_689_600_000
 STEP_MS = 4

@@ -1,8 +1,8 @@
 """The job configuration: what the job master and every worker need besides the graph.
 
-:class:`JobConfig` is built and validated by :class:`~runtime.api.StreamExecutionEnvironment`
-and pickled to the worker processes; the job master (:mod:`runtime.driver`), the task
-deployment (:mod:`runtime.deploy`) and the workers read it. It sits below all of them so
+:class:`JobConfig` is built and validated by :class:`~runtime.api.environment.StreamExecutionEnvironment`
+and pickled to the worker processes; the job master (:mod:`runtime.cluster.master`), the task
+deployment (:mod:`runtime.worker.deploy`) and the workers read it. It sits below all of them so
 that none of them imports the job API.
 """
 
@@ -21,7 +21,7 @@ from statelog.store.options import StoreOptions
 # state backends (docs/runtime.md, "State backends")
 CHANGELOG = "changelog"  # statelog: changelog checkpoints, restorable
 STATE_DUMP = "state-dump"  # the benchmark baseline: every checkpoint dumps the whole state
-FULL_SNAPSHOT = "full-snapshot"  # the state-dump baseline's former name, still accepted
+FULL_SNAPSHOT = "full-snapshot"  # another name of the state-dump baseline, accepted as well
 STATE_BACKENDS = (CHANGELOG, STATE_DUMP, FULL_SNAPSHOT)
 
 
@@ -54,7 +54,7 @@ class JobConfig:
     tolerable_failed_checkpoints: int = 0
     batch_size: int = 256
     channel_capacity: int = 8  # frames queued per channel before back-pressure
-    # buffer debloating (runtime/debloat.py): a channel holds what its consumer takes in this
+    # buffer debloating (runtime/network/debloat.py): a channel holds what its consumer takes in this
     # many seconds (None: off, channels hold channel_capacity frames plus the TCP buffers)
     buffer_debloat_target: float | None = 1.0
     # the most in-flight data (bytes) one unaligned checkpoint may persist (None: no limit)
@@ -64,7 +64,7 @@ class JobConfig:
     # options of a background materializer run by the job master (None: none runs)
     materializer: MaterializerOptions | None = None
     # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
-    # "full-snapshot", its former name, is kept as given)
+    # "full-snapshot", its other name, is kept as given)
     state_backend: str = CHANGELOG
     # restore keyed state by key group on first use (statelog/restore/ondemand/) instead of all of
     # it before the first record

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.connectors.sinks import Sink
+from runtime.connectors.sources import Source, WatermarkStrategy
 from runtime.errors import JobGraphError
-from runtime.operators import StreamOperator
-from runtime.sinks import Sink
-from runtime.sources import Source, WatermarkStrategy
+from runtime.task.operators import StreamOperator
 
 FORWARD = "forward"
 HASH = "hash"

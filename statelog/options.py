@@ -294,7 +294,7 @@ ENCODE_BATCH_RECORDS = Count("encode_batch_records", 1, 1 << 24)
 COMPRESSION_LEVEL = Count("compression_level", -7, 22)  # zstd's levels (negative: faster)
 WRITER_LEASE_TTL = Duration("writer_lease_ttl_s", 0.05, HOUR)
 
-# the runtime (runtime/api.py StreamExecutionEnvironment, docs/runtime.md)
+# the runtime (runtime/api/environment.py StreamExecutionEnvironment, docs/runtime.md)
 CHECKPOINT_INTERVAL = Duration("checkpoint_interval_s", 10 * MS, DAY)
 CHECKPOINT_TIMEOUT = Duration("checkpoint_timeout_s", 1 * MS, DAY)
 TOLERABLE_FAILED_CHECKPOINTS = Count("tolerable_failed_checkpoints", 0, 1_000_000)

@@ -39,7 +39,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("materializer.daemon", "materializer.spark"): "the spark extra: engine='spark' only",
     ("tools.cli.materializer", "statelog.spark"): "the spark extra: --engine spark only",
     ("tools.cli.materializer", "materializer.spark"): "the spark extra: --engine spark only",
-    ("runtime.spark_cluster", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
+    ("runtime.cluster.spark", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
 }
 
 
@@ -100,10 +100,10 @@ def test_the_check_finds_a_function_level_import() -> None:
 def test_dead_code_is_gone() -> None:
     import materializer.daemon
     import materializer.gc
-    import runtime.coordinator
+    import runtime.cluster.coordinator
     from statelog.descriptors import StateDescriptor, StateInfo
 
-    assert not hasattr(runtime.coordinator, "CheckpointRecord")
+    assert not hasattr(runtime.cluster.coordinator, "CheckpointRecord")
     assert not hasattr(StateDescriptor, "to_json") and hasattr(StateInfo, "to_json")
     # GC is part of the materializer: no "not available" fallback
     assert materializer.daemon.collect_garbage is materializer.gc.collect_garbage

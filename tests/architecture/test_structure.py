@@ -27,9 +27,7 @@ KNOWN_LARGE = {
     "statelog/options.py", "statelog/spark/rescale.py",
     "statelog/state/kinds.py", "statelog/store/s3.py",
     "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
-    "materializer/gc.py", "runtime/channels.py", "runtime/driver.py", "runtime/driver.py:JobMaster",
-    "runtime/kafka.py", "runtime/sources.py", "runtime/task.py", "runtime/task.py:Task",
-}
+    "materializer/gc.py", }
 
 
 def _modules() -> list[Path]:

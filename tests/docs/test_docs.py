@@ -83,7 +83,7 @@ def test_readme_runtime_example_runs_and_writes_key_window_and_count(tmp_path: P
     scope: dict[str, Any] = {"__name__": "readme_example"}
     exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
 
-    from runtime.sinks import read_committed
+    from runtime.connectors.sinks import read_committed
 
     got = Counter(tuple(r) for r in read_committed(out_dir))
     want = Counter((e["user"], e["ts"] - e["ts"] % 10_000) for e in events)

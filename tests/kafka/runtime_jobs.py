@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from runtime import StreamExecutionEnvironment, TumblingEventTimeWindows, WatermarkStrategy
-from runtime.kafka import KafkaSink, KafkaSource
+from runtime.connectors.kafka import KafkaSink, KafkaSource
 from tests.runtime import jobs
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import runtime.kafka as rk
+import runtime.connectors.kafka.client as rk
 from runtime import (
     CollectSink,
     JobFailedError,
@@ -24,7 +24,7 @@ from runtime import (
     StreamExecutionEnvironment,
     WatermarkStrategy,
 )
-from runtime.kafka import (
+from runtime.connectors.kafka import (
     DLQ_ERROR,
     DLQ_OFFSET,
     DLQ_PARTITION,
@@ -33,8 +33,8 @@ from runtime.kafka import (
     KafkaError,
     KafkaSink,
     KafkaSource,
-    split_id,
 )
+from runtime.connectors.kafka.records import split_id
 from statelog.errors import ConfigError
 from statelog.kafka import KafkaOffsets
 from tests.kafka_broker import KafkaBroker, start_kafka

@@ -274,7 +274,7 @@ def test_the_workers_of_a_stalled_master_stop_writing_when_its_lease_runs_out(
     kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     """The master is stopped, its workers are not: they keep reading and would keep uploading
-    changelog; the write grant of runtime/lease_grant.py stops them at the lease's deadline,
+    changelog; the write grant of runtime/worker/lease_grant.py stops them at the lease's deadline,
     before any other copy may take the root."""
     tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)
     tout = kafka_broker.create_topic(partitions=2)

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from runtime.kafka import SINK_PREFIX, KafkaSink
+from runtime.connectors.kafka import KafkaSink
+from runtime.connectors.kafka.sink import SINK_PREFIX
 from tests.kafka.runtime_jobs import read_topic
 from tests.s3server import RootSpec
 

@@ -11,8 +11,9 @@ import pytest
 
 import statelog
 from runtime import CollectSink, JobGraphError, StreamExecutionEnvironment
-from runtime.kafka import RECORD_TIMESTAMP, KafkaRecord, KafkaSink, KafkaSource, split_id
-from runtime.sources import WatermarkStrategy
+from runtime.connectors.kafka import RECORD_TIMESTAMP, KafkaRecord, KafkaSink, KafkaSource
+from runtime.connectors.kafka.records import split_id
+from runtime.connectors.sources import WatermarkStrategy
 from tests.kafka.runtime_jobs import build_kafka_clicks, clicks_env, produce_clicks, read_topic
 from tests.runtime import jobs
 from tests.s3server import RootSpec
@@ -179,7 +180,7 @@ def test_bad_arguments_fail_clearly(kafka_broker) -> None:
 
 
 def test_secrets_are_redacted() -> None:
-    from runtime.kafka import redact
+    from runtime.connectors.kafka.client import redact
 
     conf = {"sasl.password": "hunter2", "ssl.key.password": "k", "bootstrap.servers": "b:9092"}
     assert redact(conf) == {"sasl.password": "***", "ssl.key.password": "***", "bootstrap.servers": "b:9092"}

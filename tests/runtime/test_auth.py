@@ -1,4 +1,4 @@
-"""Authenticated connections (runtime/auth.py): a channel server refuses a peer without the
+"""Authenticated connections (runtime/network/auth.py): a channel server refuses a peer without the
 job secret, and nothing such a peer sends is unpickled.
 
 The hostile frames are pickles whose unpickling creates a file (``__reduce__`` calling
@@ -22,10 +22,13 @@ from typing import Any
 
 import pytest
 
-from runtime.auth import MAGIC, NONCE_BYTES, handshake, new_secret
-from runtime.channels import _LEN, ChannelServer, InputChannel, RemoteOutput
+from runtime.cluster.spark import accept_control
 from runtime.errors import PeerAuthenticationError
-from runtime.spark_cluster import accept_control
+from runtime.network.auth import MAGIC, NONCE_BYTES, handshake, new_secret
+from runtime.network.frames import LENGTH
+from runtime.network.input_channel import InputChannel
+from runtime.network.outputs import RemoteOutput
+from runtime.network.server import ChannelServer
 
 CHANNEL = (7, 0, 1)
 
@@ -42,7 +45,7 @@ class CreatesFile:
 
 def _frame(obj: Any) -> bytes:
     data = pickle.dumps(obj)
-    return _LEN.pack(len(data)) + data
+    return LENGTH.pack(len(data)) + data
 
 
 def _read_to_eof(sock: socket.socket, timeout: float = 30.0) -> bytes:
@@ -117,7 +120,7 @@ def test_a_raw_pickled_frame_without_the_handshake_is_refused_and_never_unpickle
 ) -> None:
     srv, secret, channel, errors = server
     marker = tmp_path / "unpickled"
-    caplog.set_level(logging.WARNING, logger="runtime.channels")
+    caplog.set_level(logging.WARNING, logger="runtime.network.server")
     with socket.create_connection(srv.address) as sock:
         # what a stranger would send: a hello that the server would unpickle, then a frame
         sock.sendall(_frame(CreatesFile(marker)) + _frame(([CreatesFile(marker)], None)))
@@ -135,7 +138,7 @@ def test_a_client_with_a_wrong_secret_is_refused_and_its_frames_are_not_unpickle
 ) -> None:
     srv, secret, channel, errors = server
     marker = tmp_path / "unpickled"
-    caplog.set_level(logging.WARNING, logger="runtime.channels")
+    caplog.set_level(logging.WARNING, logger="runtime.network.server")
     with socket.create_connection(srv.address) as sock:
         with pytest.raises(PeerAuthenticationError, match="proof does not match"):
             handshake(sock, new_secret(), connected=True)
@@ -179,7 +182,7 @@ def test_the_control_listener_of_spark_workers_unpickles_only_after_the_handshak
     """``accept_control`` (the job master's TCP control listener of cluster="spark")."""
     secret = new_secret()
     marker = tmp_path / "unpickled"
-    caplog.set_level(logging.WARNING, logger="runtime.spark_cluster")
+    caplog.set_level(logging.WARNING, logger="runtime.cluster.spark")
     with socket.create_server(("127.0.0.1", 0)) as listener:
         sock = socket.create_connection(listener.getsockname()[:2])
         accepted, peer = listener.accept()

@@ -23,7 +23,7 @@ import pytest
 import statelog
 from materializer.background import start_background
 from runtime import FixedDelay, read_committed
-from runtime.windows import WINDOW_STATE
+from runtime.api.windows import WINDOW_STATE
 from statelog import PICKLE, AggregatingStateDescriptor
 from tests.runtime import jobs
 from tests.runtime.chaos import kill_workers

@@ -1,4 +1,4 @@
-"""Buffer debloating (runtime/debloat.py, the channels' bounds and reports) and urgent barriers
+"""Buffer debloating (runtime/network/debloat.py, the channels' bounds and reports) and urgent barriers
 in unaligned mode (a barrier overtakes what its own channel queues; exactly the overtaken
 frames are persisted as in-flight data)."""
 
@@ -17,20 +17,23 @@ from runtime import (
     GeneratorSource,
     KeyedProcessFunction,
     StreamExecutionEnvironment,
-    inflight,
 )
-from runtime.auth import new_secret
-from runtime.channels import BARRIER, ChannelServer, InputChannel, LocalOutput, RemoteOutput
 from runtime.config import JobConfig
-from runtime.debloat import FLOOR_RECORDS, PERIOD_S, Debloater
 from runtime.graph import FORWARD
-from runtime.operators import StreamOperator
-from runtime.router import EdgeOutput, Router
-from runtime.task import Task
+from runtime.network import inflight
+from runtime.network.auth import new_secret
+from runtime.network.debloat import FLOOR_RECORDS, PERIOD_S, Debloater
+from runtime.network.frames import BARRIER
+from runtime.network.input_channel import InputChannel
+from runtime.network.outputs import LocalOutput, RemoteOutput
+from runtime.network.router import EdgeOutput, Router
+from runtime.network.server import ChannelServer
+from runtime.task.operators import StreamOperator
+from runtime.task.task import Task
 from statelog.errors import ConfigError
 from tests.s3server import RootSpec
 
-SECRET = new_secret()  # the channels' job secret (runtime.auth)
+SECRET = new_secret()  # the channels' job secret (runtime.network.auth)
 
 # -- the debloater -------------------------------------------------------------------------------
 
@@ -552,7 +555,7 @@ def test_a_task_whose_inflight_data_exceeds_the_cap_declines() -> None:
 
 
 def test_the_coordinator_fails_a_checkpoint_whose_inflight_data_exceeds_the_cap() -> None:
-    from runtime.coordinator import CheckpointCoordinator
+    from runtime.cluster.coordinator import CheckpointCoordinator
     from runtime.errors import CheckpointFailureLimitError
 
     sent: list[Any] = []

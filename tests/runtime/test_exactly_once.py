@@ -20,9 +20,9 @@ from runtime import (
     StreamExecutionEnvironment,
     TumblingEventTimeWindows,
     WatermarkStrategy,
-    inflight,
     read_committed,
 )
+from runtime.network import inflight
 from statelog import layout
 from tests.runtime import jobs
 from tests.runtime.chaos import kill_workers

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from runtime.driver import PEER_DEATH_GRACE_S, JobMaster
+from runtime.cluster.control import PEER_DEATH_GRACE_S
+from runtime.cluster.launcher import WorkerProc
+from runtime.cluster.master import JobMaster
 from runtime.errors import TaskFailedError, WorkerLostError
-from runtime.launcher import WorkerProc
 
 
 class _Handle:

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import statelog
-from runtime import inflight, read_committed
+from runtime import read_committed
+from runtime.network import inflight
 from tests.runtime import jobs
 from tests.runtime.chaos import kill_workers
 from tests.runtime.test_exactly_once import make_env

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from runtime import FileSink, JobGraphError, committed_files, read_committed
-from runtime.object_sink import (
+from runtime.connectors.object_sink import (
     PART_PREFIX,
     PENDING_PREFIX,
     ObjectSinkOperator,

@@ -22,7 +22,7 @@ from runtime import (
     WatermarkStrategy,
     read_committed,
 )
-from runtime.sources import SourceSplits
+from runtime.connectors.sources import SourceSplits
 from tests.runtime import jobs
 from tests.runtime.chaos import kill_workers
 from tests.runtime.test_exactly_once import make_env

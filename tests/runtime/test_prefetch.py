@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from runtime.functions import KeyedProcessFunction, ProcessContext
-from runtime.operators import KeyedProcessOperator
-from runtime.task import Task
+from runtime.api.functions import KeyedProcessFunction, ProcessContext
+from runtime.task.operators import KeyedProcessOperator
+from runtime.task.task import Task
 from statelog import ValueStateDescriptor
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)

@@ -10,7 +10,7 @@ import pytest
 
 import statelog
 from runtime import FixedDelay, JobGraphError, NoRestart, StreamExecutionEnvironment
-from runtime.sinks import read_committed
+from runtime.connectors.sinks import read_committed
 from statelog.keys import decode_key
 from statelog.layout import STATE_DUMP_PREFIX as PREFIX
 from statelog.state_dump import decode_state_dump

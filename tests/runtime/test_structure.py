@@ -29,14 +29,14 @@ def runtime_imports() -> dict[str, set[str]]:
 
 def test_nothing_below_the_job_api_imports_it() -> None:
     graph = runtime_imports()
-    importers = sorted(m for m, deps in graph.items() if "runtime.api" in deps)
+    importers = sorted(m for m, deps in graph.items() if "runtime.api.environment" in deps)
     assert importers == ["runtime"]  # only the package's public face re-exports it
 
 
 def test_a_task_does_not_know_the_worker_that_hosts_it() -> None:
     graph = runtime_imports()
-    assert "runtime.worker" not in graph["runtime.task"]
-    assert "runtime.worker" not in graph["runtime.deploy"]
+    assert "runtime.worker.process" not in graph["runtime.task.task"]
+    assert "runtime.worker.process" not in graph["runtime.worker.deploy"]
     # the job configuration sits below everything that reads it
     assert graph["runtime.config"] <= {"runtime.errors"}
 
@@ -77,11 +77,11 @@ def _class_definitions(name: str) -> list[str]:
 
 def test_the_engine_and_the_runtime_name_their_timer_classes_apart(tmp_path: Path) -> None:
     import statelog
-    from runtime.functions import ProcessContext, TimerContext
+    from runtime.api.functions import ProcessContext, TimerContext
     from statelog.state.timers import TimerService
 
     assert _class_definitions("TimerService") == ["statelog/state/timers.py"]
-    assert _class_definitions("TimerContext") == ["runtime/functions.py"]
+    assert _class_definitions("TimerContext") == ["runtime/api/functions.py"]
     with statelog.open(tmp_path.as_uri()) as job:
         backend = job.backend("op", changelog=False)
         timers = ProcessContext(backend, 0, 1, "op").timer_service()
@@ -95,9 +95,9 @@ def test_the_engine_and_the_runtime_name_their_timer_classes_apart(tmp_path: Pat
 
 
 def test_worker_module_stays_small_and_deploy_is_apart() -> None:
-    lines = (REPO / "runtime" / "worker.py").read_text().count("\n")
+    lines = (REPO / "runtime" / "worker" / "process.py").read_text().count("\n")
     assert lines < 500
-    deploy = importlib.import_module("runtime.deploy")
+    deploy = importlib.import_module("runtime.worker.deploy")
     assert callable(deploy.build_tasks)
 
 
@@ -107,7 +107,7 @@ def test_worker_module_stays_small_and_deploy_is_apart() -> None:
 def test_the_state_dump_format_and_baseline_have_their_own_names() -> None:
     assert (REPO / "statelog" / "state_dump.py").exists()
     assert not (REPO / "statelog" / "snapshot.py").exists()
-    assert (REPO / "runtime" / "state_dump_backend.py").exists()
+    assert (REPO / "runtime" / "baselines" / "state_dump_backend.py").exists()
     assert not (REPO / "runtime" / "full_snapshot.py").exists()
     from runtime.config import STATE_BACKENDS, STATE_DUMP
 

@@ -26,14 +26,14 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
-from runtime.barriers import BarrierAligner, BarrierTracker
-from runtime.channels import InputChannel
-from runtime.driver import serialize_graph
-from runtime.functions import MAX_WATERMARK, MIN_WATERMARK
+from runtime.api.functions import MAX_WATERMARK, MIN_WATERMARK
+from runtime.cluster.master import serialize_graph
+from runtime.connectors.sinks import PENDING_DIR, FileSinkOperator, read_committed
+from runtime.connectors.sources import SourceSplits
 from runtime.graph import FORWARD, HASH, JobGraph
-from runtime.router import EdgeOutput
-from runtime.sinks import PENDING_DIR, FileSinkOperator, read_committed
-from runtime.sources import SourceSplits
+from runtime.network.barriers import BarrierAligner, BarrierTracker
+from runtime.network.input_channel import InputChannel
+from runtime.network.router import EdgeOutput
 from statelog import key_group_of, layout, subtask_for_key_group
 from statelog.errors import ConfigError
 from tests.runtime import jobs
@@ -298,7 +298,7 @@ class _StubJob:
 
 
 def test_coordinator_records_a_published_checkpoint_even_if_the_notification_fails() -> None:
-    from runtime.coordinator import CheckpointCoordinator
+    from runtime.cluster.coordinator import CheckpointCoordinator
     from runtime.errors import WorkerLostError
 
     sent: list[Any] = []
@@ -324,7 +324,7 @@ def test_coordinator_records_a_published_checkpoint_even_if_the_notification_fai
 
 
 def test_coordinator_fails_the_job_after_too_many_failed_checkpoints() -> None:
-    from runtime.coordinator import CheckpointCoordinator
+    from runtime.cluster.coordinator import CheckpointCoordinator
     from runtime.errors import CheckpointFailureLimitError
 
     sent: list[Any] = []
@@ -348,7 +348,7 @@ def test_coordinator_fails_the_job_after_too_many_failed_checkpoints() -> None:
 
 
 def test_unaligner_starts_at_the_first_barrier_and_finishes_at_the_last() -> None:
-    from runtime.barriers import BarrierUnaligner
+    from runtime.network.barriers import BarrierUnaligner
 
     u = BarrierUnaligner(3)
     assert u.on_barrier_unaligned(1, 5) == ["start"]
@@ -368,7 +368,7 @@ def test_unaligner_starts_at_the_first_barrier_and_finishes_at_the_last() -> Non
 
 
 def test_unaligner_aligns_on_finished_channels_so_the_final_checkpoint_is_aligned() -> None:
-    from runtime.barriers import BarrierUnaligner
+    from runtime.network.barriers import BarrierUnaligner
 
     u = BarrierUnaligner(3)
     assert u.on_barrier_unaligned(0, 1, finished=True) == []
@@ -385,9 +385,9 @@ def test_unaligner_aligns_on_finished_channels_so_the_final_checkpoint_is_aligne
 
 
 def test_inflight_objects_are_checksummed_versioned_and_redistributed(tmp_path: Path) -> None:
-    from runtime import inflight
     from runtime.errors import RuntimeJobError
     from runtime.graph import JobEdge
+    from runtime.network import inflight
     from statelog.store import open_store
 
     store = open_store(f"file://{tmp_path}/root")
@@ -437,7 +437,7 @@ def test_inflight_objects_are_checksummed_versioned_and_redistributed(tmp_path: 
 def test_inflight_cleanup_and_the_materializer_gc(tmp_path: Path) -> None:
     import statelog
     from materializer.gc import collect_garbage
-    from runtime import inflight
+    from runtime.network import inflight
 
     root = f"file://{tmp_path}/root"
     with statelog.open(root, retain_checkpoints=2) as job:

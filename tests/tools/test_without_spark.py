@@ -69,7 +69,7 @@ def test_engine_materializer_runtime_and_cli_import_and_run_without_pyspark() ->
 
         # lambdas in a job graph are shipped with cloudpickle, not PySpark's copy of it
         import pickle
-        from runtime.driver import serialize_graph
+        from runtime.cluster.master import serialize_graph
         graph = {"key_by": lambda r: r[0] * 2}
         assert pickle.loads(serialize_graph(graph))["key_by"]((21,)) == 42
 

@@ -1,0 +1,246 @@
+"""The job API's entry: the execution environment (settings, sources, running the job).
+
+::
+
+    env = StreamExecutionEnvironment(parallelism=2, checkpoint_interval_s=1.0, state_root=ROOT,
+                                     restart_strategy=FixedDelay(attempts=10, delay_s=0.1))
+    events = env.from_source(GeneratorSource(make_event, count=10_000, splits=4), uid="events",
+                             watermarks=WatermarkStrategy(lambda e: e["ts"], 2_000))
+    (events.key_by(lambda e: e["user"])
+           .window(TumblingEventTimeWindows(10_000))
+           .aggregate(Count(), uid="window-count", window_function=lambda k, w, n: [k, w.start, n])
+           .sink_to(FileSink(OUT), uid="out"))
+    result = env.execute("clicks")
+
+Every stateful operator, source and sink needs a ``uid``: checkpoints match state and
+positions by uid. Functions and objects of the job are shipped to worker processes with
+pickle (cloudpickle for lambdas and closures). The streams: :mod:`runtime.api.datastream`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from materializer.options import MaterializerOptions
+from runtime.api.datastream import DataStream
+from runtime.cluster.client import JobClient
+from runtime.cluster.master import JobMaster, JobResult
+from runtime.cluster.restart import FixedDelay, NoRestart, RestartStrategy
+from runtime.cluster.spark import SparkLauncher
+from runtime.config import (
+    CHANGELOG,
+    STATE_BACKENDS,
+    STATE_DUMP,
+    SUPPORTED_MODES,
+    CheckpointingMode,
+    JobConfig,
+)
+from runtime.connectors.sources import Source, WatermarkStrategy
+from runtime.errors import JobGraphError
+from runtime.graph import FORWARD, StreamGraph
+from statelog import options as opt
+from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
+from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
+from statelog.metrics import check_port
+from statelog.options import WriterOptions
+from statelog.store.options import StoreOptions, resolve_store_options
+
+
+class StreamExecutionEnvironment:
+    """Builds a job graph and runs it on worker processes (see the module docstring)."""
+
+    def __init__(
+        self,
+        parallelism: int = 1,
+        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
+        checkpoint_interval_s: float | None = 1.0,
+        checkpoint_timeout_s: float = 60.0,
+        mode: str | CheckpointingMode = CheckpointingMode.EXACTLY_ONCE_ALIGNED,
+        state_root: str | None = None,
+        restart_strategy: RestartStrategy | None = None,
+        tolerable_failed_checkpoints: int = 0,
+        *,
+        retain_checkpoints: int = 5,
+        store_options: Mapping[str, Any] | None = None,
+        writer_options: Mapping[str, Any] | WriterOptions | None = None,
+        batch_size: int = 256,
+        channel_capacity: int = 8,
+        buffer_debloat_target: float | str | None = 1.0,
+        max_inflight_bytes: int | str | None = None,
+        start_method: str = "forkserver",
+        materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
+        state_backend: str = "changelog",
+        on_demand_restore: bool = True,
+        state_store: str = "memory",
+        state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
+        state_dir: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
+    ) -> None:
+        check_max_parallelism(max_parallelism)
+        check_parallelism(parallelism, max_parallelism)
+        try:
+            mode = CheckpointingMode(mode)
+        except ValueError:
+            raise JobGraphError(
+                f"unknown checkpointing mode {mode!r}; use one of {[m.value for m in CheckpointingMode]}"
+            ) from None
+        if mode not in SUPPORTED_MODES:
+            raise JobGraphError(
+                f"checkpointing mode {mode.value!r} is not implemented yet (docs/runtime.md); use one of "
+                f"{[m.value for m in SUPPORTED_MODES]}"
+            )
+        if not state_root:
+            raise JobGraphError("state_root is required: the job root URL, e.g. file:///var/lib/job")
+        # ranges: statelog/options.py (docs/runtime.md lists them); a bad value is a ConfigError
+        if checkpoint_interval_s is not None:
+            checkpoint_interval_s = opt.CHECKPOINT_INTERVAL.check(checkpoint_interval_s)
+        checkpoint_timeout_s = opt.CHECKPOINT_TIMEOUT.check(checkpoint_timeout_s)
+        tolerable_failed_checkpoints = opt.TOLERABLE_FAILED_CHECKPOINTS.check(tolerable_failed_checkpoints)
+        retain_checkpoints = opt.RETAIN.check(retain_checkpoints)
+        batch_size = opt.BATCH_SIZE.check(batch_size)
+        channel_capacity = opt.CHANNEL_CAPACITY.check(channel_capacity)
+        if buffer_debloat_target is not None:  # None: debloating off
+            buffer_debloat_target = opt.BUFFER_DEBLOAT_TARGET.check(buffer_debloat_target)
+        if max_inflight_bytes is not None:  # None: no limit
+            max_inflight_bytes = opt.MAX_INFLIGHT_BYTES.check(max_inflight_bytes)
+        writer_options = WriterOptions.from_mapping(writer_options)
+        if start_method not in ("spawn", "forkserver"):
+            raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        if state_backend not in STATE_BACKENDS:
+            raise JobGraphError(
+                f"unknown state_backend {state_backend!r}; use {CHANGELOG!r} (statelog) or {STATE_DUMP!r} "
+                f"(the benchmark baseline; one of {list(STATE_BACKENDS)})"
+            )
+        if state_backend != CHANGELOG:  # the state-dump baseline (either of its names)
+            if restart_strategy is not None and not isinstance(restart_strategy, NoRestart):
+                raise JobGraphError(
+                    f"state_backend={state_backend!r} is a benchmark baseline whose checkpoints cannot be "
+                    "restored: it runs without restarts (leave restart_strategy unset)"
+                )
+            if materializer:
+                raise JobGraphError(
+                    f"state_backend={state_backend!r} writes no changelog: there is nothing to materialize"
+                )
+            if state_store != "memory":
+                raise JobGraphError(
+                    f"state_backend={state_backend!r} dumps the in-memory tables: use state_store='memory' with it"
+                )
+            restart_strategy = NoRestart()
+        if materializer is True:
+            materializer = {}
+        elif materializer is False:
+            materializer = None
+        if materializer is not None and not isinstance(materializer, Mapping | MaterializerOptions):
+            raise JobGraphError(
+                "materializer must be True, False, None or a dict of materializer options "
+                f"(interval_s, max_tail_bytes, ...), got {type(materializer).__name__}"
+            )
+        if materializer is not None:
+            materializer = MaterializerOptions.from_mapping(materializer)  # names and ranges: one place
+        self.config = JobConfig(
+            parallelism=parallelism,
+            max_parallelism=max_parallelism,
+            checkpoint_interval_s=checkpoint_interval_s,
+            checkpoint_timeout_s=checkpoint_timeout_s,
+            mode=mode,
+            state_root=state_root,
+            store_options=StoreOptions(store_options),
+            writer_options=writer_options,
+            retain_checkpoints=retain_checkpoints,
+            tolerable_failed_checkpoints=tolerable_failed_checkpoints,
+            batch_size=batch_size,
+            channel_capacity=channel_capacity,
+            buffer_debloat_target=buffer_debloat_target,
+            max_inflight_bytes=max_inflight_bytes,
+            start_method=start_method,
+            materializer=materializer,
+            state_backend=state_backend,
+            on_demand_restore=bool(on_demand_restore),
+            state_store=opt.check_state_store("state_store", state_store),
+            state_memory=opt.STATE_MEMORY.check(state_memory),
+            state_dir=opt.check_state_dir("state_dir", state_dir),
+            metrics_port=check_port("metrics_port", metrics_port),
+            metrics_host=opt.non_empty_name("metrics_host", metrics_host),
+            writer_lease_ttl_s=opt.WRITER_LEASE_TTL.check(writer_lease_ttl_s),
+        )
+        self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
+        self.graph = StreamGraph()
+
+    # -- building ------------------------------------------------------------------------------
+
+    def from_source(
+        self,
+        source: Source,
+        uid: str,
+        name: str | None = None,
+        watermarks: WatermarkStrategy | None = None,
+    ) -> DataStream:
+        if not isinstance(source, Source):
+            raise JobGraphError(f"from_source needs a runtime.Source, got {type(source).__name__}")
+        node = self.graph.add(name=name or f"source:{uid}", uid=uid, inputs=[], source=source, watermarks=watermarks)
+        return DataStream(self, ((node.id, FORWARD, None),))
+
+    # -- running -------------------------------------------------------------------------------
+
+    def execute_async(
+        self,
+        job_name: str = "job",
+        *,
+        restore: int | str | None = None,
+        allow_non_restored_state: bool = False,
+        cluster: str = "local",
+        spark: Any = None,
+    ) -> JobClient:
+        """Start the job in a background thread of this process; returns its client.
+
+        ``cluster="local"``: worker processes on this machine; ``cluster="spark"``: the workers
+        run as the tasks of a Spark barrier stage on the cluster of ``spark`` (a SparkSession
+        or SparkContext; default: the active session), see :mod:`runtime.cluster.spark`."""
+        launcher = None
+        config = self.config
+        if cluster == "spark":
+            launcher = SparkLauncher(spark, job_name)
+            # executors may lack this process's AWS_* environment: they get the store options
+            # it resolves (in the deploy spec, over the authenticated control connection)
+            config = replace(config, store_options=resolve_store_options(config.state_root, config.store_options))
+        elif cluster != "local":
+            raise JobGraphError(f"cluster must be 'local' or 'spark', got {cluster!r}")
+        elif spark is not None:
+            raise JobGraphError("spark= is only used with cluster='spark'")
+        if restore not in (None, "none") and self.config.state_backend != CHANGELOG:
+            raise JobGraphError(
+                f"state_backend={self.config.state_backend!r} (a benchmark baseline) cannot restore; "
+                f"use the {CHANGELOG!r} backend"
+            )
+        master = JobMaster(
+            job_name, self.graph, config, self.restart_strategy,
+            restore=restore, allow_non_restored_state=allow_non_restored_state, launcher=launcher,
+        )
+        return JobClient.start(master)
+
+    def execute(
+        self,
+        job_name: str = "job",
+        *,
+        restore: int | str | None = None,
+        allow_non_restored_state: bool = False,
+        timeout_s: float | None = None,
+        cluster: str = "local",
+        spark: Any = None,
+    ) -> JobResult:
+        """Run the job to the end of its (bounded) input; returns its result.
+
+        ``restore`` is a retained checkpoint id, ``"latest"`` (empty state if there is no
+        checkpoint yet), ``"savepoint:NAME"`` or ``"none"`` (start from empty state on purpose);
+        the job may have another parallelism than the one that took it. Without ``restore`` a
+        state root that already has checkpoints is refused with
+        :class:`~statelog.errors.RestoreRequiredError` (naming the newest one): starting empty
+        there would repeat the sinks' output. ``cluster``/``spark``: see :meth:`execute_async`.
+        """
+        client = self.execute_async(job_name, restore=restore, allow_non_restored_state=allow_non_restored_state,
+                                    cluster=cluster, spark=spark)
+        return client.wait(timeout_s)
