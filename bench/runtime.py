@@ -12,7 +12,7 @@ on a full-snapshot backend and without checkpoints, and on Spark Structured Stre
   (b) no checkpoints and no changelog (``events_per_s_no_checkpoint``: plain in-memory state,
   the full-snapshot backend without checkpoint interval; only the end-of-input checkpoint
   that commits the sinks is taken), (c) the full-snapshot baseline
-  (``runtime/full_snapshot.py``: every checkpoint serializes the whole state of each subtask)
+  (``runtime/baselines/state_dump_backend.py``: every checkpoint serializes the whole state of each subtask)
   and a checkpoint every second (``events_per_s_full_snapshot``). events/s = input events ÷
   the job's wall time (``JobResult.duration_s``: workers started, input read to its end,
   final checkpoint). After one warm-up run (not counted: the first job of a process also
