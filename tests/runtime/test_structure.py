@@ -1,7 +1,7 @@
 """The runtime package's structure (issue 12): imports point down inside the package and
 each name says one thing.
 
-The import graph is tests/test_layering.py's (every import statement: module level, inside
+The import graph is tests/architecture/test_layering.py's (every import statement: module level, inside
 functions and under ``if TYPE_CHECKING:``), so a back edge hidden in a function still fails.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_layering import import_graph
+from tests.architecture.test_layering import import_graph
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def runtime_imports() -> dict[str, set[str]]:
     return {mod: {d for d in deps if d.startswith("runtime")} for mod, deps in graph.items()}
 
 
-# -- point 1: api, client, driver, task and worker import downwards (cycles: tests/test_layering.py)
+# -- point 1: api, client, driver, task and worker import downwards (cycles: tests/architecture/test_layering.py)
 
 
 def test_nothing_below_the_job_api_imports_it() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("statelog", "materializer", "runtime", "tools")
 # what each top-level package may import (besides itself)
 ALLOWED: dict[str, frozenset[str]] = {
