@@ -1,4 +1,4 @@
-"""Kafka benchmark (issue #16): a keyed count read from a Kafka topic, on the runtime with the
+"""Kafka benchmark: a keyed count read from a Kafka topic, on the runtime with the
 exactly-once and the ``delivery="none"`` Kafka sink, the same job from Parquet files, and a
 plain ``confluent_kafka.Consumer`` loop with statelog state (``statelog.kafka.KafkaOffsets``).
 

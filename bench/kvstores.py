@@ -1,4 +1,4 @@
-"""Working-set store candidates (issue #15): RocksDB (``rocksdict``), LMDB (``lmdb``) and
+"""Working-set store candidates: RocksDB (``rocksdict``), LMDB (``lmdb``) and
 SQLite (``sqlite3``), each used as a keyed-state working-set cache would use it.
 
 The store is a local cache rebuilt from the checkpoint, so nothing is made durable. RocksDB:
@@ -46,7 +46,7 @@ ends, takes its page cache along), ``ROUNDS`` rounds with the order rotated per 
 report gives medians with [min, max] and the median of the per-round ratios to RocksDB
 (store ÷ RocksDB for every figure: rates higher is better, memory and disk lower is better).
 
-The choice (``choice``): a store is eligible if its RSS projected to issue 15's benchmark,
+The choice (``choice``): a store is eligible if its RSS projected to the `bench large` workload,
 2×10^7 entries, stays within ``RSS_BUDGET_MIB`` (512 MiB, the issue's ``state_memory``):
 anonymous growth as measured (bounded by the configured caches) plus file-backed growth ×
 2×10^7 / N (mapped pages grow with the pages touched: under uniform access, with the store),
@@ -87,7 +87,7 @@ SCAN_GROUPS = 16
 DELETE_GROUPS = 16
 CACHE_BYTES = 64 << 20
 RSS_BUDGET_MIB = 512
-TARGET_ENTRIES = 20_000_000  # issue 15's `bench large`
+TARGET_ENTRIES = 20_000_000  # the `bench large` workload
 TIE = 0.10
 SEED = 15
 VALUE_STATE, MAP_STATE = 1, 2

@@ -1,4 +1,4 @@
-"""State larger than memory (issue 15): the disk-backed working set against the in-memory one.
+"""State larger than memory: the disk-backed working set against the in-memory one.
 
 A keyed job with a value state (int64) and a small map state per key runs in its own
 process per variant, so each process's peak RSS (``VmHWM``) is its own:

@@ -1,4 +1,4 @@
-"""Spark vs in-process materialization of the same checkpoint (issue #18), side by side.
+"""Spark vs in-process materialization of the same checkpoint, side by side.
 
 ``python -m bench scale_materialization --json`` (10^7 keys), or with sizes and rounds:
 ``python -m bench.scale_materialization --keys 1000000 --rounds 3 --json``.
