@@ -4,6 +4,7 @@ what the CLI prints."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from collections import Counter
@@ -21,6 +22,11 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"```python\n(.*?)```", re.S)
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 CODE_PATH = re.compile(r"`([\w./-]+\.(?:md|py|c|toml))(?:::[\w\[\]-]+)?`")
+# `statelog.restore.plan`, `materializer.gc.collect_garbage`, `runtime.api.functions.TimerContext()`
+CODE_NAME = re.compile(r"`((?:statelog|materializer|runtime|tools)(?:\.[A-Za-z_]\w*)+)(?:\(\)|\[\w+\])?`")
+# dotted names in the docs that are not Python names: Kafka header names of the dead-letter
+# topic, Parquet key-value metadata keys, and benchmark JSON fields
+NOT_CODE = re.compile(r"^statelog\.(dlq\.\w+|kind|table|user_key_encoding|value_encoding)$|^runtime\.\w+_p\d+$|\.py$")
 
 
 def python_blocks(doc: Path) -> list[tuple[int, str]]:
@@ -65,6 +71,30 @@ def test_links_and_file_references_resolve(doc: Path) -> None:
         if not any((base / path).resolve().exists() and REPO in (base / path).resolve().parents for base in bases):
             broken.append(f"file reference `{path}`: no such file in the repository")
     assert broken == [], f"{doc.name}: " + "; ".join(broken)
+
+
+def _resolves(name: str) -> bool:
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_module_and_object_names_resolve(doc: Path) -> None:
+    """Every `package.module.name` the docs mention is a module or an object of it."""
+    names = {m.group(1) for m in CODE_NAME.finditer(doc.read_text())}
+    broken = sorted(n for n in names if not NOT_CODE.search(n) and not _resolves(n))
+    assert broken == [], f"{doc.name} names modules or objects that do not exist: {broken}"
 
 
 def test_readme_runtime_example_runs_and_writes_key_window_and_count(tmp_path: Path) -> None:
