@@ -48,7 +48,7 @@ class BlockEncoder:
         # flusher's compression overlaps with the task thread on another core. One core:
         # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
         # which on a small machine takes the task thread's core too.
-        codec = Codec(codec)  # statelog.options.WriterOptions checks the user's option
+        codec = Codec(codec)  # statelog.options.engine.WriterOptions checks the user's option
         self._ipc_options = (
             None
             if codec is Codec.NONE

@@ -27,7 +27,7 @@ from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.upload.throttle import UploadThrottle
 from statelog.changelog.upload.uploader import SegmentUploader
 from statelog.layout import segment_key
-from statelog.options import WriterOptions
+from statelog.options.engine import WriterOptions
 
 log = logging.getLogger(__name__)
 

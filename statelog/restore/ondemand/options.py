@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from statelog.materialization.ranged import RANGED_MIN_BYTES
-from statelog.options import Count, Options, Size, option
+from statelog.options.base import Options, option
+from statelog.options.values import Count, Size
 
 _MAX_BYTES = 1 << 40
 
