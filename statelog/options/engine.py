@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from statelog.changelog.format import Codec
+from statelog.changelog.format import SPLIT_BLOCK_ROWS, SPLIT_MIN_ROWS, Codec
 from statelog.errors import ConfigError
 from statelog.options.base import Options, check_bool, check_optional_bool, option
 from statelog.options.values import DAY, HOUR, Count, Duration, Size
@@ -34,6 +34,7 @@ MAX_INFLIGHT_BYTES = Size("max_inflight_bytes", 1, 1 << 40)  # bytes of segments
 UPLOAD_THREADS = Count("upload_threads", 1, 64)
 ENCODE_BATCH_RECORDS = Count("encode_batch_records", 1, 1 << 24)
 COMPRESSION_LEVEL = Count("compression_level", -7, 22)  # zstd's levels (negative: faster)
+SPLIT_ROWS = Count("split_rows", 1, 1 << 30)
 
 
 def check_state_store(label: str, value: Any) -> str:
@@ -95,3 +96,7 @@ class WriterOptions(Options):
     encode_batch_records: int = option(4096, "records per batch a task converts at once", ENCODE_BATCH_RECORDS)
     columnar: bool | None = option(None, "columnar record buffers for narrow streams (None: when the C "
                                    "extension is built and STATELOG_PURE_PYTHON is unset)", check_optional_bool)
+    split_min_rows: int = option(SPLIT_MIN_ROWS, "a stream's records in a segment from this many rows on are split "
+                                 "into blocks by key-group range (docs/format.md 4.2)", SPLIT_ROWS)
+    split_block_rows: int = option(SPLIT_BLOCK_ROWS, "rows of such a block, about (a key group is never split)",
+                                   SPLIT_ROWS)
