@@ -1,7 +1,8 @@
 """The materializer daemon's options and its trigger policy.
 
 :class:`MaterializerOptions` holds every option of :class:`~materializer.daemon.MaterializerDaemon`
-with its default, its range (:mod:`statelog.options`) and a one-line doc, and, for the
+with its default, its range (declared here with the types of :mod:`statelog.options.values`) and a
+one-line doc, and, for the
 ``statelog materializer run`` command, its flag. The daemon, ``start_background``, the
 runtime's ``materializer={...}`` and the CLI all build this one object, so an option added
 here is accepted (and checked) by all of them. :func:`due` is the policy that decides when a
@@ -15,12 +16,22 @@ import socket
 from dataclasses import dataclass
 from typing import ClassVar
 
-from statelog import options as opt
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError
 from statelog.materialization.manifest import Manifest
 from statelog.metrics import check_port
-from statelog.options import Options, check_bool, non_empty_name, option
+from statelog.options.base import Options, check_bool, option
+from statelog.options.engine import RETAIN
+from statelog.options.values import DAY, HOUR, MS, Duration, Size, non_empty_name
+
+# the ranges of the daemon's options (also checked by `statelog materializer run` and `statelog gc`)
+MATERIALIZE_INTERVAL = Duration("interval_s", MS, 30 * DAY)
+MAX_TAIL_BYTES = Size("max_tail_bytes", 1, 1 << 50)
+LEASE_TTL = Duration("lease_ttl_s", 1.0, DAY, hint="the holder renews every third of the ttl, so a shorter one "
+                     "only floods the store with lease writes and leaves no time to materialize")
+GC_GRACE = Duration("gc_grace_s", 0.0, 365 * DAY)
+GC_INTERVAL = Duration("gc_interval_s", MS, 30 * DAY)
+POLL = Duration("poll_s", MS, HOUR)
 
 MAX_POLL_S = 5.0  # the default cycle period never exceeds this
 MIN_GC_INTERVAL_S = 60.0  # the default GC period: the interval, at least this
@@ -53,20 +64,20 @@ class MaterializerOptions(Options):
 
     KIND: ClassVar[str] = "materializer option"
 
-    interval_s: float = option(60.0, "materialize a newer checkpoint at least this often", opt.MATERIALIZE_INTERVAL,
+    interval_s: float = option(60.0, "materialize a newer checkpoint at least this often", MATERIALIZE_INTERVAL,
                                flag="--interval", cli_default="60s")
     max_tail_bytes: int = option(256 << 20, "materialize at once when a checkpoint's changelog tail reaches "
-                                 "this size", opt.MAX_TAIL_BYTES, flag="--max-tail-bytes", cli_default="256MB")
+                                 "this size", MAX_TAIL_BYTES, flag="--max-tail-bytes", cli_default="256MB")
     lease_ttl_s: float = option(30.0, "leader lease ttl: a standby takes over about this long after the holder "
-                                "died", opt.LEASE_TTL, flag="--lease-ttl", cli_default="30s")
-    gc_grace_s: float = option(600.0, "GC deletes unreferenced objects only when older than this", opt.GC_GRACE,
+                                "died", LEASE_TTL, flag="--lease-ttl", cli_default="30s")
+    gc_grace_s: float = option(600.0, "GC deletes unreferenced objects only when older than this", GC_GRACE,
                                flag="--gc-grace", cli_default="10m")
     retain_checkpoints: int | None = option(None, "GC also deletes all but the newest N checkpoints",
-                                            opt.RETAIN, flag="--retain", cli_default_text="keep them all")
-    poll_s: float | None = option(None, "how often to look for due checkpoints", opt.POLL,
+                                            RETAIN, flag="--retain", cli_default_text="keep them all")
+    poll_s: float | None = option(None, "how often to look for due checkpoints", POLL,
                                   flag="--poll", cli_default_text="the interval, at most 5s")
     gc_interval_s: float | None = option(None, "how often GC runs without a new materialization",
-                                         opt.GC_INTERVAL, flag="--gc-interval",
+                                         GC_INTERVAL, flag="--gc-interval",
                                          cli_default_text="the interval, at least 60s")
     owner: str | None = option(None, "name of this daemon in the lease, not empty", non_empty_name,
                                flag="--owner", cli_default_text="daemon@HOST:PID")

@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statelog import options as opt
 from statelog.backend import KeyedStateBackend, PendingSnapshot
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
@@ -47,7 +46,15 @@ from statelog.errors import (
 )
 from statelog.keys import check_parallelism, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest, latest_manifest_key, load_manifest
-from statelog.options import WriterOptions
+from statelog.options.engine import (
+    DEFAULT_STATE_MEMORY,
+    RETAIN,
+    STATE_MEMORY,
+    WriterOptions,
+    check_state_dir,
+    check_state_store,
+)
+from statelog.options.values import non_empty_name
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.eager import read_restored
 from statelog.restore.ondemand.loader import KeyGroupLoader
@@ -79,19 +86,19 @@ class StateJob:
         writer_owner: str | None = None,
         on_demand_restore: bool = True,
         state_store: str = "memory",
-        state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
+        state_memory: int | str = DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,
         write_guard: Callable[[], None] | None = None,
     ) -> None:
-        self.state_store = opt.check_state_store("state_store", state_store)
-        self.state_memory = opt.STATE_MEMORY.check(state_memory)
-        self.state_dir = opt.check_state_dir("state_dir", state_dir)
-        retain_checkpoints = opt.RETAIN.check(retain_checkpoints)  # ranges: statelog/options.py
+        self.state_store = check_state_store("state_store", state_store)
+        self.state_memory = STATE_MEMORY.check(state_memory)
+        self.state_dir = check_state_dir("state_dir", state_dir)
+        retain_checkpoints = RETAIN.check(retain_checkpoints)  # ranges: statelog/options/engine.py
         self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
         if writer_lease:
             check_writer_lease_ttl(writer_lease_ttl_s)
             if writer_owner is not None:
-                opt.non_empty_name("writer_owner", writer_owner)
+                non_empty_name("writer_owner", writer_owner)
         own_store = store is None
         self._writer_lease: WriterLease | None = None
         inner = store if store is not None else open_store(root, store_options)
@@ -202,7 +209,7 @@ class StateJob:
         if changelog:
             self.acquire_writer_lease()
         kgr = key_group_range_for_subtask(self.max_parallelism, parallelism, subtask)
-        disk = opt.check_state_store("state_store", state_store or self.state_store) == "disk"
+        disk = check_state_store("state_store", state_store or self.state_store) == "disk"
         restored, loader = None, None
         if restore is None:
             self._check_fresh_start(operator_uid)

@@ -21,7 +21,7 @@ from statelog.errors import (
     CorruptionError,
 )
 from statelog.layout import checkpoint_key
-from statelog.options import parse_checkpoint_ref
+from statelog.options.values import parse_checkpoint_ref
 from statelog.store import open_store, redact_url
 from statelog.store.options import REDACTED, StoreOptions, is_secret, redact
 
@@ -119,7 +119,7 @@ def resolve_checkpoint_id(root: Root, which: str, option: str = "checkpoint") ->
     """The retained checkpoint named by ``which`` (an id or ``latest``); errors list them.
 
     ``which`` is parsed by the one parser of checkpoint references
-    (:func:`statelog.options.parse_checkpoint_ref`); a ``savepoint:NAME`` is refused here with
+    (:func:`statelog.options.values.parse_checkpoint_ref`); a ``savepoint:NAME`` is refused here with
     a message saying so (use :func:`load_checkpoint_or_savepoint` where a savepoint is fine)."""
     ref = parse_checkpoint_ref(which, option)
     if ref.kind == "savepoint":

@@ -29,22 +29,13 @@ from runtime.cluster.client import JobClient
 from runtime.cluster.master import JobMaster, JobResult
 from runtime.cluster.restart import FixedDelay, NoRestart, RestartStrategy
 from runtime.cluster.spark import SparkLauncher
-from runtime.config import (
-    CHANGELOG,
-    STATE_BACKENDS,
-    STATE_DUMP,
-    SUPPORTED_MODES,
-    CheckpointingMode,
-    JobConfig,
-)
+from runtime.config import CHANGELOG, CheckpointingMode, JobConfig
 from runtime.connectors.sources import Source, WatermarkStrategy
 from runtime.errors import JobGraphError
 from runtime.graph import FORWARD, StreamGraph
-from statelog import options as opt
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
-from statelog.metrics import check_port
-from statelog.options import WriterOptions
+from statelog.options.engine import DEFAULT_STATE_MEMORY, WriterOptions
 from statelog.store.options import StoreOptions, resolve_store_options
 
 
@@ -74,7 +65,7 @@ class StreamExecutionEnvironment:
         state_backend: str = "changelog",
         on_demand_restore: bool = True,
         state_store: str = "memory",
-        state_memory: int | str = opt.DEFAULT_STATE_MEMORY,
+        state_memory: int | str = DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
@@ -82,39 +73,13 @@ class StreamExecutionEnvironment:
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)
-        try:
-            mode = CheckpointingMode(mode)
-        except ValueError:
-            raise JobGraphError(
-                f"unknown checkpointing mode {mode!r}; use one of {[m.value for m in CheckpointingMode]}"
-            ) from None
-        if mode not in SUPPORTED_MODES:
-            raise JobGraphError(
-                f"checkpointing mode {mode.value!r} is not implemented yet (docs/runtime.md); use one of "
-                f"{[m.value for m in SUPPORTED_MODES]}"
-            )
+        mode = JobConfig.check_field("mode", mode)
         if not state_root:
             raise JobGraphError("state_root is required: the job root URL, e.g. file:///var/lib/job")
-        # ranges: statelog/options.py (docs/runtime.md lists them); a bad value is a ConfigError
-        if checkpoint_interval_s is not None:
-            checkpoint_interval_s = opt.CHECKPOINT_INTERVAL.check(checkpoint_interval_s)
-        checkpoint_timeout_s = opt.CHECKPOINT_TIMEOUT.check(checkpoint_timeout_s)
-        tolerable_failed_checkpoints = opt.TOLERABLE_FAILED_CHECKPOINTS.check(tolerable_failed_checkpoints)
-        retain_checkpoints = opt.RETAIN.check(retain_checkpoints)
-        batch_size = opt.BATCH_SIZE.check(batch_size)
-        channel_capacity = opt.CHANNEL_CAPACITY.check(channel_capacity)
-        if buffer_debloat_target is not None:  # None: debloating off
-            buffer_debloat_target = opt.BUFFER_DEBLOAT_TARGET.check(buffer_debloat_target)
-        if max_inflight_bytes is not None:  # None: no limit
-            max_inflight_bytes = opt.MAX_INFLIGHT_BYTES.check(max_inflight_bytes)
-        writer_options = WriterOptions.from_mapping(writer_options)
-        if start_method not in ("spawn", "forkserver"):
-            raise JobGraphError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
-        if state_backend not in STATE_BACKENDS:
-            raise JobGraphError(
-                f"unknown state_backend {state_backend!r}; use {CHANGELOG!r} (statelog) or {STATE_DUMP!r} "
-                f"(the benchmark baseline; one of {list(STATE_BACKENDS)})"
-            )
+        # each option's default, doc and range: runtime.config.JobConfig (docs/runtime.md lists them); a
+        # bad value is a ConfigError. The ones the checks below depend on are checked first.
+        JobConfig.check_field("start_method", start_method)
+        state_backend = JobConfig.check_field("state_backend", state_backend)
         if state_backend != CHANGELOG:  # the state-dump baseline (either of its names)
             if restart_strategy is not None and not isinstance(restart_strategy, NoRestart):
                 raise JobGraphError(
@@ -160,12 +125,12 @@ class StreamExecutionEnvironment:
             materializer=materializer,
             state_backend=state_backend,
             on_demand_restore=bool(on_demand_restore),
-            state_store=opt.check_state_store("state_store", state_store),
-            state_memory=opt.STATE_MEMORY.check(state_memory),
-            state_dir=opt.check_state_dir("state_dir", state_dir),
-            metrics_port=check_port("metrics_port", metrics_port),
-            metrics_host=opt.non_empty_name("metrics_host", metrics_host),
-            writer_lease_ttl_s=opt.WRITER_LEASE_TTL.check(writer_lease_ttl_s),
+            state_store=state_store,
+            state_memory=state_memory,
+            state_dir=state_dir,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            writer_lease_ttl_s=writer_lease_ttl_s,
         )
         self.restart_strategy = restart_strategy or FixedDelay(attempts=3, delay_s=1.0)
         self.graph = StreamGraph()

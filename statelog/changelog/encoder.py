@@ -48,7 +48,7 @@ class BlockEncoder:
         # flusher's compression overlaps with the task thread on another core. One core:
         # with use_threads Arrow compresses the buffers of a batch on its whole CPU pool,
         # which on a small machine takes the task thread's core too.
-        codec = Codec(codec)  # statelog.options.WriterOptions checks the user's option
+        codec = Codec(codec)  # statelog.options.engine.WriterOptions checks the user's option
         self._ipc_options = (
             None
             if codec is Codec.NONE
@@ -155,25 +155,27 @@ class EncodedBatch:
     kg_max: int
 
 
-def split_by_key_group(batches: list[EncodedBatch]) -> list[list[EncodedBatch]]:
+def split_by_key_group(
+    batches: list[EncodedBatch], min_rows: int = SPLIT_MIN_ROWS, block_rows: int = SPLIT_BLOCK_ROWS
+) -> list[list[EncodedBatch]]:
     """The batches of one stream's records in a segment, as the contents of its blocks.
 
-    From :data:`~statelog.changelog.format.SPLIT_MIN_ROWS` rows on, the records are split
-    into blocks of about :data:`~statelog.changelog.format.SPLIT_BLOCK_ROWS` rows, each
+    From ``min_rows`` rows on, the records are split into blocks of about ``block_rows``
+    rows (the writer options ``split_min_rows`` and ``split_block_rows``), each
     holding every record of a range of key groups (the ranges are disjoint and ascending; a
     key group is never split), the records of each block in sequence order: a reader of one
     key group decodes one block of the segment instead of all its records (segment version
     2, ``docs/format.md`` 4.2). Fewer rows, or one key group: one block, as given.
     """
     rows = sum(b.batch.num_rows for b in batches)
-    if rows < SPLIT_MIN_ROWS or min(b.kg_min for b in batches) == max(b.kg_max for b in batches):
+    if rows < min_rows or min(b.kg_min for b in batches) == max(b.kg_max for b in batches):
         return [batches]
     table = pa.Table.from_batches([b.batch for b in batches])
     kg = table.column(1).to_numpy()  # uint16
     counts = np.bincount(kg)
     # greedily, in key-group order: a block ends once it holds the rows per block, and a key
     # group with that many rows alone is a block of its own
-    target = rows / -(-rows // SPLIT_BLOCK_ROWS)
+    target = rows / -(-rows // block_rows)
     starts: list[int] = []  # the first key group of each block but the first
     acc = 0
     for g in np.flatnonzero(counts).tolist():

@@ -79,8 +79,9 @@ class SegmentReader:
     ``retryable`` tells whether to try again later).
     """
 
-    def __init__(self, store: ObjectStore, keep_bytes: int = 0) -> None:
+    def __init__(self, store: ObjectStore, keep_bytes: int = 0, tail_read_bytes: int = TAIL_READ_BYTES) -> None:
         self.store = store
+        self._tail_read_bytes = tail_read_bytes  # a segment read in ranges: its last bytes read at once
         self._footers: dict[str, fmt.SegmentFooter] = {}
         self._whole: dict[str, bytes] = {}
         self._lock = threading.Lock()
@@ -136,7 +137,7 @@ class SegmentReader:
         else:
             head = self._range(name, 0, fmt.HEADER_SIZE)
             fmt.check_header(head, name)
-            start = max(fmt.HEADER_SIZE, size - TAIL_READ_BYTES)
+            start = max(fmt.HEADER_SIZE, size - self._tail_read_bytes)
             tail = self._range(name, start, size - start)
             if len(tail) != size - start:
                 raise CorruptionError(

@@ -56,11 +56,14 @@ def encode_segment(
     created_ms: int,
     chunks: Sequence[StreamChunk],
     encoder: BlockEncoder,
+    split_min_rows: int = fmt.SPLIT_MIN_ROWS,
+    split_block_rows: int = fmt.SPLIT_BLOCK_ROWS,
 ) -> tuple[bytes, fmt.SegmentFooter]:
     """The bytes of segment ``segment`` of ``writer``, holding ``chunks`` in order.
 
     Returns ``(data, footer)``; ``footer.streams[i]`` is the span of ``chunks[i]``. A stream
-    with many records gets a block per key-group range (:func:`split_by_key_group`): then the
+    with ``split_min_rows`` records or more gets a block per key-group range of about
+    ``split_block_rows`` records (:func:`split_by_key_group`): then the
     segment is version 2, else version 1 (readable by builds that read version 1 only).
     """
     parts = [b""]  # the header, once the version is known
@@ -71,7 +74,7 @@ def encode_segment(
     for c in chunks:
         size = 0
         if c.batches:
-            split = split_by_key_group(list(c.batches))
+            split = split_by_key_group(list(c.batches), split_min_rows, split_block_rows)
             if len(split) > 1:
                 version = 2
             for batches in split:

@@ -32,7 +32,7 @@ from statelog.changelog.upload.uploader import SegmentUploader
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, FencedError, StatelogError, WriterFailedError
 from statelog.layout import new_writer_id
-from statelog.options import WriterOptions
+from statelog.options.engine import WriterOptions
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class ChangelogWriter:
         *,
         writer_id: str | None = None,
     ) -> None:
-        # defaults, docs and ranges: statelog.options.WriterOptions (checked when it is built)
+        # defaults, docs and ranges: statelog.options.engine.WriterOptions (checked when it is built)
         options = WriterOptions() if options is None else options
         self.options = options
         self.store = store

@@ -43,11 +43,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from statelog import options as opt
 from statelog.checkpoint.lease import Lease
 from statelog.checkpoint.lease_objects import current_holder, holder_process_is_gone
 from statelog.errors import FencedError, LeaseHeldError, LeaseLostError, StatelogError, StoreError
 from statelog.layout import WRITER_LEASE_PREFIX
+from statelog.options.engine import WRITER_LEASE_TTL
+from statelog.options.values import non_empty_name
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ def default_owner() -> str:
 
 def check_writer_lease_ttl(ttl_s: Any) -> float:
     """The writer lease ttl in seconds, or :class:`ConfigError` outside [50ms, 1h]
-    (``statelog.options.WRITER_LEASE_TTL``)."""
-    return opt.WRITER_LEASE_TTL.check(ttl_s)
+    (``statelog.options.engine.WRITER_LEASE_TTL``)."""
+    return WRITER_LEASE_TTL.check(ttl_s)
 
 
 class WriterLease(Lease):
@@ -92,7 +93,7 @@ class WriterLease(Lease):
         check_writer_lease_ttl(ttl_s)
         super().__init__(
             store,
-            default_owner() if owner is None else opt.non_empty_name("writer_owner", owner),
+            default_owner() if owner is None else non_empty_name("writer_owner", owner),
             ttl_s,
             clock,
             prefix=WRITER_LEASE_PREFIX,

@@ -166,14 +166,14 @@ MIN_ROW_GROUP_ROWS = 4_096  # row groups end at a key group's end once they hold
 ROW_GROUP_ROWS = 16_384  # at most this many rows per row group
 
 
-def row_group_bounds(key_groups: np.ndarray, max_rows: int | None = None, min_rows: int | None = None) -> list[tuple[int, int]]:
+def row_group_bounds(
+    key_groups: np.ndarray, max_rows: int = ROW_GROUP_ROWS, min_rows: int = MIN_ROW_GROUP_ROWS
+) -> list[tuple[int, int]]:
     """``[start, end)`` row ranges of the row groups of a table sorted by key group: a key
     group of ``min_rows`` rows or more has row groups of its own, of at most ``max_rows`` rows
     each (a reader of that key group alone decodes none of its neighbours' rows, and an
     on-demand restore can load it a row group at a time); smaller key groups share row groups,
     each ending at a key group's end once it holds ``min_rows`` rows."""
-    max_rows = ROW_GROUP_ROWS if max_rows is None else max_rows
-    min_rows = MIN_ROW_GROUP_ROWS if min_rows is None else min_rows
     n = len(key_groups)
     ends = [*(np.flatnonzero(np.diff(key_groups)) + 1).tolist(), n] if n else []
     out: list[tuple[int, int]] = []
@@ -194,8 +194,11 @@ def row_group_bounds(key_groups: np.ndarray, max_rows: int | None = None, min_ro
     return out
 
 
-def encode_parquet(table: pa.Table, row_group_rows: int | None = None) -> bytes:
-    """A state table's Parquet bytes (docs/format.md section 9); ``table`` sorted by key group."""
+def encode_parquet(
+    table: pa.Table, row_group_rows: int = ROW_GROUP_ROWS, min_row_group_rows: int = MIN_ROW_GROUP_ROWS
+) -> bytes:
+    """A state table's Parquet bytes (docs/format.md section 9); ``table`` sorted by key group,
+    in row groups of :func:`row_group_bounds` (the ``MaterializeOptions`` of the same names)."""
     # dictionary-encode keys only where they repeat (several namespaces per key, e.g.
     # windows): unique keys in a dictionary cost 3x the bytes and 1.6x the read time
     dictionary = ["namespace"]
@@ -206,7 +209,7 @@ def encode_parquet(table: pa.Table, row_group_rows: int | None = None) -> bytes:
         buf, table.schema, compression="zstd", compression_level=1, write_page_checksum=True,
         write_statistics=["key_group", "key"], use_dictionary=dictionary,
     ) as writer:  # fmt: skip
-        bounds = row_group_bounds(table.column("key_group").to_numpy(), row_group_rows)
+        bounds = row_group_bounds(table.column("key_group").to_numpy(), row_group_rows, min_row_group_rows)
         for start, end in bounds or [(0, 0)]:
             writer.write_table(table.slice(start, end - start), row_group_size=max(1, end - start))
     return buf.getvalue()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,7 +25,7 @@ from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
-from statelog.keys import KeyGroupRange
+from statelog.keys import MAX_MAX_PARALLELISM, KeyGroupRange
 from statelog.layout import table_file_key
 from statelog.materialization.manifest import (
     Manifest,
@@ -35,20 +35,31 @@ from statelog.materialization.manifest import (
 )
 from statelog.materialization.table_merge import merge_last_wins, merge_python
 from statelog.materialization.table_reader import read_table_file
-from statelog.materialization.table_schema import encode_parquet
+from statelog.materialization.table_schema import MIN_ROW_GROUP_ROWS, ROW_GROUP_ROWS, encode_parquet
+from statelog.options.base import Options, option
+from statelog.options.values import Count, Size
 from statelog.store.base import ObjectStore
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+ROW_GROUP = Count("row_group_rows", 1, 1 << 30)
 
 
 @dataclass(frozen=True)
-class MaterializeOptions:
-    """Layout of the state tables."""
+class MaterializeOptions(Options):
+    """Layout of the state tables (the materializer daemon's ``layout``, ``materialize``,
+    savepoints and the restore job)."""
 
-    target_file_bytes: int = 64 << 20  # files are cut at key-group boundaries near this size
-    units: int = 16  # key-group units per operator: the granularity of file reuse
-    row_group_rows: int | None = None  # None: statelog.materialization.table_schema.ROW_GROUP_ROWS
-    upload_threads: int = 4
+    KIND: ClassVar[str] = "materialize option"
+
+    target_file_bytes: int = option(64 << 20, "files are cut at key-group boundaries near this size",
+                                    Size("target_file_bytes", 1, 1 << 40))
+    units: int = option(16, "key-group units per operator: the granularity of file reuse",
+                        Count("units", 1, MAX_MAX_PARALLELISM))
+    row_group_rows: int = option(ROW_GROUP_ROWS, "at most this many rows per row group", ROW_GROUP)
+    min_row_group_rows: int = option(MIN_ROW_GROUP_ROWS, "row groups end at a key group's end once they hold "
+                                     "this many rows; a key group of this many rows has row groups of its own",
+                                     ROW_GROUP)
+    upload_threads: int = option(4, "table files written at once", Count("upload_threads", 1, 64))
 
 
 def _unit_runs(kgs: list[int], unit: int) -> list[KeyGroupRange]:
@@ -370,7 +381,7 @@ class StateTableWriter:
         stats: dict,
     ) -> None:
         kgr, table = piece
-        data = encode_parquet(table, self.options.row_group_rows)
+        data = encode_parquet(table, self.options.row_group_rows, self.options.min_row_group_rows)
         path = table_file_key(dir_, op_idx, info.name, kgr)
         out.append(TableFile.of(path, kgr, table.num_rows, data))
         stats["files_written"] += 1

@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import time
 
-from statelog import options as opt
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint
@@ -22,6 +21,7 @@ from statelog.errors import JobMismatchError
 from statelog.keys import KeyGroupRange
 from statelog.layout import JOB_KEY
 from statelog.materialization.manifest import Manifest, load_manifest
+from statelog.options.values import parse_checkpoint_ref
 from statelog.restore.changes import BaseFile, RestoredChanges
 from statelog.restore.collector import gc_paused
 from statelog.restore.ondemand.loader import KeyGroupLoader
@@ -43,7 +43,7 @@ def resolve_checkpoint(
     if isinstance(which, CheckpointMetadata):
         meta = which
     else:
-        ref = opt.parse_checkpoint_ref(which, "restore", allow_none=True)  # the one parser
+        ref = parse_checkpoint_ref(which, "restore", allow_none=True)  # the one parser
         if ref.kind == "none":
             return None
         if ref.kind == "savepoint":

@@ -19,7 +19,7 @@ from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StateNotFoundError
 from statelog.job import StateJob
-from statelog.options import parse_checkpoint_ref
+from statelog.options.values import parse_checkpoint_ref
 from statelog.store.options import StoreOptions, resolve_store_options
 
 STORE_PREFIX = "store."

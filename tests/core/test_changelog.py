@@ -10,7 +10,6 @@ import pytest
 
 import statelog
 import statelog.changelog.stream as stream_mod
-import statelog.changelog.writer as writer_mod
 from statelog import (
     PICKLE,
     ListStateDescriptor,
@@ -376,14 +375,14 @@ def _segment_blocks(job):
 @needs_ext
 @pytest.mark.parametrize("coalesce", [False, True])
 @pytest.mark.parametrize("batch", [4096, 7])
-def test_columnar_buffers_write_the_same_segments_as_flat_lists(tmp_path, monkeypatch, coalesce, batch):
+def test_columnar_buffers_write_the_same_segments_as_flat_lists(tmp_path, coalesce, batch):
     """Same records, same blocks: the columnar buffer only changes how the records wait in
     memory. ``batch`` 7 makes the task convert many small batches."""
 
     def run(columnar):
-        monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", columnar)
         root = (tmp_path / str(columnar)).as_uri()
-        job = statelog.open(root, writer_options={"coalesce": coalesce, "encode_batch_records": batch})
+        job = statelog.open(root, writer_options={"coalesce": coalesce, "encode_batch_records": batch,
+                                                  "columnar": columnar})
         b = job.backend("op")
         _stop_flusher(job.writer)
         _mixed_workload(b, 0, 150)
@@ -467,10 +466,9 @@ def test_record_buffer_rejects_bad_records_without_appending_part_of_them():
 
 
 @needs_ext
-def test_record_buffer_take_is_all_or_nothing_under_concurrent_appends(tmp_path, monkeypatch):
+def test_record_buffer_take_is_all_or_nothing_under_concurrent_appends(tmp_path):
     """The flusher takes whole records while a task thread appends through the C update."""
-    monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", True)
-    job = statelog.open(tmp_path.as_uri(), writer_options={"persist_delay": 0.0005})
+    job = statelog.open(tmp_path.as_uri(), writer_options={"persist_delay": 0.0005, "columnar": True})
     b = job.backend("op")
     count = b.get_state(COUNT)
     assert b._streams["count"].columnar

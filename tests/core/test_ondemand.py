@@ -20,10 +20,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-import statelog.changelog.encoder
-import statelog.materialization
-import statelog.materialization.table_schema
-from materializer.build import materialize
+from materializer.build import MaterializeOptions, materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
 from statelog.keys import encode_key
@@ -39,11 +36,14 @@ M = MapStateDescriptor("m", pa.int64())
 L = ListStateDescriptor("l", pa.string())
 # the on-demand restore options of the jobs the tests open (variants of the tests set them)
 ON_DEMAND = OnDemandOptions()
+# state tables in row groups of at most 16 rows, each key group of 8 rows or more its own
+SLICED = MaterializeOptions(row_group_rows=16, min_row_group_rows=8)
 
 
-def _build(root: str) -> dict[str, Any]:
-    """Checkpoint 1 (materialized), then a tail; checkpoint 2 builds on both."""
-    with statelog.open(root, max_parallelism=MAXP) as job:
+def _build(root: str, layout: MaterializeOptions | None = None,
+           writer_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Checkpoint 1 (materialized, in ``layout``), then a tail; checkpoint 2 builds on both."""
+    with statelog.open(root, max_parallelism=MAXP, writer_options=writer_options) as job:
         b = job.backend("op")
         v, m, lst = b.get_state(V), b.get_state(M), b.get_state(L)
         for i in range(N):
@@ -55,7 +55,7 @@ def _build(root: str) -> dict[str, Any]:
             if i % 10 == 0:
                 b.timers.register_event_time_timer(1000 + i)
         c1 = job.checkpoint()
-        manifest = materialize(job.store, c1)
+        manifest = materialize(job.store, c1, options=layout)
         rng = random.Random(7)
         want_v = {i: i for i in range(N)}
         for i in rng.sample(range(N), 300):  # the tail: updates, deletes, new keys
@@ -87,18 +87,17 @@ def built(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     ``tail-first``: the first key group that needs its tail reads the whole tail (as for a
     tail of many small segments); otherwise a touch reads its key group's records alone."""
     options = {"segment_read_cost_bytes": 1 << 30 if request.param == "tail-first" else 0}
+    layout, writer_options = None, None
     if request.param == "sliced":
-        monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 8)
-        monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 16)
+        layout = SLICED
     if request.param in ("sliced", "split"):  # a touch reads a file's footer and row groups, not the whole file
         options["ranged_min_bytes"] = 0
     if request.param == "split":  # and a touch reads the tail's segments in ranges
-        monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 64)
-        monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 32)
+        writer_options = {"split_min_rows": 64, "split_block_rows": 32}
         options["touch_whole_bytes"] = 0
     monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(**options))
     root = (tmp_path / "root").as_uri()
-    info = _build(root)
+    info = _build(root, layout, writer_options)
     assert (b"\x00\x02" in info["segment_versions"]) == (request.param == "split")
     info["ranged"] = request.param in ("sliced", "split")
     info["tail_first"] = request.param == "tail-first"
@@ -394,15 +393,13 @@ def test_the_background_thread_pauses_while_the_task_thread_prepares_and_install
 @pytest.mark.parametrize("store", ["memory", "disk"])
 @pytest.mark.parametrize("background", [False, True])
 def test_a_key_waits_only_for_its_slice_and_the_rest_loads_without_the_slices_handed_out(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: str, background: bool
+    tmp_path: Path, store: str, background: bool
 ) -> None:
     """Key groups of several row groups load by slices: a key touched loads its slice alone
     (with its part of the tail); a checkpoint taken then, other slices of the same key group,
     and the rest (by the background thread, or by wait_loaded) give the eager restore."""
-    monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 8)
-    monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 16)
     root = (tmp_path / "root").as_uri()
-    info = _build(root)
+    info = _build(root, SLICED)
     want = _eager(root, info["c2"])
     job = statelog.open(root, create=False, on_demand_restore=True, state_store=store)
     job.on_demand_background = background

@@ -1,6 +1,6 @@
 """Writer and materializer options are typed objects (issue 12, point 4).
 
-Each option group is one frozen dataclass (``statelog.options.WriterOptions``,
+Each option group is one frozen dataclass (``statelog.options.engine.WriterOptions``,
 ``materializer.options.MaterializerOptions``) holding the defaults, ranges and docs; every
 entry point (``statelog.open``, the changelog writer, the materializer daemon,
 ``start_background``, the runtime's ``StreamExecutionEnvironment`` and the CLI) accepts
@@ -26,7 +26,7 @@ from runtime import StreamExecutionEnvironment
 from statelog.changelog.format import BLOCK_CODECS, Codec
 from statelog.changelog.writer import ChangelogWriter
 from statelog.errors import ConfigError
-from statelog.options import WriterOptions
+from statelog.options.engine import WriterOptions
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.store import open_store
 from tools.cli import main

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import statelog
 from statelog import StateJob
-from statelog.changelog import encoder
 from statelog.restore.ondemand.options import OnDemandOptions
 from tests.core.harness import Clock, Driver, Model
 
@@ -95,14 +94,14 @@ def open_job(root: str, options: dict, writer_options: dict | None = None, on_de
 
 
 def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mode: str = "eager",
-                 persist_delay: float = 0.002) -> int:
+                 persist_delay: float = 0.002, **writer: int) -> int:
     """Run ``ops``; on each crash restore a random retained checkpoint and compare. Returns #restores.
 
     Eager restores are compared at once; on-demand ones first process the next operations
     (loading the key groups they touch) and are compared at the next crash or at the end,
     so checkpoints are taken while key groups are still unloaded."""
     clock = Clock()
-    writer_options = {"coalesce": coalesce, "persist_delay": persist_delay}
+    writer_options = {"coalesce": coalesce, "persist_delay": persist_delay, **writer}
     job = open_job(root, options, writer_options, mode)
     model = Model()
     snapshots: dict[int, Model] = {}
@@ -186,11 +185,9 @@ def test_restore_equals_model_with_streams_split_by_key_group(tmp_path_factory, 
     """Segment version 2 everywhere: a stream with two records or more in a segment is split
     into a block per key group (format.md 4.2), which restores and touches read; segments
     flushed only at checkpoints and crashes, so that they hold records of several keys."""
-    monkeypatch.setattr(encoder, "SPLIT_MIN_ROWS", 2)
-    monkeypatch.setattr(encoder, "SPLIT_BLOCK_ROWS", 1)
     reads_alone(monkeypatch, mode)
     root = tmp_path_factory.mktemp("prop").as_uri()
-    run_scenario(root, {}, ops, coalesce, mode, persist_delay=60.0)
+    run_scenario(root, {}, ops, coalesce, mode, persist_delay=60.0, split_min_rows=2, split_block_rows=1)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 from statelog.changelog import format as fmt
-from statelog.changelog import reader as reader_mod
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
@@ -146,8 +145,7 @@ def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, m
     # in ranges (a reader of one key group of a large segment): the same rows, the trailer
     # and footer from one read of the segment's end, or, with a longer footer, two
     for tail_bytes in (64 << 10, 100):
-        monkeypatch.setattr(reader_mod, "TAIL_READ_BYTES", tail_bytes)
-        ranged = SegmentReader(store)
+        ranged = SegmentReader(store, tail_read_bytes=tail_bytes)
         for kg in (40, 3):
             rows = [(r[0], r[1], r[3]) for b in ranged.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(kg, kg),
                                                                   [ref], whole_limit=0) for r in b.rows()]  # fmt: skip

@@ -36,10 +36,10 @@ from statelog.materialization.manifest import (
     list_manifests,
     load_manifest,
 )
+from statelog.options.values import parse_duration, parse_size
 from statelog.store.base import ObjectStore
 from tests.s3server import RootSpec
 from tools.cli import main
-from tools.cli.materializer import parse_duration, parse_size
 
 PROJECT = Path(__file__).resolve().parents[2]
 MAXP = 16
@@ -342,7 +342,7 @@ def test_stale_leader_cannot_publish(job: Job, store_root: RootSpec, how: str) -
 
 def test_a_long_materialization_keeps_its_lease(file_job: Job, file_root: RootSpec) -> None:
     """The keeper thread renews the lease while a materialization outlasts the ttl several times."""
-    ttl = 1.0  # the shortest valid lease ttl (statelog/options.py)
+    ttl = 1.0  # the shortest valid lease ttl (materializer/options.py)
     with file_root.open() as sa, file_root.open() as sb:
         b = daemon(sb, "b", lease_ttl_s=ttl)
         attempts = []

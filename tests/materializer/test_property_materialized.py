@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -32,9 +32,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import statelog
-import statelog.changelog.encoder
-import statelog.materialization
-import statelog.materialization.table_schema
 from materializer.build import MaterializeOptions, materialize
 from materializer.gc import collect_garbage
 from materializer.savepoint import create_savepoint
@@ -114,8 +111,12 @@ class Scenario:
     compared at the next restart and at the end, after the operations that followed them, so
     checkpoints, materializations and GC happen while key groups are not loaded yet."""
 
-    def __init__(self, root: str, options: dict[str, Any], mode: str = "eager") -> None:
+    def __init__(self, root: str, options: dict[str, Any], mode: str = "eager",
+                 layout: MaterializeOptions | None = None, writer_options: dict[str, Any] | None = None) -> None:
         self.root, self.options, self.mode = root, options, mode
+        # the state tables' layout and the changelog writer's options (the -sliced variants set them)
+        self.layout = layout or MaterializeOptions()
+        self.writer_options = {"persist_delay": 0.002, **(writer_options or {})}
         self.clock = Clock()
         self.snapshots: dict[int, Model] = {}  # checkpoint id -> model at that checkpoint
         self.sp_models: dict[str, Model] = {}  # savepoint name -> model
@@ -129,7 +130,7 @@ class Scenario:
             self.root,
             store_options=self.options,
             max_parallelism=MAXP,
-            writer_options={"persist_delay": 0.002},
+            writer_options=self.writer_options,
             retain_checkpoints=JOB_RETAIN,
             on_demand_restore=is_lazy(self.mode),
             state_store="disk" if self.mode.startswith("disk") else "memory",
@@ -211,7 +212,7 @@ class Scenario:
         before_keys = {k for k, *_ in list_manifests(self.job.store)}
         self.stats.materializations += 1
         try:
-            m = materialize(store, meta, options=MaterializeOptions(units=units, upload_threads=2))
+            m = materialize(store, meta, options=replace(self.layout, units=units, upload_threads=2))
         except Killed:
             self.stats.killed += 1
             published = {k for k, *_ in list_manifests(self.job.store)} - before_keys
@@ -231,7 +232,7 @@ class Scenario:
         ids = self.retained() or [self.checkpoint()]
         cid = ids[-1 - min(pick, len(ids) - 1)]
         name = f"sp-{len(self.sp_models)}"
-        sp = create_savepoint(self.job.store, cid, name)
+        sp = create_savepoint(self.job.store, cid, name, options=self.layout)
         assert sp.checkpoint_id == cid and sp.kind == "savepoint"
         self.sp_models[name] = self.snapshots[cid].copy()
         self.stats.savepoints += 1
@@ -336,8 +337,8 @@ class Scenario:
             job.close()
 
 
-def run_scenario(root: str, options: dict[str, Any], ops: list[tuple], mode: str = "eager") -> Stats:
-    return Scenario(root, options, mode).run(ops)
+def run_scenario(root: str, options: dict[str, Any], ops: list[tuple], mode: str = "eager", **kw: Any) -> Stats:
+    return Scenario(root, options, mode, **kw).run(ops)
 
 
 TOTALS: dict[str, Stats] = {}
@@ -371,19 +372,18 @@ def test_materialized_restore_equals_model_file(tmp_path_factory, monkeypatch, s
     and segments of version 2, a block per key group of every stream with two records or
     more in a segment (format.md 4.2); touches read table files in ranges (footer, row groups)."""
     on_demand: dict[str, int] = {}
+    kw: dict[str, Any] = {}
     if mode.endswith("touched") or mode.endswith("touched-sliced"):  # touches read their tail alone
         on_demand["segment_read_cost_bytes"] = 0
     if mode.endswith("-sliced"):
         mode = mode.removesuffix("-sliced")
         monkeypatch.setattr(sys.modules[__name__], "MAXP", 2)
-        monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 1)
-        monkeypatch.setattr(statelog.materialization.table_schema, "ROW_GROUP_ROWS", 1)
-        monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_MIN_ROWS", 2)
-        monkeypatch.setattr(statelog.changelog.encoder, "SPLIT_BLOCK_ROWS", 1)
+        kw["layout"] = MaterializeOptions(row_group_rows=1, min_row_group_rows=1)
+        kw["writer_options"] = {"split_min_rows": 2, "split_block_rows": 1}
         on_demand["ranged_min_bytes"] = 0
     monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(**on_demand))
     root = tmp_path_factory.mktemp("propm").as_uri()
-    _tally("file", run_scenario(root, {}, flatten(steps), mode))
+    _tally("file", run_scenario(root, {}, flatten(steps), mode, **kw))
 
 
 @pytest.mark.slow

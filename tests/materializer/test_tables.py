@@ -599,19 +599,17 @@ def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_grou
     assert pq.ParquetFile(pa.BufferReader(encode_parquet(table.slice(0, 0)))).metadata.num_rows == 0
 
 
-def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_row_groups(monkeypatch) -> None:
+def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_row_groups() -> None:
     """A key group of several row groups of its own is cut into slices at their smallest
     keys; decode_key_range decodes only the row groups that may hold a key range (a key whose
     namespaces span two row groups is found in both), and a file without statistics on
     ``key`` (written before them) is not sliced."""
 
-    import statelog.materialization.table_schema
     from statelog.keys import KeyGroupRange
     from statelog.materialization.key_slices import decode_key_range, key_slices
     from statelog.materialization.manifest import TableFile
     from statelog.materialization.table_schema import encode_parquet
 
-    monkeypatch.setattr(statelog.materialization.table_schema, "MIN_ROW_GROUP_ROWS", 100)
     # key group 3: keys 0..99, three namespaces each (300 rows), row groups of 64 rows, so
     # some keys' namespaces are cut apart; key groups 2 and 4 of 5 rows around it
     rows = [(2, encode_key(-i), encode_key(None)) for i in range(1, 6)]
@@ -624,7 +622,7 @@ def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_ro
         "namespace": pa.array([r[2] for r in rows], pa.binary()),
         "value": pa.array(range(n), pa.int64()),
     })  # fmt: skip
-    data = encode_parquet(table, row_group_rows=64)
+    data = encode_parquet(table, row_group_rows=64, min_row_group_rows=100)
     f = TableFile("t.parquet", KeyGroupRange(2, 4), n, len(data), zlib.crc32(data))
     bounds = key_slices(data, f, 3)
     md = pq.ParquetFile(pa.BufferReader(data)).metadata

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 
 import statelog
-import statelog.changelog.writer as writer_mod
 import statelog.state.kinds as kinds
 from statelog import ValueStateDescriptor
 from statelog.errors import StateTypeError
@@ -30,9 +29,9 @@ CASES = [
 ]
 
 
-def _run(tmp_path, force_python: bool, monkeypatch, value_type, values):
+def _run(tmp_path, force_python: bool, monkeypatch, value_type, values, columnar: bool | None = None):
     monkeypatch.setattr(kinds, "_FORCE_PYTHON", force_python)
-    job = statelog.open((tmp_path / str(force_python)).as_uri())
+    job = statelog.open((tmp_path / str(force_python)).as_uri(), writer_options={"columnar": columnar})
     b = job.backend("op")
     st = b.get_state(ValueStateDescriptor("v", value_type))
     assert (type(st.update).__name__ == "ValueUpdate") is (not force_python)
@@ -63,17 +62,14 @@ def test_c_update_on_columnar_buffers_agrees_with_python_on_flat_lists(
     tmp_path, monkeypatch, value_type, values
 ):
     """The fast configuration against the reference one (pure Python, flat-list buffers)."""
-    monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", True)
-    c = _run(tmp_path / "c", False, monkeypatch, value_type, values)
-    monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", False)
-    py = _run(tmp_path / "py", True, monkeypatch, value_type, values)
+    c = _run(tmp_path / "c", False, monkeypatch, value_type, values, columnar=True)
+    py = _run(tmp_path / "py", True, monkeypatch, value_type, values, columnar=False)
     assert c == py
 
 
-def test_stream_buffers_follow_the_switch(tmp_path, monkeypatch):
+def test_stream_buffers_follow_the_switch(tmp_path):
     for columnar in (True, False):
-        monkeypatch.setattr(writer_mod, "COLUMNAR_BUFFERS", columnar)
-        job = statelog.open((tmp_path / str(columnar)).as_uri())
+        job = statelog.open((tmp_path / str(columnar)).as_uri(), writer_options={"columnar": columnar})
         b = job.backend("op")
         b.get_state(ValueStateDescriptor("v", pa.int64()))
         stream = b._streams["v"]

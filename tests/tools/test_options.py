@@ -1,7 +1,8 @@
-"""Options that make no sense are refused, checked in one place (issue 11, point 6).
+"""Options that make no sense are refused, checked in one place.
 
 Every duration, size, count and name option has a documented range in
-``statelog/options.py``: the CLI refuses a bad value with exit code 2 and one line on stderr
+its options object (``statelog/options/engine.py``, ``materializer/options.py``,
+``runtime/config.py``): the CLI refuses a bad value with exit code 2 and one line on stderr
 (no traceback, before anything is written), the library constructors with a ``ConfigError``
 naming the option. ``savepoint:NAME`` is one checkpoint reference for every command.
 """
@@ -17,12 +18,13 @@ import pytest
 import statelog
 from materializer.background import start_background
 from materializer.daemon import MaterializerDaemon
+from materializer.options import GC_GRACE, LEASE_TTL, MAX_TAIL_BYTES
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
-from statelog import options as opt
 from statelog.checkpoint.writer_lease import WriterLease
 from statelog.errors import ConfigError
-from statelog.options import WriterOptions
+from statelog.options.engine import WriterOptions
+from statelog.options.values import parse_checkpoint_ref
 from statelog.store import open_store
 from tests.materializer.test_gc import OPTIONS, build
 from tests.s3server import RootSpec
@@ -106,7 +108,7 @@ def test_savepoint_reference_is_accepted_by_checkpoints_show(
 
 
 def test_one_parser_of_checkpoint_references() -> None:
-    p = opt.parse_checkpoint_ref
+    p = parse_checkpoint_ref
     assert (p("latest").kind, p(" LATEST ").kind) == ("latest", "latest")
     assert p("17").checkpoint_id == 17 and p(17).checkpoint_id == 17
     assert p("savepoint:before-upgrade").savepoint == "before-upgrade"
@@ -253,9 +255,9 @@ def test_stream_execution_environment_refuses_bad_options(
 @pytest.mark.parametrize(
     ("spec", "good", "bad"),
     [
-        (opt.LEASE_TTL, ["1s", 1, "30s", "1d"], ["999ms", 0, -1, "1.5d", None, "x", True]),
-        (opt.MAX_TAIL_BYTES, ["1", 1, "256MB", 1 << 50], [0, "0", -1, 2.0, (1 << 50) + 1]),
-        (opt.GC_GRACE, [0, "0", "10m"], [-1, "366d"]),
+        (LEASE_TTL, ["1s", 1, "30s", "1d"], ["999ms", 0, -1, "1.5d", None, "x", True]),
+        (MAX_TAIL_BYTES, ["1", 1, "256MB", 1 << 50], [0, "0", -1, 2.0, (1 << 50) + 1]),
+        (GC_GRACE, [0, "0", "10m"], [-1, "366d"]),
     ],
 )
 def test_ranges(spec: Any, good: list[Any], bad: list[Any]) -> None:

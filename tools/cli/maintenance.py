@@ -19,15 +19,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from materializer.gc import collect_garbage
+from materializer.options import GC_GRACE
 from materializer.savepoint import (
     create_savepoint,
     delete_savepoint,
     list_savepoints,
     savepoint_summary,
 )
-from statelog import options as opt
 from statelog.errors import ConfigError
 from statelog.layout import check_savepoint_name
+from statelog.options import values
+from statelog.options.engine import RETAIN
 from tools.cli.output import NONE, _console, _json, _row, _table, human_bytes
 from tools.roots import Root, open_root, resolve_checkpoint_id
 from tools.verify import verify_root
@@ -41,7 +43,7 @@ EXIT_OK, EXIT_FAULTS = 0, 1
 def parse_duration(text: str, option: str = "duration") -> float:
     """``"30s"``, ``"10m"``, ``"1h"``, ``"500ms"``, ``"2d"`` or plain seconds, named by ``option``."""
     try:
-        return opt.parse_duration(text)
+        return values.parse_duration(text)
     except ConfigError as e:
         raise ConfigError(f"{option}: {e}") from None
 
@@ -100,8 +102,8 @@ def _session(args: argparse.Namespace, options: dict[str, Any]) -> Iterator[Root
 
 
 def cmd_gc(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    grace = opt.GC_GRACE.check(args.grace, "--grace")  # ranges: statelog/options.py
-    retain = None if args.retain is None else opt.RETAIN.check(args.retain, "--retain")
+    grace = GC_GRACE.check(args.grace, "--grace")  # ranges: materializer/options.py
+    retain = None if args.retain is None else RETAIN.check(args.retain, "--retain")
     with _session(args, options) as root:
         report = collect_garbage(root.catalog.store, retain_checkpoints=retain, grace_s=grace, dry_run=args.dry_run)
     data = report.to_json()

@@ -25,11 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from materializer.daemon import MaterializerDaemon, manifest_summary
 from materializer.lease import current_holder
 from materializer.options import ENGINE_SPARK, MaterializerOptions
-from statelog import options as opt
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.errors import ConfigError
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
-from statelog.options import parse_duration, parse_size  # noqa: F401 - re-exported for callers
+from statelog.options.base import check_bool
+from statelog.options.values import Count, Duration, Size
 from statelog.store import open_store
 from tools.cli import output, spark_session
 from tools.roots import open_root
@@ -39,7 +39,7 @@ log = logging.getLogger("tools.cli")
 EXIT_OK = 0
 
 # -- value parsing -------------------------------------------------------------------------------
-# The values and ranges of the options are checked in statelog/options.py (one place for the
+# The values and ranges of the options are checked by MaterializerOptions (one place for the
 # library and the CLI); a bad value is a ConfigError, printed as one line with exit code 2.
 
 
@@ -58,18 +58,18 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
     """One flag per :class:`MaterializerOptions` field: its doc, default and range."""
     for name, f in MaterializerOptions.field_map().items():
         flag, check = f.metadata["flag"], f.metadata["check"]
-        if check is opt.check_bool:  # a switch that turns a default-on option off (--no-gc)
+        if check is check_bool:  # a switch that turns a default-on option off (--no-gc)
             run.add_argument(flag, dest=name, action="store_false", default=True, help=f.metadata["flag_help"])
             continue
         cli_default = f.metadata.get("cli_default")
-        metavar = f.metadata.get("metavar") or {opt.Duration: "DURATION", opt.Size: "SIZE", opt.Count: "N"}.get(
+        metavar = f.metadata.get("metavar") or {Duration: "DURATION", Size: "SIZE", Count: "N"}.get(
             type(check), "NAME"
         )
         extra = []
         default_text = cli_default if cli_default is not None else f.metadata.get("cli_default_text")
         if default_text is not None:
             extra.append(f"default {default_text}")
-        if isinstance(check, opt.Size):
+        if isinstance(check, Size):
             extra.append("binary units")
         if hasattr(check, "range"):
             extra.append(check.range)

@@ -2,7 +2,7 @@
 extra), client calls whose failures say what failed, the cluster's metadata, settings.
 
 Both the source and the sink list the cluster's topics when they open (:func:`list_topics`:
-:data:`METADATA_TIMEOUT_S`, "is the broker reachable?"). Client calls that may serve
+their ``metadata_timeout_s``, default :data:`METADATA_TIMEOUT_S`, "is the broker reachable?"). Client calls that may serve
 callbacks go through :func:`kafka_call`, which reports a fatal producer error as itself
 rather than the ``SystemError`` confluent-kafka raises for it.
 """
@@ -24,7 +24,7 @@ from runtime.errors import JobGraphError, RuntimeJobError
 PRODUCER_ONLY = ("linger.ms", "enable.idempotence", "transactional.id", "acks", "compression.type")
 _SECRET_WORDS = ("password", "secret", "token", "key")
 # how long the source and the sink wait for the cluster's metadata before they call the
-# bootstrap address unreachable
+# bootstrap address unreachable (the default of their metadata_timeout_s)
 METADATA_TIMEOUT_S = 10.0
 
 
@@ -39,11 +39,18 @@ def require_kafka() -> Any:
     return confluent_kafka
 
 
-def list_topics(client: Any, bootstrap_servers: str, who: str, timeout: float | None = None) -> Any:
+def check_metadata_timeout(who: str, value: Any) -> float:
+    """A source's or sink's ``metadata_timeout_s``: seconds > 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise JobGraphError(f"{who} metadata_timeout_s must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def list_topics(client: Any, bootstrap_servers: str, who: str, timeout: float = METADATA_TIMEOUT_S) -> Any:
     """The cluster's metadata by ``client``; a :class:`KafkaError` naming the bootstrap
-    address when it does not answer within ``timeout`` (:data:`METADATA_TIMEOUT_S`)."""
+    address when it does not answer within ``timeout`` seconds."""
     try:
-        return client.list_topics(timeout=METADATA_TIMEOUT_S if timeout is None else timeout)
+        return client.list_topics(timeout=timeout)
     except Exception as e:  # noqa: BLE001 - KafkaException, or a closed client
         del client  # the traceback keeps this frame: a client made for the check goes now
         raise KafkaError(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.connectors.kafka.client import (
+    METADATA_TIMEOUT_S,
     PRODUCER_ONLY,
     KafkaError,
     check_config,
@@ -69,7 +70,8 @@ class DeadLetterProducer:
     """The dead-letter producer of one source subtask: a Kafka transaction per checkpoint
     (see :class:`DeadLetter`)."""
 
-    def __init__(self, bootstrap_servers: str, dl: DeadLetter, subtask: int, timeout_s: float = 30.0) -> None:
+    def __init__(self, bootstrap_servers: str, dl: DeadLetter, subtask: int, timeout_s: float = 30.0,
+                 metadata_timeout_s: float = METADATA_TIMEOUT_S) -> None:
         ck = self.ck = require_kafka()
         self.dl, self.subtask, self.timeout_s = dl, subtask, timeout_s
         conf = {"bootstrap.servers": bootstrap_servers, "linger.ms": 5, **(dl.producer_config or {})}
@@ -82,7 +84,7 @@ class DeadLetterProducer:
             "enable.auto.commit": False,
         })  # fmt: skip
         try:
-            md = list_topics(self.markers, bootstrap_servers, self.what)
+            md = list_topics(self.markers, bootstrap_servers, self.what, metadata_timeout_s)
             tm = md.topics.get(dl.topic)
             if tm is None or tm.error is not None or not tm.partitions:
                 raise KafkaError(f"dead-letter topic {dl.topic!r} does not exist on {bootstrap_servers}"

@@ -42,6 +42,7 @@ class KafkaSourceSettings(Protocol):
     discovery_interval_s: float | None
     commit_offsets: bool
     on_error: str | DeadLetter
+    metadata_timeout_s: float
 
     def config(self) -> dict[str, Any]: ...
 
@@ -101,7 +102,8 @@ class KafkaSourceSplits(SourceSplits):
         self.dead_letters: DeadLetterProducer | None = None
         if isinstance(source.on_error, DeadLetter):
             try:
-                self.dead_letters = DeadLetterProducer(source.bootstrap_servers, source.on_error, subtask)
+                self.dead_letters = DeadLetterProducer(source.bootstrap_servers, source.on_error, subtask,
+                                                       metadata_timeout_s=source.metadata_timeout_s)
                 self.dead_letters.load(sorted(self.parts))
             except BaseException:
                 self.close()

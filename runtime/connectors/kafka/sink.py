@@ -28,9 +28,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.connectors.kafka.client import (
+    METADATA_TIMEOUT_S,
     PRODUCER_ONLY,
     KafkaError,
     check_config,
+    check_metadata_timeout,
     kafka_call,
     list_topics,
     require_kafka,
@@ -63,6 +65,7 @@ class KafkaSink(Sink):
         key_serializer: Callable[[Any], bytes | None] | None = None,
         producer_config: Mapping[str, Any] | None = None,
         pool_size: int = 3,
+        metadata_timeout_s: float = METADATA_TIMEOUT_S,
     ) -> None:
         if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
             raise JobGraphError(f"KafkaSink bootstrap_servers must be 'host:port[,...]', got {bootstrap_servers!r}")
@@ -85,6 +88,8 @@ class KafkaSink(Sink):
         self.key_serializer = key_serializer
         self.producer_config = check_config("KafkaSink producer_config", producer_config)
         self.pool_size = pool_size
+        # how long opening waits for the cluster's metadata before it calls the address unreachable
+        self.metadata_timeout_s = check_metadata_timeout("KafkaSink", metadata_timeout_s)
 
     def __repr__(self) -> str:
         return f"KafkaSink({self.bootstrap_servers!r}, {self.topic!r}, delivery={self.delivery!r})"
@@ -130,7 +135,8 @@ class KafkaSinkOperator(StreamOperator):
         self.vser = sink.value_serializer or _json_bytes
         self.kser = sink.key_serializer
         # the cluster answers: checked as the source checks it (same timeout, same words)
-        list_topics(ck.admin.AdminClient(sink.config()), sink.bootstrap_servers, f"KafkaSink {self.uid}")
+        list_topics(ck.admin.AdminClient(sink.config()), sink.bootstrap_servers, f"KafkaSink {self.uid}",
+                    sink.metadata_timeout_s)
         if sink.delivery != "exactly-once":
             self.producer = ck.Producer(sink.config())
             return

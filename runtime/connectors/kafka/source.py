@@ -29,7 +29,14 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from runtime.connectors.kafka.client import KafkaError, check_config, list_topics, require_kafka
+from runtime.connectors.kafka.client import (
+    METADATA_TIMEOUT_S,
+    KafkaError,
+    check_config,
+    check_metadata_timeout,
+    list_topics,
+    require_kafka,
+)
 from runtime.connectors.kafka.dead_letter import DeadLetter
 from runtime.connectors.kafka.reader import KafkaSourceSplits
 from runtime.connectors.kafka.records import COMMITTED, EARLIEST, LATEST, split_id
@@ -58,6 +65,7 @@ class KafkaSource(Source):
         consumer_config: Mapping[str, Any] | None = None,
         records_per_s: float | None = None,
         on_error: str | DeadLetter = "fail",
+        metadata_timeout_s: float = METADATA_TIMEOUT_S,
     ) -> None:
         if not isinstance(bootstrap_servers, str) or not bootstrap_servers:
             raise JobGraphError(f"KafkaSource bootstrap_servers must be 'host:port[,...]', got {bootstrap_servers!r}")
@@ -104,6 +112,8 @@ class KafkaSource(Source):
         self.consumer_config = check_config("KafkaSource consumer_config", consumer_config)
         self.records_per_s = records_per_s
         self.on_error = on_error
+        # how long opening waits for the cluster's metadata before it calls the address unreachable
+        self.metadata_timeout_s = check_metadata_timeout("KafkaSource", metadata_timeout_s)
 
     def __repr__(self) -> str:
         return f"KafkaSource({self.bootstrap_servers!r}, topics={self.topics!r}, pattern={self.pattern!r})"
@@ -123,7 +133,8 @@ class KafkaSource(Source):
 
     def list_partitions(self, client: Any, timeout: float | None = None) -> list[tuple[str, int]]:
         """Every (topic, partition) this source reads, from the cluster's metadata."""
-        md = list_topics(client, self.bootstrap_servers, "KafkaSource", timeout)
+        md = list_topics(client, self.bootstrap_servers, "KafkaSource",
+                         self.metadata_timeout_s if timeout is None else timeout)
         out = []
         if self.topics is not None:
             for t in self.topics:

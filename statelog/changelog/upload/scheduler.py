@@ -27,7 +27,7 @@ from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.upload.throttle import UploadThrottle
 from statelog.changelog.upload.uploader import SegmentUploader
 from statelog.layout import segment_key
-from statelog.options import WriterOptions
+from statelog.options.engine import WriterOptions
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class BatchingUploadScheduler:
         self.persist_delay = options.persist_delay
         self.flush_records = options.flush_records
         self.encode_in_task = options.encode_in_task
+        self.split_rows = (options.split_min_rows, options.split_block_rows)
         self.encoder = encoder
         self.throttle = throttle
         self._cond = throttle.cond
@@ -154,7 +155,8 @@ class BatchingUploadScheduler:
             seg_no = self._next_segment
             self._next_segment += 1
         name = segment_key(self.writer_id, seg_no)
-        data, footer = encode_segment(self.writer_id, seg_no, int(time.time() * 1000), chunks, self.encoder)
+        data, footer = encode_segment(self.writer_id, seg_no, int(time.time() * 1000), chunks, self.encoder,
+                                      *self.split_rows)
         size = len(data)
         segment = Segment(
             name,

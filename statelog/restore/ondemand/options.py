@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from statelog.changelog.reader import TAIL_READ_BYTES
 from statelog.materialization.ranged import RANGED_MIN_BYTES
-from statelog.options import Count, Options, Size, option
+from statelog.options.base import Options, option
+from statelog.options.values import Count, Size
 
 _MAX_BYTES = 1 << 40
 
@@ -46,3 +48,6 @@ class OnDemandOptions(Options):
     ranged_min_bytes: int = option(RANGED_MIN_BYTES, "a touch reads a table file of at least this many bytes in "
                                    "ranges (its footer, then the row groups it needs), if its manifest entry "
                                    "has the checksums of its parts", Size("ranged_min_bytes", 0, _MAX_BYTES))
+    tail_read_bytes: int = option(TAIL_READ_BYTES, "a touch that reads a segment in ranges reads this many of its "
+                                  "last bytes at once: its trailer and (mostly) its footer",
+                                  Size("tail_read_bytes", 1, _MAX_BYTES))

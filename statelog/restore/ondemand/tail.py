@@ -48,7 +48,8 @@ class TailReader:
         # segments, one per checkpoint, is then read once, not once per key group touched) until
         # the whole tail is in
         self.reader = SegmentReader(store)
-        self.touch_reader = SegmentReader(store, keep_bytes=options.touch_keep_bytes)
+        self.touch_reader = SegmentReader(store, keep_bytes=options.touch_keep_bytes,
+                                          tail_read_bytes=options.tail_read_bytes)
         # a tail of many small segments (one per checkpoint since the last materialization,
         # say) is read whole once, by the first thread that needs a part of it, instead
         segments = {s.name: s.size for r in ranges for s in r.segments}
