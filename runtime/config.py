@@ -10,19 +10,58 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol, runtime_checkable
 
 from materializer.options import MaterializerOptions
 from statelog import options as opt
+from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.keys import DEFAULT_MAX_PARALLELISM
 from statelog.options import WriterOptions
+from statelog.store.base import ObjectStore
 from statelog.store.options import StoreOptions
 
-# state backends (docs/runtime.md, "State backends")
-CHANGELOG = "changelog"  # statelog: changelog checkpoints, restorable
-STATE_DUMP = "state-dump"  # the benchmark baseline: every checkpoint dumps the whole state
-FULL_SNAPSHOT = "full-snapshot"  # another name of the state-dump baseline, accepted as well
-STATE_BACKENDS = (CHANGELOG, STATE_DUMP, FULL_SNAPSHOT)
+# the state backend (docs/runtime.md, "State backends"): statelog's changelog checkpoints,
+# restorable; or a SnapshotStrategy given to the environment
+CHANGELOG = "changelog"
+
+
+class PendingCheckpoint(Protocol):
+    """The asynchronous part of one keyed backend's checkpoint taken by a :class:`SnapshotStrategy`."""
+
+    nbytes: int  # bytes written once result() returned (the checkpoint's bytes_uploaded)
+
+    def result(self, timeout: float | None = None) -> None:
+        """Write the captured state (on the worker's snapshot pool)."""
+        ...
+
+    def cancel(self) -> None:
+        """The checkpoint was aborted before :meth:`result` ran."""
+        ...
+
+
+@runtime_checkable
+class SnapshotStrategy(Protocol):
+    """How keyed state is checkpointed when a job does not use statelog's changelog.
+
+    ``StreamExecutionEnvironment(state_backend=strategy)`` runs the job on in-memory keyed
+    backends with the changelog switched off; at every barrier a keyed operator calls
+    :meth:`snapshot` on the task thread and the worker's snapshot pool calls the result's
+    ``result()``. Such checkpoints are coordinated, timed and complete the sinks' transactions,
+    but they are not published as statelog checkpoints: the job runs without restarts,
+    restore, savepoints and materializer. The benchmarks use it to compare other checkpoint
+    costs with statelog's (``bench/baselines/``). The strategy is pickled to the workers.
+    """
+
+    name: str  # shown as the checkpoints' "state_backend" statistic
+
+    def snapshot(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> PendingCheckpoint:
+        """Capture ``backend``'s state for ``checkpoint_id`` (synchronous part, task thread)."""
+        ...
+
+    def checkpoint_completed(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> None:
+        """``checkpoint_id`` completed: clean up what older checkpoints wrote (best effort)."""
+        ...
 
 
 class CheckpointingMode(StrEnum):
@@ -63,9 +102,9 @@ class JobConfig:
     worker_log_level: int | None = None
     # options of a background materializer run by the job master (None: none runs)
     materializer: MaterializerOptions | None = None
-    # "changelog" (statelog) or "state-dump" (the benchmark baseline, see docs/runtime.md;
-    # "full-snapshot", its other name, is kept as given)
+    # "changelog" (statelog) or the name of snapshot_strategy (docs/runtime.md, "State backends")
     state_backend: str = CHANGELOG
+    snapshot_strategy: SnapshotStrategy | None = None
     # restore keyed state by key group on first use (statelog/restore/ondemand/) instead of all of
     # it before the first record
     on_demand_restore: bool = True
