@@ -31,7 +31,7 @@ from runtime.cluster.restart import (
     NoRestart,
     RestartStrategy,
 )
-from runtime.config import CheckpointingMode, PendingCheckpoint, SnapshotStrategy
+from runtime.config import CheckpointingMode, PendingStrategySnapshot, SnapshotStrategy
 from runtime.connectors.file_source import FileSource
 from runtime.connectors.parquet_source import ParquetSource
 from runtime.connectors.sinks import (
@@ -79,7 +79,7 @@ __all__ = [
     "NoRestart",
     "NonRestoredStateError",
     "ParquetSource",
-    "PendingCheckpoint",
+    "PendingStrategySnapshot",
     "PrintSink",
     "ProcessContext",
     "RestartStrategy",

@@ -26,7 +26,7 @@ from statelog.store.options import StoreOptions
 CHANGELOG = "changelog"
 
 
-class PendingCheckpoint(Protocol):
+class PendingStrategySnapshot(Protocol):
     """The asynchronous part of one keyed backend's checkpoint taken by a :class:`SnapshotStrategy`."""
 
     nbytes: int  # bytes written once result() returned (the checkpoint's bytes_uploaded)
@@ -55,7 +55,7 @@ class SnapshotStrategy(Protocol):
 
     name: str  # shown as the checkpoints' "state_backend" statistic
 
-    def snapshot(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> PendingCheckpoint:
+    def snapshot(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> PendingStrategySnapshot:
         """Capture ``backend``'s state for ``checkpoint_id`` (synchronous part, task thread)."""
         ...
 
