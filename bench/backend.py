@@ -26,9 +26,9 @@ from typing import Any
 import pyarrow as pa
 
 import statelog
+from bench.baselines.state_dump import write_state_dump
 from statelog import ValueStateDescriptor
 from statelog.layout import bench_state_dump_key
-from statelog.state_dump import write_state_dump
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 

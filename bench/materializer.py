@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 import statelog
+from bench.baselines.state_dump import decode_state_dump, encode_state_dump
 from materializer.build import materialize
 from materializer.gc import collect_garbage
 from materializer.options import due
@@ -51,7 +52,6 @@ from statelog.layout import bench_state_dump_key
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.collector import gc_paused
-from statelog.state_dump import decode_state_dump, encode_state_dump
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 RESTORE_PAIRS = 5  # restore pairs per round

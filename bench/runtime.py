@@ -1,5 +1,5 @@
 """Runtime benchmark: a keyed count with checkpoints every second, on statelog's changelog,
-on a full-snapshot backend and without checkpoints, and on Spark Structured Streaming.
+on the state-dump baseline and without checkpoints, and on Spark Structured Streaming.
 
 * **Input**: ``bench.spark_streaming.make_input``: Parquet files of ``(key int64, ts int64)``
   events, keys uniform over ``[0, keys)``. The runtime reads them with ``ParquetSource``
@@ -10,9 +10,9 @@ on a full-snapshot backend and without checkpoints, and on Spark Structured Stre
 * **Throughput** (``THROUGHPUT_KEYS`` = 100k keys, ``THROUGHPUT_EVENTS`` events): the same job
   with (a) the changelog backend and a checkpoint every second (``events_per_s_changelog``),
   (b) no checkpoints and no changelog (``events_per_s_no_checkpoint``: plain in-memory state,
-  the full-snapshot backend without checkpoint interval; only the end-of-input checkpoint
-  that commits the sinks is taken), (c) the full-snapshot baseline
-  (``runtime/baselines/state_dump_backend.py``: every checkpoint serializes the whole state of each subtask)
+  the state-dump baseline without checkpoint interval; only the end-of-input checkpoint
+  that commits the sinks is taken), (c) the state-dump baseline
+  (``bench/baselines/state_dump_backend.py``: every checkpoint serializes the whole state of each subtask)
   and a checkpoint every second (``events_per_s_full_snapshot``). events/s = input events ÷
   the job's wall time (``JobResult.duration_s``: workers started, input read to its end,
   final checkpoint). After one warm-up run (not counted: the first job of a process also
@@ -20,11 +20,11 @@ on a full-snapshot backend and without checkpoints, and on Spark Structured Stre
   counts.
   ``changelog_overhead`` = 1 - changelog ÷ no-checkpoint (target ≤ 0.15).
 * **Checkpoint durations** (``DURATION_KEYS`` = 10^6 keys, ``DURATION_EVENTS`` events): the
-  changelog and the full-snapshot job with a checkpoint every second; the duration of a
+  changelog and the state-dump job with a checkpoint every second; the duration of a
   checkpoint is trigger to completion at the coordinator (``duration_ms`` of its statistics:
   barrier travel, alignment, the synchronous part, the upload, acknowledgements, publication).
   p50 and p99 by nearest rank over all checkpoints of the run (with fewer than 100 of them
-  p99 is the slowest). ``checkpoint_p99_ratio`` = full snapshot ÷ changelog (target ≥ 10).
+  p99 is the slowest). ``checkpoint_p99_ratio`` = state dump ÷ changelog (target ≥ 10).
 * **Spark** (``bench.spark_streaming.run_spark``, ``local[2]``): the same throughput input;
   ``groupBy("key").count()`` in update mode (``events_per_s_spark_sql``, all of the input) and
   ``applyInPandasWithState`` keeping the count (``events_per_s_spark_python``, the first
@@ -47,6 +47,7 @@ from typing import Any
 import pyarrow as pa
 
 import statelog
+from bench.baselines.state_dump_backend import StateDumpBackend
 from runtime import (
     CollectSink,
     KeyedProcessFunction,
@@ -91,7 +92,7 @@ def run_job(input_dir: Path, root: str, backend: str, interval_s: float | None, 
         checkpoint_interval_s=interval_s,
         checkpoint_timeout_s=120.0,
         state_root=root,
-        state_backend=backend,
+        state_backend=StateDumpBackend() if backend == StateDumpBackend.name else backend,
     )
     events = env.from_source(ParquetSource(input_dir, "input-*.parquet", columns=["key"], row="tuple"), uid="events")
     events.key_by(first).process(CountPerKey(), uid=UID).sink_to(CollectSink(), uid="out")
@@ -156,13 +157,13 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
         # warm-up, not counted: the first job of a process starts the forkserver, which
         # preloads the runtime (about half a second inside that job's wall time)
         t = time.perf_counter()
-        run_checked(tp_dir, work / "root-warm-up", "full-snapshot", None, tp_events)
+        run_checked(tp_dir, work / "root-warm-up", "state-dump", None, tp_events)
         _log(progress, f"warm-up run in {time.perf_counter() - t:.1f}s")
         for r in range(rounds):
             for name, backend, interval in (
                 ("changelog", "changelog", 1.0),
-                ("no_checkpoint", "full-snapshot", None),
-                ("full_snapshot", "full-snapshot", 1.0),
+                ("no_checkpoint", "state-dump", None),
+                ("full_snapshot", "state-dump", 1.0),
             ):
                 n += 1
                 res = run_checked(tp_dir, work / f"root-{n}", backend, interval, tp_events)
@@ -174,7 +175,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True) -> 
         dur: dict[str, list[float]] = {}
         d_rates: dict[str, float] = {}
         d_bytes: dict[str, int] = {}
-        for name, backend in (("changelog", "changelog"), ("full_snapshot", "full-snapshot")):
+        for name, backend in (("changelog", "changelog"), ("full_snapshot", "state-dump")):
             n += 1
             res = run_checked(d_dir, work / f"root-{n}", backend, 1.0, d_events)
             dur[name] = durations(res)

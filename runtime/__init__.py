@@ -8,8 +8,8 @@ worker processes with :meth:`~StreamExecutionEnvironment.execute`. Design:
 The packages: :mod:`runtime.api` (what a job is built of), :mod:`runtime.cluster` (the job
 master), :mod:`runtime.worker` (a worker process), :mod:`runtime.task` (what a worker
 runs), :mod:`runtime.network` (channels between tasks), :mod:`runtime.connectors` (sources
-and sinks, Kafka) and :mod:`runtime.baselines`; :mod:`runtime.graph` (the stream and job
-graphs), :mod:`runtime.config` and :mod:`runtime.errors` sit below them.
+and sinks, Kafka); :mod:`runtime.graph` (the stream and job graphs), :mod:`runtime.config`
+and :mod:`runtime.errors` sit below them.
 """
 
 from runtime.api.datastream import ConnectedStreams, DataStream, KeyedStream, WindowedStream
@@ -31,7 +31,7 @@ from runtime.cluster.restart import (
     NoRestart,
     RestartStrategy,
 )
-from runtime.config import CheckpointingMode
+from runtime.config import CheckpointingMode, PendingStrategySnapshot, SnapshotStrategy
 from runtime.connectors.file_source import FileSource
 from runtime.connectors.parquet_source import ParquetSource
 from runtime.connectors.sinks import (
@@ -79,12 +79,14 @@ __all__ = [
     "NoRestart",
     "NonRestoredStateError",
     "ParquetSource",
+    "PendingStrategySnapshot",
     "PrintSink",
     "ProcessContext",
     "RestartStrategy",
     "RuntimeJobError",
     "Sink",
     "SlidingEventTimeWindows",
+    "SnapshotStrategy",
     "Source",
     "StreamExecutionEnvironment",
     "TaskFailedError",

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from materializer.options import MaterializerOptions
 from runtime.errors import JobGraphError
+from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.errors import ConfigError
 from statelog.keys import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
@@ -32,13 +33,50 @@ from statelog.options.engine import (
     check_state_store,
 )
 from statelog.options.values import DAY, MS, Count, Duration, Size, non_empty_name
+from statelog.store.base import ObjectStore
 from statelog.store.options import StoreOptions
 
-# state backends (docs/runtime.md, "State backends")
-CHANGELOG = "changelog"  # statelog: changelog checkpoints, restorable
-STATE_DUMP = "state-dump"  # the benchmark baseline: every checkpoint dumps the whole state
-FULL_SNAPSHOT = "full-snapshot"  # another name of the state-dump baseline, accepted as well
-STATE_BACKENDS = (CHANGELOG, STATE_DUMP, FULL_SNAPSHOT)
+# the state backend (docs/runtime.md, "State backends"): statelog's changelog checkpoints,
+# restorable; or a SnapshotStrategy given to the environment
+CHANGELOG = "changelog"
+
+
+class PendingStrategySnapshot(Protocol):
+    """The asynchronous part of one keyed backend's checkpoint taken by a :class:`SnapshotStrategy`."""
+
+    nbytes: int  # bytes written once result() returned (the checkpoint's bytes_uploaded)
+
+    def result(self, timeout: float | None = None) -> None:
+        """Write the captured state (on the worker's snapshot pool)."""
+        ...
+
+    def cancel(self) -> None:
+        """The checkpoint was aborted before :meth:`result` ran."""
+        ...
+
+
+@runtime_checkable
+class SnapshotStrategy(Protocol):
+    """How keyed state is checkpointed when a job does not use statelog's changelog.
+
+    ``StreamExecutionEnvironment(state_backend=strategy)`` runs the job on in-memory keyed
+    backends with the changelog switched off; at every barrier a keyed operator calls
+    :meth:`snapshot` on the task thread and the worker's snapshot pool calls the result's
+    ``result()``. Such checkpoints are coordinated, timed and complete the sinks' transactions,
+    but they are not published as statelog checkpoints: the job runs without restarts,
+    restore, savepoints and materializer. The benchmarks use it to compare other checkpoint
+    costs with statelog's (``bench/baselines/``). The strategy is pickled to the workers.
+    """
+
+    name: str  # shown as the checkpoints' "state_backend" statistic
+
+    def snapshot(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> PendingStrategySnapshot:
+        """Capture ``backend``'s state for ``checkpoint_id`` (synchronous part, task thread)."""
+        ...
+
+    def checkpoint_completed(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> None:
+        """``checkpoint_id`` completed: clean up what older checkpoints wrote (best effort)."""
+        ...
 
 
 class CheckpointingMode(StrEnum):
@@ -82,11 +120,15 @@ def check_mode(label: str, value: Any) -> CheckpointingMode:
 
 
 def check_state_backend(label: str, value: Any) -> str:
-    if value not in STATE_BACKENDS:
-        raise JobGraphError(
-            f"unknown state_backend {value!r}; use {CHANGELOG!r} (statelog) or {STATE_DUMP!r} "
-            f"(the benchmark baseline; one of {list(STATE_BACKENDS)})"
-        )
+    """``"changelog"`` or the name of a :class:`SnapshotStrategy` (the environment checks the object)."""
+    if not isinstance(value, str) or not value:
+        raise JobGraphError(f"{label} must be {CHANGELOG!r} or the name of a runtime.SnapshotStrategy, got {value!r}")
+    return value
+
+
+def _check_strategy(label: str, value: Any) -> SnapshotStrategy:
+    if not isinstance(value, SnapshotStrategy):
+        raise JobGraphError(f"{label} must be a runtime.SnapshotStrategy, got {type(value).__name__}")
     return value
 
 
@@ -161,9 +203,11 @@ class JobConfig(Options):
                                           _check_log_level)
     materializer: MaterializerOptions | None = option(None, "options of a background materializer run by the "
                                                       "job master (None: none runs)", _check_materializer)
-    state_backend: str = option(CHANGELOG, '"changelog" (statelog) or "state-dump" (the benchmark baseline, '
-                                'docs/runtime.md; "full-snapshot", its other name, is kept as given)',
-                                check_state_backend)
+    state_backend: str = option(CHANGELOG, '"changelog" (statelog) or the name of snapshot_strategy '
+                                '(docs/runtime.md, "State backends")', check_state_backend)
+    snapshot_strategy: SnapshotStrategy | None = option(None, "how keyed state is checkpointed without the "
+                                                        "changelog (a benchmark baseline; None: the changelog)",
+                                                        _check_strategy)
     on_demand_restore: bool = option(True, "restore keyed state by key group on first use "
                                      "(statelog/restore/ondemand/) instead of all of it before the first "
                                      "record", check_bool)

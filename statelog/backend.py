@@ -443,8 +443,8 @@ class KeyedStateBackend:
         """Synchronous part of a checkpoint: seal every state's changelog position (returns at once)."""
         if self._writer is None:
             raise StatelogError(
-                f"operator {self.operator_uid!r} runs without changelog; dump its whole state "
-                "with statelog.state_dump.write_state_dump instead"
+                f"operator {self.operator_uid!r} runs without changelog (changelog=False): it has no "
+                "changelog position to seal; open it with changelog=True to checkpoint it"
             )
         if self._loader is not None:
             self._load_key_group(None)  # progress, and a loading error fails the checkpoint here

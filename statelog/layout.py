@@ -15,7 +15,7 @@ After LevelDB's ``db/filename.h``: every writer builds its object keys here and 
     materializer/lease/<lease object>                         the materializer's leader lease
     writer/lease/<lease object>                               the writer lease
     runtime/inflight/chk-<id>/<vertex>.<subtask>.bin          in-flight data (runtime)
-    full-snapshots/<uid>/<subtask %05d>/<id %012d>.snapshot   state dump (runtime baseline)
+    full-snapshots/<uid>/<subtask %05d>/<id %012d>.snapshot   state dump (the runtime baseline of bench/)
     full-snapshots/<label>.snapshot                           state dump (benchmarks)
 
 with ``<materialization id>`` = ``m-<checkpoint id %012d>-<lease generation %06d>-<8 hex>``,
@@ -96,7 +96,7 @@ SAVEPOINT_PREFIX = "savepoints/"
 MATERIALIZER_LEASE_PREFIX = "materializer/lease/"
 WRITER_LEASE_PREFIX = "writer/lease/"
 INFLIGHT_PREFIX = "runtime/inflight/"
-STATE_DUMP_PREFIX = "full-snapshots/"  # the state dump's former name, "full snapshot"
+STATE_DUMP_PREFIX = "full-snapshots/"  # state dumps of the benchmarks (bench/baselines/)
 
 _MID = r"m-\d{12,}-\d{6,}-[0-9a-f]{8}"
 _SAVEPOINT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"

@@ -29,7 +29,7 @@ from runtime.cluster.client import JobClient
 from runtime.cluster.master import JobMaster, JobResult
 from runtime.cluster.restart import FixedDelay, NoRestart, RestartStrategy
 from runtime.cluster.spark import SparkLauncher
-from runtime.config import CHANGELOG, CheckpointingMode, JobConfig
+from runtime.config import CHANGELOG, CheckpointingMode, JobConfig, SnapshotStrategy
 from runtime.connectors.sources import Source, WatermarkStrategy
 from runtime.errors import JobGraphError
 from runtime.graph import FORWARD, StreamGraph
@@ -62,7 +62,7 @@ class StreamExecutionEnvironment:
         max_inflight_bytes: int | str | None = None,
         start_method: str = "forkserver",
         materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
-        state_backend: str = "changelog",
+        state_backend: str | SnapshotStrategy = "changelog",
         on_demand_restore: bool = True,
         state_store: str = "memory",
         state_memory: int | str = DEFAULT_STATE_MEMORY,
@@ -79,12 +79,21 @@ class StreamExecutionEnvironment:
         # each option's default, doc and range: runtime.config.JobConfig (docs/runtime.md lists them); a
         # bad value is a ConfigError. The ones the checks below depend on are checked first.
         JobConfig.check_field("start_method", start_method)
-        state_backend = JobConfig.check_field("state_backend", state_backend)
-        if state_backend != CHANGELOG:  # the state-dump baseline (either of its names)
+        # state_backend: "changelog" or a SnapshotStrategy (runtime.config), e.g. a benchmark baseline
+        strategy = state_backend if isinstance(state_backend, SnapshotStrategy) else None
+        if strategy is None and state_backend != CHANGELOG:
+            raise JobGraphError(
+                f"unknown state_backend {state_backend!r}; use {CHANGELOG!r} (statelog) or a "
+                "runtime.SnapshotStrategy (a benchmark baseline)"
+            )
+        if strategy is not None:
+            state_backend = strategy.name
+            if state_backend == CHANGELOG:
+                raise JobGraphError(f"a snapshot strategy cannot be named {CHANGELOG!r}")
             if restart_strategy is not None and not isinstance(restart_strategy, NoRestart):
                 raise JobGraphError(
-                    f"state_backend={state_backend!r} is a benchmark baseline whose checkpoints cannot be "
-                    "restored: it runs without restarts (leave restart_strategy unset)"
+                    f"state_backend={state_backend!r} takes checkpoints that cannot be restored: "
+                    "it runs without restarts (leave restart_strategy unset)"
                 )
             if materializer:
                 raise JobGraphError(
@@ -92,7 +101,7 @@ class StreamExecutionEnvironment:
                 )
             if state_store != "memory":
                 raise JobGraphError(
-                    f"state_backend={state_backend!r} dumps the in-memory tables: use state_store='memory' with it"
+                    f"state_backend={state_backend!r} snapshots the in-memory tables: use state_store='memory' with it"
                 )
             restart_strategy = NoRestart()
         if materializer is True:
@@ -124,6 +133,7 @@ class StreamExecutionEnvironment:
             start_method=start_method,
             materializer=materializer,
             state_backend=state_backend,
+            snapshot_strategy=strategy,
             on_demand_restore=bool(on_demand_restore),
             state_store=state_store,
             state_memory=state_memory,
@@ -178,7 +188,7 @@ class StreamExecutionEnvironment:
             raise JobGraphError("spark= is only used with cluster='spark'")
         if restore not in (None, "none") and self.config.state_backend != CHANGELOG:
             raise JobGraphError(
-                f"state_backend={self.config.state_backend!r} (a benchmark baseline) cannot restore; "
+                f"state_backend={self.config.state_backend!r} (a snapshot strategy) cannot restore; "
                 f"use the {CHANGELOG!r} backend"
             )
         master = JobMaster(

@@ -83,7 +83,7 @@ class CheckpointCoordinator:
         self.mode = mode
         self.state_backend = state_backend
         self.max_inflight_bytes = max_inflight_bytes  # per checkpoint, all tasks together
-        # not published: the state-dump baseline has nothing restorable
+        # not published: a snapshot strategy has nothing restorable
         self.publish = state_backend == CHANGELOG
         self.pending: PendingCheckpoint | None = None
         self.failed_in_row = 0
@@ -191,7 +191,7 @@ class CheckpointCoordinator:
         segments = referenced_segments(p.handles) if self.publish else {}
         if self.publish:  # the new changelog this checkpoint references
             uploaded = sum(size for name, size in segments.items() if name not in self._segments)
-        else:  # the state-dump baseline references nothing: what its workers wrote
+        else:  # a snapshot strategy references nothing: what its workers wrote
             uploaded = 0
             for s in ts:
                 w = s.get("worker")
@@ -217,7 +217,7 @@ class CheckpointCoordinator:
             if self.publish:
                 meta = self.job.publish_checkpoint(p.checkpoint_id, p.handles, p.sources, stats)
             else:
-                stats["state_backend"] = self.state_backend  # as configured (either name of the baseline)
+                stats["state_backend"] = self.state_backend  # the snapshot strategy's name
                 meta = CheckpointMetadata(
                     p.checkpoint_id, self.job.job_id, int(time.time() * 1000), self.job.max_parallelism,
                     dict(p.sources), {}, stats,

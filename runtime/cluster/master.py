@@ -159,7 +159,7 @@ class JobMaster(WorkerControl):
     def request_savepoint(self, name: str, stop: bool) -> Future[CheckpointMetadata]:
         if self.config.state_backend != CHANGELOG:
             raise RuntimeJobError(
-                f"state_backend={self.config.state_backend!r} is a benchmark baseline: it takes no savepoints"
+                f"state_backend={self.config.state_backend!r} is a snapshot strategy: it takes no savepoints"
             )
         return self.savepoints.request(name, stop)
 

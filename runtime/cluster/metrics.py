@@ -41,8 +41,7 @@ class JobMetrics(Collector):
         # channel "<edge>.<upstream subtask>-<downstream subtask>" -> what its two ends reported last
         self.channels: dict[str, dict[str, float]] = {}
 
-    def observe_checkpoint(self, checkpoint_id: int, stats: dict[str, Any], changelog_bytes: int,
-                           metadata_bytes: int | None = None) -> None:  # fmt: skip
+    def observe_checkpoint(self, checkpoint_id: int, stats: dict[str, Any], changelog_bytes: int) -> None:
         self.duration.observe(float(stats.get("duration_ms", 0.0)) / 1000)
         self.alignment.observe(float(stats.get("alignment_ms", 0.0)) / 1000)
         self.last = {"id": checkpoint_id, "stats": dict(stats), "changelog_bytes": changelog_bytes}

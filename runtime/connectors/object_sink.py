@@ -31,8 +31,8 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
+from runtime.connectors.two_phase import TwoPhaseCommitOperator, commits_on_recovery
 from runtime.errors import JobGraphError
-from runtime.task.operators import OperatorSnapshot, StreamOperator
 from statelog.errors import ObjectNotFoundError, StatelogError
 from statelog.store import open_store, redact_url
 from statelog.store.base import ObjectStore
@@ -108,7 +108,7 @@ def recover_objects(store: ObjectStore, committed_upto: int | None) -> tuple[int
     for info in list(store.list(PENDING_PREFIX)):
         name = info.key[len(PENDING_PREFIX):]
         cid = parse_name(name)
-        if cid is not None and committed_upto is not None and cid <= committed_upto:
+        if commits_on_recovery(cid, committed_upto):
             commit_pending_object(store, name)
             committed += 1
         else:
@@ -154,52 +154,42 @@ def chunks(spool: IO[bytes], limit: int) -> Iterator[bytes]:
         yield b"".join(buf)
 
 
-class ObjectSinkOperator(StreamOperator):
-    name = "file-sink"
+class ObjectSinkOperator(TwoPhaseCommitOperator):
+    """A transaction is a local spool file, pre-committed as pending objects."""
 
     def __init__(
         self, uid: str, url: str, options: StoreOptions, serializer: Callable[[Any], str], chunk_bytes: int = CHUNK_BYTES
     ) -> None:
-        super().__init__(uid)
+        super().__init__(uid, serializer)
         self.url = url
         self.options = options
-        self.serializer = serializer
         self.chunk_bytes = chunk_bytes
         self._spool: IO[bytes] | None = None
-        self._pending: list[tuple[int, str]] = []
 
     def open(self) -> None:
         self.store = open_store(self.url, self.options)
-        self.tag = f"{self.ctx.run_id[:8]}-a{self.ctx.attempt}"
-        self.records = 0
+        super().open()
 
-    def process(self, value: Any, ts: int | None, input_index: int) -> None:
+    def write_line(self, line: str) -> None:
         f = self._spool
         if f is None:
             f = self._spool = tempfile.TemporaryFile(prefix="statelog-sink-")  # noqa: SIM115 - one per transaction
-        f.write(self.serializer(value).encode("utf-8"))
+        f.write(line.encode("utf-8"))
         f.write(b"\n")
-        self.records += 1
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
-        f = self._spool
-        if f is not None:  # pre-commit: durable under its pending names before the ack
-            self._spool = None
+    def pre_commit(self, checkpoint_id: int) -> list[str]:
+        f, self._spool = self._spool, None
+        names: list[str] = []
+        if f is not None:
             with f:
                 for i, data in enumerate(chunks(f, self.chunk_bytes)):
                     name = object_name(checkpoint_id, self.ctx.subtask, self.tag, i)
                     self.store.put(PENDING_PREFIX + name, data)
-                    self._pending.append((checkpoint_id, name))
-        return None
+                    names.append(name)
+        return names
 
-    def checkpoint_complete(self, checkpoint_id: int) -> None:
-        keep = []
-        for cid, name in self._pending:
-            if cid <= checkpoint_id:
-                commit_pending_object(self.store, name)
-            else:
-                keep.append((cid, name))
-        self._pending = keep
+    def commit(self, name: str) -> None:
+        commit_pending_object(self.store, name)
 
     def close(self) -> None:
         if self._spool is not None:

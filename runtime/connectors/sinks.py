@@ -38,6 +38,7 @@ from runtime.connectors.object_sink import (
     recover_objects,
     sink_store_options,
 )
+from runtime.connectors.two_phase import TwoPhaseCommitOperator, commits_on_recovery
 from runtime.errors import JobGraphError
 from runtime.task.operators import OperatorSnapshot, StreamOperator
 from statelog.store import open_store, redact_url
@@ -115,7 +116,7 @@ class FileSink(Sink):
         if pending.is_dir():
             for p in sorted(pending.iterdir()):
                 m = _PENDING_RE.match(p.name)
-                if m and committed_upto is not None and int(m.group(1)) <= committed_upto:
+                if commits_on_recovery(int(m.group(1)) if m else None, committed_upto):
                     commit_pending(d, p.name)
                 else:
                     p.unlink(missing_ok=True)
@@ -179,56 +180,46 @@ def read_committed(
     return out
 
 
-class FileSinkOperator(StreamOperator):
-    name = "file-sink"
+class FileSinkOperator(TwoPhaseCommitOperator):
+    """A transaction is an in-progress file, pre-committed by a rename into ``.pending``."""
 
     def __init__(self, uid: str, directory: Path, serializer: Callable[[Any], str]) -> None:
-        super().__init__(uid)
+        super().__init__(uid, serializer)
         self.directory = directory
-        self.serializer = serializer
         self._file: IO[str] | None = None
         self._path: Path | None = None
         self._seq = 0
-        self._pending: list[tuple[int, str]] = []
 
     def open(self) -> None:
         (self.directory / PENDING_DIR).mkdir(parents=True, exist_ok=True)
         (self.directory / INPROGRESS_DIR).mkdir(parents=True, exist_ok=True)
-        self.tag = f"{self.ctx.run_id[:8]}-a{self.ctx.attempt}"
-        self.records = 0
+        super().open()
 
-    def process(self, value: Any, ts: int | None, input_index: int) -> None:
+    def write_line(self, line: str) -> None:
         f = self._file
         if f is None:
             self._seq += 1
             self._path = self.directory / INPROGRESS_DIR / f"{self.ctx.subtask:04d}-{self.tag}-{self._seq}.jsonl"
             f = self._file = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 - one per transaction
-        f.write(self.serializer(value))
+        f.write(line)
         f.write("\n")
-        self.records += 1
 
-    def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
+    def pre_commit(self, checkpoint_id: int) -> list[str]:
         f = self._file
-        if f is not None:  # pre-commit: durable under its pending name before the ack
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
-            self._file = None
-            name = f"{checkpoint_id:010d}-{self.ctx.subtask:04d}-{self.tag}.jsonl"
-            assert self._path is not None
-            os.replace(self._path, self.directory / PENDING_DIR / name)
-            _fsync_dir(self.directory / PENDING_DIR)
-            self._pending.append((checkpoint_id, name))
-        return None
+        if f is None:
+            return []
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        self._file = None
+        name = f"{checkpoint_id:010d}-{self.ctx.subtask:04d}-{self.tag}.jsonl"
+        assert self._path is not None
+        os.replace(self._path, self.directory / PENDING_DIR / name)
+        _fsync_dir(self.directory / PENDING_DIR)
+        return [name]
 
-    def checkpoint_complete(self, checkpoint_id: int) -> None:
-        keep = []
-        for cid, name in self._pending:
-            if cid <= checkpoint_id:
-                commit_pending(self.directory, name)
-            else:
-                keep.append((cid, name))
-        self._pending = keep
+    def commit(self, name: str) -> None:
+        commit_pending(self.directory, name)
 
     def close(self) -> None:
         if self._file is not None:

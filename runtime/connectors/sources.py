@@ -35,14 +35,6 @@ class WatermarkStrategy:
     timestamp_fn: Callable[[Any], int]
     max_out_of_orderness_ms: int = 0
 
-    @staticmethod
-    def for_bounded_out_of_orderness(timestamp_fn: Callable[[Any], int], max_out_of_orderness_ms: int) -> WatermarkStrategy:
-        return WatermarkStrategy(timestamp_fn, max_out_of_orderness_ms)
-
-    @staticmethod
-    def for_monotonous_timestamps(timestamp_fn: Callable[[Any], int]) -> WatermarkStrategy:
-        return WatermarkStrategy(timestamp_fn, 0)
-
 
 class SplitReader:
     """Reads one split sequentially from a position."""

@@ -23,8 +23,7 @@ import logging
 import threading
 from typing import Any, Protocol
 
-from runtime.baselines.state_dump_backend import PendingStateDump, delete_older
-from runtime.config import CHANGELOG, CheckpointingMode
+from runtime.config import CheckpointingMode
 from runtime.graph import JobGraph, JobVertex
 from runtime.network import inflight
 from runtime.network.debloat import REMOTE_CEILING_FACTOR, Debloater
@@ -64,7 +63,7 @@ class DeployHost(TaskHost, Protocol):
 
 class SubtaskContext:
     """The :class:`~runtime.task.operators.OperatorContext` of one subtask: its keyed backends
-    and their checkpoints (statelog's changelog, or the state-dump baseline)."""
+    and their checkpoints (statelog's changelog, or the job's snapshot strategy)."""
 
     def __init__(self, host: DeployHost, subtask: int) -> None:
         self.host = host
@@ -79,23 +78,25 @@ class SubtaskContext:
         return h.job.backend(
             uid, subtask=self.subtask, parallelism=self.parallelism,
             restore=h.restore_meta if h.restore_meta is not None else "none",  # the master chose
-            changelog=h.config.state_backend == CHANGELOG,
+            changelog=h.config.snapshot_strategy is None,
         )  # fmt: skip
 
     def snapshot_backend(self, backend: KeyedStateBackend, checkpoint_id: int) -> Any:
         """The synchronous part of a keyed backend's checkpoint (a pending snapshot)."""
-        if self.host.config.state_backend == CHANGELOG:
+        strategy = self.host.config.snapshot_strategy
+        if strategy is None:
             return backend.snapshot(checkpoint_id)
-        return PendingStateDump(backend, checkpoint_id, self.host.job.store)
+        return strategy.snapshot(backend, checkpoint_id, self.host.job.store)
 
     def backend_checkpoint_completed(self, backend: KeyedStateBackend, checkpoint_id: int) -> None:
-        if self.host.config.state_backend == CHANGELOG:
+        strategy = self.host.config.snapshot_strategy
+        if strategy is None:
             backend.checkpoint_completed(checkpoint_id)
         else:
             try:
-                delete_older(self.host.job.store, backend.operator_uid, backend.subtask, checkpoint_id)
-            except Exception as e:  # noqa: BLE001 - garbage of the baseline only
-                log.warning("could not delete old state dumps: %s", e)
+                strategy.checkpoint_completed(backend, checkpoint_id, self.host.job.store)
+            except Exception as e:  # noqa: BLE001 - what older checkpoints of the strategy wrote
+                log.warning("%s: could not clean up before checkpoint %d: %s", strategy.name, checkpoint_id, e)
 
 
 def open_inputs(host: DeployHost, graph: JobGraph) -> Inputs:

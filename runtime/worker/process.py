@@ -38,7 +38,6 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
-from runtime.baselines.state_dump_backend import PendingStateDump
 from runtime.config import JobConfig
 from runtime.errors import ChannelError
 from runtime.graph import JobGraph
@@ -97,7 +96,7 @@ class Worker:
         self._async: dict[int, list[PendingSnapshot]] = {}
         self._async_lock = threading.Lock()
         self._inflight = 0  # asynchronous parts not finished (pending.result() may still run)
-        self.state_dump_bytes = 0  # written by PendingStateDump (state_backend="state-dump")
+        self.strategy_bytes = 0  # written by the job's snapshot strategy (JobConfig.snapshot_strategy)
         self.pool = cf.ThreadPoolExecutor(2, thread_name_prefix="snapshot")
         self._errors: deque[str] = deque()
 
@@ -296,7 +295,7 @@ class Worker:
                 self._async.setdefault(checkpoint_id, []).extend(pending)
                 if not held:
                     self._inflight += 1
-        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.state_dump_bytes if pending else 0
+        stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.strategy_bytes if pending else 0
         stats["worker"] = self.index
         timeout = self.config.checkpoint_timeout_s
         started = time.monotonic()
@@ -306,10 +305,10 @@ class Worker:
                 if blob is not None:
                     self.job.store.put(*blob)
                 handles = [p.result(timeout) for p in pending]
-                dumped = sum(p.nbytes for p in pending if isinstance(p, PendingStateDump))
+                written = sum(p.nbytes for p in pending) if self.config.snapshot_strategy is not None else 0
                 with self._async_lock:  # counted once the asynchronous part wrote its objects
-                    self.state_dump_bytes += dumped
-                    stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.state_dump_bytes
+                    self.strategy_bytes += written
+                    stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.strategy_bytes
             except Exception as e:  # noqa: BLE001 - declined, the coordinator decides
                 self.send(("decline", checkpoint_id, task, f"{type(e).__name__}: {e}"))
                 return

@@ -649,13 +649,14 @@ def test_runtime_refuses_a_bad_state_store(tmp_path: Path) -> None:
 
 def test_a_state_dump_of_a_disk_store_is_refused(tmp_path: Path) -> None:
     """The state-dump baseline copies the in-memory tables, which hold only resident keys."""
+    from bench.baselines.state_dump import encode_state_dump
+    from bench.baselines.state_dump_backend import StateDumpBackend
     from runtime import StreamExecutionEnvironment
     from runtime.errors import JobGraphError
     from statelog.errors import StatelogError
-    from statelog.state_dump import encode_state_dump
 
     with pytest.raises(JobGraphError, match="use state_store='memory' with it"):
-        StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_store="disk", state_backend="state-dump")
+        StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_store="disk", state_backend=StateDumpBackend())
     job = open_job(tmp_path / "root", "disk", tmp_path / "ws")
     b = job.backend("op", changelog=False)
     b.get_state(DESCRIPTORS[0])

@@ -16,6 +16,8 @@ import pyarrow as pa
 import pytest
 
 import statelog
+from bench.baselines.state_dump import write_state_dump
+from bench.baselines.state_dump_backend import StateDumpBackend
 from materializer.daemon import MaterializerDaemon
 from materializer.gc import category, collect_garbage
 from materializer.savepoint import create_savepoint
@@ -24,7 +26,6 @@ from statelog import layout
 from statelog.errors import ConfigError
 from statelog.keys import KeyGroupRange
 from statelog.layout import ObjectKey, ObjectKind, parse_key
-from statelog.state_dump import write_state_dump
 from tests.runtime import jobs
 from tests.runtime.test_exactly_once import make_env
 from tests.s3server import RootSpec
@@ -80,7 +81,7 @@ def keys_of(root: RootSpec) -> set[str]:
 def test_every_key_under_a_used_root_parses_and_rebuilds(file_root: RootSpec, tmp_path: Path) -> None:
     # the state-dump baseline of the runtime (it publishes no checkpoint)
     env = StreamExecutionEnvironment(parallelism=2, checkpoint_interval_s=0.2, state_root=file_root.url,
-                                     state_backend="state-dump")
+                                     state_backend=StateDumpBackend())
     jobs.build_deliveries(env, tmp_path / "out", 500, rate=5000)
     env.execute("baseline", timeout_s=120)
     # a runtime job: unaligned checkpoints whose barriers overtake records (in-flight data),

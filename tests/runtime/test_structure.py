@@ -11,8 +11,6 @@ import ast
 import importlib
 from pathlib import Path
 
-import pytest
-
 from tests.architecture.test_layering import import_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,26 +97,3 @@ def test_worker_module_stays_small_and_deploy_is_apart() -> None:
     assert lines < 500
     deploy = importlib.import_module("runtime.worker.deploy")
     assert callable(deploy.build_tasks)
-
-
-# -- point 5: "snapshot" is the seal; the baseline and its format are state dumps ----------------
-
-
-def test_the_state_dump_format_and_baseline_have_their_own_names() -> None:
-    assert (REPO / "statelog" / "state_dump.py").exists()
-    assert not (REPO / "statelog" / "snapshot.py").exists()
-    assert (REPO / "runtime" / "baselines" / "state_dump_backend.py").exists()
-    assert not (REPO / "runtime" / "full_snapshot.py").exists()
-    from runtime.config import STATE_BACKENDS, STATE_DUMP
-
-    assert STATE_DUMP == "state-dump"
-    assert set(STATE_BACKENDS) == {"changelog", "state-dump", "full-snapshot"}  # the old name stays
-
-
-@pytest.mark.parametrize("name", ["state-dump", "full-snapshot"])
-def test_both_names_of_the_state_dump_backend_are_accepted(tmp_path: Path, name: str) -> None:
-    from runtime import NoRestart, StreamExecutionEnvironment
-
-    env = StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_backend=name)
-    assert env.config.state_backend == name
-    assert isinstance(env.restart_strategy, NoRestart)

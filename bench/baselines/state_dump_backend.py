@@ -1,27 +1,26 @@
 """The state-dump baseline: checkpoints that write a subtask's whole keyed state.
 
-``StreamExecutionEnvironment(state_backend="state-dump")`` (or ``"full-snapshot"``, the
-same) runs the same job with the statelog backend's changelog switched off; at every
-barrier a keyed operator captures its state (:class:`statelog.state_dump.CapturedState`:
+``StreamExecutionEnvironment(state_backend=StateDumpBackend())`` runs the same job with the
+statelog backend's changelog switched off (a :class:`runtime.SnapshotStrategy`); at every
+barrier a keyed operator captures its state (:class:`bench.baselines.state_dump.CapturedState`:
 shallow copies of the tables, on the task thread) and the snapshot pool serializes it
 (format ``statelog.state-dump``, ``docs/format.md``) and writes it to
 ``full-snapshots/<uid>/<subtask>/<checkpoint>.snapshot`` under the job root (the object
-layout of ``docs/format.md``). This is what a
-checkpoint costs without a changelog (Flink's heap backend with full snapshots);
-``python -m bench runtime`` compares it with statelog.
+layout of ``docs/format.md``). This is what a checkpoint costs without a changelog (Flink's
+heap backend with full snapshots); ``python -m bench runtime`` compares it with statelog.
 
-It is a **benchmark baseline**: the checkpoints it takes are coordinated, timed and complete
-the sinks' transactions, but they are not published as statelog checkpoints and cannot be
-restored (the state-dump format has no timers and no TTL). A job with this backend runs
-without restarts and refuses ``restore=``.
+The checkpoints it takes are coordinated, timed and complete the sinks' transactions, but
+they are not published as statelog checkpoints and cannot be restored (the state-dump format
+has no timers and no TTL). A job with this backend runs without restarts and refuses
+``restore=``.
 """
 
 from __future__ import annotations
 
+from bench.baselines.state_dump import CapturedState, encode_captured
 from statelog.backend import KeyedStateBackend
 from statelog.errors import CheckpointAbortedError
 from statelog.layout import parse_state_dump_key, state_dump_dir, state_dump_key
-from statelog.state_dump import CapturedState, encode_captured
 from statelog.store.base import ObjectStore
 
 
@@ -58,3 +57,16 @@ def delete_older(store: ObjectStore, uid: str, subtask: int, completed: int) -> 
         parsed = parse_state_dump_key(obj.key)
         if parsed is not None and parsed[2] < completed:
             store.delete(obj.key)
+
+
+class StateDumpBackend:
+    """The ``state-dump`` snapshot strategy: a :class:`PendingStateDump` per keyed backend
+    and checkpoint; a completed checkpoint deletes the subtask's older dumps."""
+
+    name = "state-dump"
+
+    def snapshot(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> PendingStateDump:
+        return PendingStateDump(backend, checkpoint_id, store)
+
+    def checkpoint_completed(self, backend: KeyedStateBackend, checkpoint_id: int, store: ObjectStore) -> None:
+        delete_older(store, backend.operator_uid, backend.subtask, checkpoint_id)

@@ -2,7 +2,7 @@
 
 A state dump is what a checkpoint costs without a changelog (Flink's full snapshots of the
 heap backend); the benchmarks and the runtime's ``state-dump`` baseline
-(:mod:`runtime.baselines.state_dump_backend`) compare it with changelog checkpoints on the same state.
+(:mod:`bench.baselines.state_dump_backend`) compare it with changelog checkpoints on the same state.
 It is neither a checkpoint's seal (``KeyedStateBackend.snapshot``) nor a materialization.
 Format ``statelog.state-dump`` v1 (``docs/format.md``): for each
 registered state, a ``u64`` length followed by an Arrow IPC stream (zstd body compression)
