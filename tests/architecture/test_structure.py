@@ -25,8 +25,8 @@ KNOWN_LARGE = {
     "statelog/backend.py", "statelog/backend.py:KeyedStateBackend", "statelog/job.py",
     "statelog/job.py:StateJob", "statelog/keys.py",
     "statelog/options.py", "statelog/spark/rescale.py",
-    "statelog/state/kinds.py", "statelog/store/s3.py",
-    "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
+    "statelog/state/kinds.py",
+    "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
     "materializer/gc.py", }
 
 

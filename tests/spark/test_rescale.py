@@ -17,7 +17,7 @@ from statelog.layout import savepoint_manifest_key
 from statelog.materialization.manifest import load_manifest
 from statelog.spark.rescale import restore
 from statelog.store import open_store
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 from tests.spark import jobs
 
 
