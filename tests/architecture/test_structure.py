@@ -24,7 +24,7 @@ HEAD_LINES = 40  # where a module's "# size:" reason must be
 KNOWN_LARGE = {
     "statelog/backend.py", "statelog/backend.py:KeyedStateBackend", "statelog/job.py",
     "statelog/job.py:StateJob", "statelog/keys.py",
-    "statelog/options.py", "statelog/spark/rescale.py",
+    "statelog/options.py",
     "statelog/state/kinds.py",
     "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
     "materializer/gc.py", }
