@@ -123,7 +123,7 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     import statelog
     import statelog.restore.ondemand.loader  # noqa: F401
     import statelog.store.local  # noqa: F401
-    import statelog.store.s3  # noqa: F401
+    import statelog.store.s3.object_store  # noqa: F401
 
     desc = _descriptor()
     gc.collect()
@@ -173,7 +173,7 @@ def measure_touches(root: str, options: dict[str, Any], checkpoint: int, on_dema
     import statelog
     import statelog.restore.ondemand.loader  # noqa: F401
     import statelog.store.local  # noqa: F401
-    import statelog.store.s3  # noqa: F401
+    import statelog.store.s3.object_store  # noqa: F401
 
     desc = _descriptor()
     keys = random.Random(3).sample(range(SMALL_TAIL_KEYS), SMALL_TAIL_TOUCHED)

@@ -7,7 +7,7 @@
   int64, all rows converted and handed to Spark; ``write.format("noop")`` forces every row
   without collecting it to the driver), rows / median seconds over ``ROUNDS``. Also with
   the untyped key (string rendering plus ``key_bytes``).
-* ``restore_job_s``: ``statelog.spark.rescale.restore`` of checkpoint 2 at parallelism 4
+* ``restore_job_s``: ``statelog.spark.rescale.driver.restore`` of checkpoint 2 at parallelism 4
   (Spark job: restore each new subtask's key groups and write them as a savepoint),
   median over rounds; ``local_restore_s``: restoring the same checkpoint for the same 4
   subtasks in this process with ``job.backend(..., restore=2)`` (reads the materialized
@@ -84,7 +84,7 @@ def _local_restore(root: str, which: Any, parallelism: int) -> tuple[float, int]
 
 def run(quick: bool = False, root: str | None = None, progress: bool = True) -> dict[str, Any]:
     import statelog.spark
-    from statelog.spark.rescale import restore
+    from statelog.spark.rescale.driver import restore
 
     keys, rounds, new_p = (20_000, 2, 4) if quick else (1_000_000, 3, 4)
     tmp = None

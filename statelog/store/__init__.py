@@ -119,7 +119,7 @@ def _parse_s3_url(url: str) -> tuple[str, str]:
 def open_store(url: str, options: Mapping[str, Any] | None = None) -> ObjectStore:
     """Open the object store for a job root URL.
 
-    ``options`` configures the S3 client (see :class:`statelog.store.s3.S3Config`); a
+    ``options`` configures the S3 client (see :class:`statelog.store.s3.config.S3Config`); a
     ``file://`` root takes no options. Raises :class:`ConfigError` for malformed URLs and
     options; no network call is made here (S3 checks happen on first use or ``check()``).
     """
@@ -137,7 +137,8 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> ObjectStor
         scheme = url.split("://", 1)[0].lower()
         if scheme == "s3":
             bucket, prefix = _parse_s3_url(url)
-            from statelog.store.s3 import S3Config, S3ObjectStore
+            from statelog.store.s3.config import S3Config
+            from statelog.store.s3.object_store import S3ObjectStore
 
             return S3ObjectStore(bucket, prefix, S3Config.from_options(options))
         if scheme != "file":
@@ -160,7 +161,7 @@ def reopen_store(store: ObjectStore) -> ObjectStore | None:
     reopened it), as :func:`open_store` opened it; ``None`` for any other store (a wrapper such
     as a fault injector), which the caller then shares. Callers need no implementation class."""
     from statelog.store.local import LocalObjectStore
-    from statelog.store.s3 import S3ObjectStore
+    from statelog.store.s3.object_store import S3ObjectStore
 
     if isinstance(store, FencedStore):  # the twin is fenced by the same lease
         twin = reopen_store(store.inner)

@@ -3,7 +3,7 @@
 Implementations: :mod:`statelog.store.local` (``file://``, the embedded default) and
 :mod:`statelog.store.s3` (``s3://bucket/prefix`` through the minio SDK). Callers obtain a
 store with :func:`statelog.store.open_store` and never import an implementation. Tests
-wrap a real store with :class:`statelog.store.faulty.FaultInjectingStore`.
+wrap a real store with :class:`statelog.testing.FaultInjectingStore`.
 
 Keys are relative, ``/``-separated paths below the store's root (no leading ``/``, no
 ``..`` segments, no empty segments).

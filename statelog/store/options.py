@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from statelog.store.s3.config import S3Config
+
 REDACTED = "***"
 SECRET_NAMES = frozenset({
     "access_key",
@@ -112,7 +114,7 @@ def resolve_store_options(
     """Explicit store options for ``root``: ``options`` plus what this process's environment adds.
 
     For an ``s3://`` root the endpoint (with its scheme), the region and the credentials that
-    :class:`~statelog.store.s3.S3Config` resolves from ``options`` and the ``AWS_*``
+    :class:`~statelog.store.s3.config.S3Config` resolves from ``options`` and the ``AWS_*``
     environment (``environ``, default ``os.environ``) become options, so a process without
     that environment (a Spark executor) opens the same store with them. Other roots take no
     options: ``options`` is returned as it is (``open_store`` checks it).
@@ -120,8 +122,6 @@ def resolve_store_options(
     opts = dict(options or {})
     if not (isinstance(root, str) and root.lower().startswith("s3://")):
         return StoreOptions(opts)
-    from statelog.store.s3 import S3Config
-
     cfg = S3Config.from_options(opts, environ)
     opts.pop("secure", None)  # the endpoint carries the scheme
     opts["endpoint"] = cfg.endpoint_url

@@ -30,7 +30,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools.sql.duckdb", "pyspark"): "the spark extra (the metadata schemas are Spark DDL)",
     ("statelog.spark.schema", "pyspark.sql.pandas"): "needs pandas, which the spark extra does not install",
     # minio is imported for s3:// roots only
-    ("statelog.store.options", "statelog.store.s3"): "minio only for s3:// roots",
     # the store package chooses its implementation when a root is opened
     ("statelog.store", "statelog.store.local"): "open_store picks the implementation; at module level the package and its module would import each other",
     ("statelog.store", "statelog.store.s3"): "minio only for s3:// roots",

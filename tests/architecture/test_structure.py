@@ -24,9 +24,8 @@ HEAD_LINES = 40  # where a module's "# size:" reason must be
 KNOWN_LARGE = {
     "statelog/backend.py", "statelog/backend.py:KeyedStateBackend", "statelog/job.py",
     "statelog/job.py:StateJob", "statelog/keys.py",
-    "statelog/spark/rescale.py",
-    "statelog/state/kinds.py", "statelog/store/s3.py",
-    "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
+    "statelog/state/kinds.py",
+    "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
     "materializer/gc.py", }
 
 

@@ -27,7 +27,7 @@ from statelog.errors import (
     WriterFailedError,
 )
 from statelog.store import open_store
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 

@@ -24,7 +24,7 @@ from statelog.errors import (
 )
 from statelog.layout import JOB_KEY, checkpoint_key
 from statelog.store import open_store
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 

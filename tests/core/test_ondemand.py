@@ -27,7 +27,7 @@ from statelog.keys import encode_key
 from statelog.materialization.manifest import load_manifest
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.ondemand.progress import KeyGroupState
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 
 MAXP = 32
 N = 3000

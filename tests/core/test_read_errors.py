@@ -23,7 +23,7 @@ from statelog.errors import CorruptionError, StoreError, StorePermissionError, T
 from statelog.keys import KeyGroupRange
 from statelog.materialization.manifest import load_manifest
 from statelog.store import open_store
-from statelog.store.faulty import OUTAGES, FaultInjectingStore
+from statelog.testing import OUTAGES, FaultInjectingStore
 from tests.materializer.test_gc import COUNT, EVENTS, MAXP, OPTIONS, Built, build
 from tests.s3server import RootSpec
 from tools.roots import Root

@@ -251,7 +251,7 @@ def test_a_range_over_several_segments_reads_the_same_with_threads_reading_ahead
     import concurrent.futures as cf
     import threading
 
-    from statelog.store.faulty import FaultInjectingStore
+    from statelog.testing import FaultInjectingStore
 
     def meeting(inner):
         """``inner`` whose first two reads each wait for the other."""
@@ -302,7 +302,7 @@ def test_a_reader_that_keeps_blocks_reads_each_small_segment_once_for_any_key_gr
     kept, and the reads are still equal."""
     import concurrent.futures as cf
 
-    from statelog.store.faulty import FaultInjectingStore
+    from statelog.testing import FaultInjectingStore
 
     store = open_store(tmp_path.as_uri())
     enc = BlockEncoder()

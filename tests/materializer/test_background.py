@@ -14,7 +14,7 @@ import statelog
 from materializer.background import BackgroundMaterializer, start_background
 from statelog import ValueStateDescriptor
 from statelog.store import open_store, reopen_store
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,7 @@ from statelog.materialization.manifest import (
     load_manifest,
 )
 from statelog.store.base import ObjectStore
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 from tests.s3server import RootSpec
 from tools.cli import main
 

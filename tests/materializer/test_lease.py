@@ -16,7 +16,7 @@ from materializer.lease import (
 )
 from statelog.errors import ConfigError, CorruptionError, LeaseLostError, TransientStoreError
 from statelog.store import ObjectStore
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 from tests.s3server import RootSpec
 
 TTL = 30.0

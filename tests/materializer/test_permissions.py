@@ -34,7 +34,7 @@ from statelog import ValueStateDescriptor
 from statelog.errors import StatelogError, StorePermissionError, TransientStoreError
 from statelog.layout import checkpoint_key
 from statelog.store import open_store
-from statelog.store.faulty import OUTAGES, FaultInjectingStore
+from statelog.testing import OUTAGES, FaultInjectingStore
 from tests.s3server import S3Server
 from tools.cli import main
 

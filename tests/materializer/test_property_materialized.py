@@ -5,7 +5,7 @@ and TTL (the same operation strategies, driven by the same harness) with random
 checkpoints, plus
 
 * random materializations of a retained checkpoint, some of them killed part-way: a
-  :class:`~statelog.store.faulty.FaultInjectingStore` fails the k-th ``put`` and every one
+  :class:`~statelog.testing.FaultInjectingStore` fails the k-th ``put`` and every one
   after it (a dead process writes nothing more), so the materialization raises before its
   manifest is published -- or, with the failure *after* the put, right after it;
 * random savepoints of a retained checkpoint;
@@ -39,7 +39,7 @@ from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.layout import MANIFEST_PREFIX
 from statelog.materialization.manifest import latest_manifest_key, list_manifests, load_manifest
 from statelog.restore.ondemand.options import OnDemandOptions
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 from tests.core.harness import (
     DESCRIPTORS,
     Clock,

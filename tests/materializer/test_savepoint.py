@@ -14,7 +14,7 @@ from statelog.checkpoint.catalog import JobCatalog, load_savepoint, savepoint_na
 from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError
 from statelog.layout import savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import load_manifest
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 from tests.materializer.test_gc import (
     ATTRS,
     COUNT,

@@ -38,7 +38,7 @@ def _explain(df: Any) -> str:
 
 def main(args_path: str) -> None:
     import statelog.spark
-    from statelog.spark.rescale import restore
+    from statelog.spark.rescale.driver import restore
     from tests.spark import jobs
 
     args = json.loads(Path(args_path).read_text())

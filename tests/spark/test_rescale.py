@@ -15,9 +15,9 @@ from statelog.errors import CheckpointNotFoundError, ConfigError, StateNotFoundE
 from statelog.keys import key_group_range_for_subtask
 from statelog.layout import savepoint_manifest_key
 from statelog.materialization.manifest import load_manifest
-from statelog.spark.rescale import restore
+from statelog.spark.rescale.driver import restore
 from statelog.store import open_store
-from statelog.store.faulty import FaultInjectingStore
+from statelog.testing import FaultInjectingStore
 from tests.spark import jobs
 
 

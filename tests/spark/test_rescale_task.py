@@ -10,7 +10,8 @@ from statelog import ListStateDescriptor, ValueStateDescriptor
 from statelog.layout import SAVEPOINT_PREFIX
 from statelog.materialization.manifest import MaterializedOperator
 from statelog.materialization.table_reader import read_table_file
-from statelog.spark.rescale import plan_restore, run_task
+from statelog.spark.rescale.plan import plan_restore
+from statelog.spark.rescale.write import run_task
 
 
 def test_a_restore_task_writes_only_its_tables(tmp_path):

@@ -19,7 +19,8 @@ from statelog.store import (
     validate_prefix,
 )
 from statelog.store.local import LocalObjectStore
-from statelog.store.s3 import S3Config, S3ObjectStore
+from statelog.store.s3.config import S3Config
+from statelog.store.s3.object_store import S3ObjectStore
 from tests.s3server import RootSpec
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"

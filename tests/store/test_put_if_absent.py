@@ -13,8 +13,8 @@ import urllib3
 
 from statelog.errors import ConfigError, StoreError, TransientStoreError
 from statelog.store import ObjectStore, open_store
-from statelog.store.faulty import FaultInjectingStore
-from statelog.store.s3 import S3ObjectStore
+from statelog.store.s3.object_store import S3ObjectStore
+from statelog.testing import FaultInjectingStore
 from tests.s3server import RootSpec, S3Server
 
 FAST_RETRY = {"max_attempts": 3, "base_delay": 0.001, "max_delay": 0.002}

@@ -22,7 +22,7 @@ from statelog.errors import (
     TransientStoreError,
 )
 from statelog.store import RetryPolicy, open_store
-from statelog.store.s3 import S3ObjectStore
+from statelog.store.s3.object_store import S3ObjectStore
 from tests.s3server import RootSpec, S3Server
 
 FAST_RETRY = {"max_attempts": 3, "base_delay": 0.01, "max_delay": 0.02}

@@ -22,9 +22,9 @@ import pytest
 import statelog
 from statelog.errors import StatelogError
 from statelog.store import open_store
-from statelog.store.faulty import FaultInjectingStore
 from statelog.store.options import REDACTED, StoreOptions, is_secret, redact, resolve_store_options
-from statelog.store.s3 import S3Config
+from statelog.store.s3.config import S3Config
+from statelog.testing import FaultInjectingStore
 from tests.s3server import S3Server
 
 WRONG_SECRET = "wrong-secret-0123456789-abcdefghijklmnop"

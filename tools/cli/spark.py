@@ -150,7 +150,8 @@ def cmd_inspect(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
 
 def cmd_restore(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from statelog.spark.rescale import parse_renames, prepare, restore
+    from statelog.spark.rescale.driver import prepare, restore
+    from statelog.spark.rescale.plan import parse_renames
 
     renames = parse_renames(args.rename_operator)
     job = open_job(args.root, options)  # check everything (also that the savepoint can be written) before Spark

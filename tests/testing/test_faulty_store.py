@@ -7,8 +7,8 @@ import pytest
 
 from statelog.errors import ConfigError, ObjectNotFoundError, StoreError, TransientStoreError
 from statelog.store import RetryPolicy, call_with_retry
-from statelog.store.faulty import FaultInjectingStore
 from statelog.store.local import LocalObjectStore
+from statelog.testing import FaultInjectingStore
 from tests.s3server import RootSpec
 
 pytestmark = pytest.mark.fault

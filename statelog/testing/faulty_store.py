@@ -1,8 +1,10 @@
-"""A fault-injecting wrapper around any :class:`ObjectStore`, for tests.
+"""A fault-injecting wrapper around any :class:`~statelog.store.base.ObjectStore`, for tests.
 
-Every call passes through these stages, each optional and configured per operation
+Use it in your own tests to see what a job does when its store fails: wrap the store a
+:class:`~statelog.job.StateJob` writes to, and tell the wrapper which calls fail, how, and
+when. Every call passes through these stages, each optional and configured per operation
 (``put``, ``put_if_absent``, ``get``, ``get_range``, ``head``, ``list``, ``delete``, or
-``"*"`` for all)::
+``"*"`` for all) and optional key prefix::
 
     latency -> injected failure -> before hook -> inner call -> after hook -> read corruption
 
@@ -17,17 +19,25 @@ Every call passes through these stages, each optional and configured per operati
 * :meth:`~FaultInjectingStore.corrupt_reads` flips one byte of what ``get``/``get_range``
   return for matching keys, to exercise checksum verification.
 * :data:`OUTAGES` names error factories for the ways a store fails that are not the data's
-  fault, each raising what :mod:`statelog.store.s3` raises for it (the object key in the
-  message and in ``.key``): ``timeout``, ``connection`` (refused or reset), ``server``
-  (HTTP 503): :class:`~statelog.errors.TransientStoreError`; ``permission``:
-  :class:`~statelog.errors.StorePermissionError` (not retryable).
+  fault, each raising what the S3 store (:mod:`statelog.store.s3.error_mapping`) raises
+  for it (the object key in the message and in ``.key``): ``timeout``, ``connection``
+  (refused or reset), ``server`` (HTTP 503): :class:`~statelog.errors.TransientStoreError`;
+  ``permission``: :class:`~statelog.errors.StorePermissionError` (not retryable).
+* ``calls`` and ``injected`` count the calls and the injected failures per operation;
+  :meth:`~FaultInjectingStore.reset` removes every fault.
 
-Example::
+Example (a job whose store fails twice on upload, then crashes once the object is durable,
+and returns corrupt changelog reads; ``docs/testing.md`` has a complete test)::
+
+    from statelog.store import open_store
+    from statelog.testing import OUTAGES, FaultInjectingStore
 
     store = FaultInjectingStore(open_store(root), seed=7)
-    store.fail_next("put", 2)                      # two transient put failures
-    store.after("put", crash_after_put)            # crash once the object is durable
-    store.corrupt_reads(key_prefix="changelog/")   # every changelog read is corrupt
+    store.fail_next("put", 2)                        # two transient put failures
+    store.fail_next("get", 1, error=OUTAGES["timeout"])
+    store.after("put", crash_after_put)              # crash once the object is durable
+    store.corrupt_reads(key_prefix="changelog/")     # every changelog read is corrupt
+    job = statelog.StateJob(root, store=store)
 """
 
 from __future__ import annotations
