@@ -14,7 +14,7 @@ from enum import StrEnum
 from materializer.options import MaterializerOptions
 from statelog import options as opt
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
-from statelog.keys import DEFAULT_MAX_PARALLELISM
+from statelog.keys.groups import DEFAULT_MAX_PARALLELISM
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions
 

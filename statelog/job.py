@@ -30,7 +30,7 @@ from statelog.checkpoint.publish import CheckpointPublisher
 from statelog.checkpoint.root_lease import RootLease
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
 from statelog.errors import ConfigError, FencedError
-from statelog.keys import check_parallelism, key_group_range_for_subtask
+from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
 from statelog.materialization.adoption import MaterializationWatch
 from statelog.materialization.manifest import Manifest
 from statelog.options import WriterOptions

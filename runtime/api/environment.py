@@ -42,7 +42,7 @@ from runtime.errors import JobGraphError
 from runtime.graph import FORWARD, StreamGraph
 from statelog import options as opt
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
-from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
+from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
 from statelog.metrics import check_port
 from statelog.options import WriterOptions
 from statelog.store.options import StoreOptions, resolve_store_options

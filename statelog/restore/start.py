@@ -10,7 +10,7 @@ from __future__ import annotations
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import RestoreRequiredError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.eager import read_restored

@@ -46,7 +46,7 @@ from statelog.checkpoint.metadata import (
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError, StatelogError, StoreError, StorePermissionError
 from statelog.job import StateJob
-from statelog.keys import KeyGroupRange, key_group_range_for_subtask
+from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
 from statelog.layout import (
     check_savepoint_name,
     new_materialization_id,

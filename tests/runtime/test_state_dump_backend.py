@@ -11,7 +11,7 @@ import pytest
 import statelog
 from runtime import FixedDelay, JobGraphError, NoRestart, StreamExecutionEnvironment
 from runtime.connectors.sinks import read_committed
-from statelog.keys import decode_key
+from statelog.keys.encoding import decode_key
 from statelog.layout import STATE_DUMP_PREFIX as PREFIX
 from statelog.state_dump import decode_state_dump
 from tests.runtime import jobs
