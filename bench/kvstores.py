@@ -13,7 +13,7 @@ exclusive locking, no mmap.
 Data: ``N`` entries of a keyed job with two states per key, ``N/2`` keys × (a value state
 holding ``pickle.dumps`` of an int < 1000, 5 or 15 bytes; a map-like state holding the pickle
 of a 3-entry dict, ~52 bytes). Key: ``state id (2 bytes BE) | key group (2 bytes BE, 0..127:
-fmix32(crc32(key bytes)) % 128 as statelog.keys) | key bytes (b"\\x01" + 8-byte int) |
+fmix32(crc32(key bytes)) % 128 as statelog.keys.groups) | key bytes (b"\\x01" + 8-byte int) |
 namespace (1 byte)``, so a state's entries of one key group are one contiguous range.
 
 Operations, in this order, on one store (ops/s unless said otherwise):
@@ -125,7 +125,7 @@ def _fmix32(h: int) -> int:
 
 
 def _key(state: int, user: int) -> bytes:
-    """``state id | key group | key bytes | namespace``; statelog.keys.key_group_of_bytes."""
+    """``state id | key group | key bytes | namespace``; statelog.keys.groups.key_group_of_bytes."""
     kb = b"\x01" + user.to_bytes(8, "big")
     kg = _fmix32(zlib.crc32(kb)) % KEY_GROUPS
     return state.to_bytes(2, "big") + kg.to_bytes(2, "big") + kb + NAMESPACE

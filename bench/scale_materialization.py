@@ -49,7 +49,7 @@ def build(root: str, keys: int, parallelism: int, progress: bool) -> int:
 
     import statelog
     from statelog import ValueStateDescriptor
-    from statelog.keys import key_group_of, subtask_for_key_group
+    from statelog.keys.groups import key_group_of, subtask_for_key_group
 
     desc = ValueStateDescriptor("count", pa.int64(), default=0)
     t0 = time.monotonic()

@@ -32,7 +32,7 @@ from typing import Any
 from materializer.build import MaterializeOptions, Progress
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError, StatelogError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest, MaterializedOperator, TableFile
 from statelog.materialization.table_writer import (
     StateTableWriter,

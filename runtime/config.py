@@ -20,7 +20,7 @@ from runtime.errors import JobGraphError
 from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.errors import ConfigError
-from statelog.keys import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
+from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
 from statelog.metrics import check_port
 from statelog.options.base import Options, check_bool, option
 from statelog.options.engine import (

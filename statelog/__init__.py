@@ -21,12 +21,12 @@ from statelog.descriptors import (
 )
 from statelog.errors import StatelogError
 from statelog.job import StateJob, open_job
-from statelog.keys import (
+from statelog.keys.encoding import register_key_type
+from statelog.keys.groups import (
     DEFAULT_MAX_PARALLELISM,
     KeyGroupRange,
     key_group_of,
     key_group_range_for_subtask,
-    register_key_type,
     subtask_for_key_group,
 )
 from statelog.types import PICKLE

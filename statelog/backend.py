@@ -40,13 +40,9 @@ from statelog.errors import (
     SerializationError,
     StatelogError,
 )
-from statelog.keys import (
-    decode_key_array,
-    encode_key,
-    first_legacy_key,
-    key_group_of_bytes,
-    key_group_range_for_subtask,
-)
+from statelog.keys.columns import decode_key_array, first_legacy_key
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of_bytes, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.collector import gc_paused

@@ -17,35 +17,21 @@ creates keyed backends (fresh or restored from a checkpoint), and publishes chec
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statelog.backend import KeyedStateBackend, PendingSnapshot
+from statelog.backend import KeyedStateBackend
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
-from statelog.checkpoint.metadata import (
-    CheckpointMetadata,
-    OperatorState,
-    SubtaskStateHandle,
-    encode_sources,
-)
-from statelog.checkpoint.writer_lease import (
-    DEFAULT_WRITER_LEASE_TTL_S,
-    WriterLease,
-    check_writer_lease_ttl,
-)
-from statelog.errors import (
-    ConfigError,
-    CorruptionError,
-    FencedError,
-    RestoreRequiredError,
-    StatelogError,
-    StoreError,
-)
-from statelog.keys import check_parallelism, key_group_range_for_subtask
-from statelog.materialization.manifest import Manifest, latest_manifest_key, load_manifest
+from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
+from statelog.checkpoint.publish import CheckpointPublisher
+from statelog.checkpoint.root_lease import RootLease
+from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
+from statelog.errors import ConfigError, FencedError
+from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
+from statelog.materialization.adoption import MaterializationWatch
+from statelog.materialization.manifest import Manifest
 from statelog.options.engine import (
     DEFAULT_STATE_MEMORY,
     RETAIN,
@@ -60,6 +46,7 @@ from statelog.restore.eager import read_restored
 from statelog.restore.ondemand.loader import KeyGroupLoader
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.plan import plan_restored, resolve_checkpoint
+from statelog.restore.start import check_fresh_start, start_restore
 from statelog.state.tables.disk import DiskWorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
@@ -100,13 +87,15 @@ class StateJob:
             if writer_owner is not None:
                 non_empty_name("writer_owner", writer_owner)
         own_store = store is None
-        self._writer_lease: WriterLease | None = None
         inner = store if store is not None else open_store(root, store_options)
-        self._raw_store = inner  # the writer lease's own objects
+        # one checkpoint publisher per root: the lease is taken by the first backend or publish
+        # (statelog/checkpoint/writer_lease.py); writer_lease=False only for processes that write
+        # changelog under another process's lease (the runtime's workers)
+        self._lease = RootLease(inner, writer_lease_ttl_s, writer_owner, self._on_fenced) if writer_lease else None
         # the lease holder's every write is checked: a process that lost the root writes nothing
         # (a process writing under another's lease, a runtime worker, passes its own check)
-        if writer_lease:
-            write_guard = self._check_root_writable
+        if self._lease is not None:
+            write_guard = self._lease.check_writable
         self.store = FencedStore(inner, write_guard) if write_guard is not None else inner
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
@@ -124,20 +113,10 @@ class StateJob:
         self.on_demand_background = True  # False: key groups load only when touched (tests)
         self.on_demand_options = OnDemandOptions()  # the tuning of on-demand restores
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
-        # one checkpoint publisher per root: taken by the first backend or publish (see
-        # statelog/checkpoint/writer_lease.py); writer_lease=False only for processes that write
-        # changelog under another process's lease (the runtime's workers)
-        self._fenced_callbacks: list[Callable[[FencedError], None]] = []
-        self._writer_lease_opts: dict[str, Any] | None = (
-            {"ttl_s": writer_lease_ttl_s, "owner": writer_owner} if writer_lease else None
-        )
+        self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease)
         self._writer: ChangelogWriter | None = None
         self._backends: list[KeyedStateBackend] = []
-        self._last_id: int | None = None
-        self._last_bytes_uploaded = 0
-        self._manifests: dict[str, Manifest] = {}
-        self._latest_manifest: str | None = None
-        self._manifest_checked = 0.0
+        self._materializations = MaterializationWatch(self.store, log)
         # how often checkpoint() looks for a newer materialization (one LIST request)
         self.materialization_poll_s = 1.0
 
@@ -210,18 +189,17 @@ class StateJob:
             self.acquire_writer_lease()
         kgr = key_group_range_for_subtask(self.max_parallelism, parallelism, subtask)
         disk = check_state_store("state_store", state_store or self.state_store) == "disk"
-        restored, loader = None, None
-        if restore is None:
-            self._check_fresh_start(operator_uid)
+        if restore is None and self._checkpoints.last_id is None:
+            # (a process that published checkpoints: its backends are the job's state)
+            check_fresh_start(self.catalog, operator_uid)
         meta = self.resolve_checkpoint(restore)
         lazy = self.on_demand_restore if on_demand is None else on_demand
+        restored, loader = None, None
         if meta is not None:
-            # a disk-backed working set always restores key group by key group: the eager
-            # restore's whole base in memory is what it must avoid
-            if lazy or disk:
-                restored, loader = self.plan_restored(meta, operator_uid, kgr, disk=disk)
-            else:
-                restored = self.read_restored(meta, operator_uid, kgr)
+            restored, loader = start_restore(
+                self.store, meta, operator_uid, kgr, self._materializations.manifests, on_demand=lazy, disk=disk,
+                background=self.on_demand_background, options=self.on_demand_options,
+            )  # fmt: skip
         ws = None
         if disk:
             ws = DiskWorkingSet(
@@ -229,35 +207,14 @@ class StateJob:
                 cache_entries=self.state_cache_entries,
             )
         b = KeyedStateBackend(
-            operator_uid=operator_uid,
-            subtask=subtask,
-            parallelism=parallelism,
-            max_parallelism=self.max_parallelism,
-            writer=self.writer if changelog else None,
-            stream_prefix=f"{operator_uid}.{subtask}.{_short_id()}",
-            clock=clock,
-            restored=restored,
-            loader=loader,
-            working_set=ws,
-        )
+            operator_uid=operator_uid, subtask=subtask, parallelism=parallelism, max_parallelism=self.max_parallelism,
+            writer=self.writer if changelog else None, stream_prefix=f"{operator_uid}.{subtask}.{_short_id()}",
+            clock=clock, restored=restored, loader=loader, working_set=ws,
+        )  # fmt: skip
         self._backends.append(b)
         if loader is not None and not lazy:
             b.wait_loaded()  # eager: every key group before returning
         return b
-
-    def _check_fresh_start(self, operator_uid: str) -> None:
-        """Refuse an implicit empty start of an operator whose state the newest checkpoint holds."""
-        if self._last_id is not None:
-            return  # this process published checkpoints: its backends are the job's state
-        latest = self.catalog.latest()
-        if latest is not None and operator_uid in latest.operators:
-            raise RestoreRequiredError(
-                f"{self.root} already has checkpoints and the newest, checkpoint "
-                f"{latest.checkpoint_id}, holds state of operator {operator_uid!r}; a backend "
-                f"opened without restore= would start empty and lose it. Pass "
-                f"restore='latest' (or restore={latest.checkpoint_id}) to continue from it, or "
-                f"restore='none' to start fresh on purpose"
-            )
 
     def acquire_writer_lease(self) -> int | None:
         """Take the root's writer lease (once; later calls return the held generation).
@@ -265,54 +222,33 @@ class StateJob:
         Raises :class:`LeaseHeldError` when another live process holds it, and
         :class:`LeaseLostError` once it was lost. ``None`` when opened with ``writer_lease=False``.
         """
-        if self._writer_lease_opts is None:
-            return None
-        if self._writer_lease is None:
-            lease = WriterLease(self._raw_store, **self._writer_lease_opts)
-            lease.acquire()
-            self._writer_lease = lease
-            lease.on_fenced(self._on_fenced)
-            for cb in self._fenced_callbacks:
-                lease.on_fenced(cb)
-            self._fenced_callbacks.clear()
-        if not self._writer_lease.held:
-            self._writer_lease.ensure_valid()  # raises LeaseLostError naming the reason
-        return self._writer_lease.generation
+        return self._lease.acquire() if self._lease is not None else None
 
-    # -- losing the root -----------------------------------------------------------------------
+    # -- losing the root (statelog/checkpoint/root_lease.py) -----------------------------------
 
     @property
     def fenced(self) -> FencedError | None:
         """Why this process lost the root for good (``None`` while it has not): see
         :class:`FencedError`. Every later write, checkpoint and backend of this job fails with it."""
-        return self._writer_lease.fenced if self._writer_lease is not None else None
+        return self._lease.fenced if self._lease is not None else None
 
     def on_fenced(self, callback: Callable[[FencedError], None]) -> None:
         """Call ``callback(error)`` once, from the thread that notices, when this process loses
         the root (at once if it has); it must not block (set a flag, stop a loop)."""
-        if self._writer_lease is None:
-            self._fenced_callbacks.append(callback)
-        else:
-            self._writer_lease.on_fenced(callback)
+        if self._lease is not None:
+            self._lease.on_fenced(callback)
 
     def check_root(self) -> None:
         """Raise :class:`FencedError` if this process lost the root (one listing of the lease
         objects): call it before acting on the root after a failure (a restart, a sink's
         recovery). A job without a writer lease, or before taking it, passes."""
-        if self._writer_lease is not None and self._writer_lease_opts is not None:
-            self._writer_lease.ensure_valid(margin_s=0.0)
+        if self._lease is not None:
+            self._lease.check_root()
 
     def writer_lease_valid_until(self) -> float | None:
         """The wall-clock time (``time.time()``) until which the held writer lease is valid by
         this process's clock; ``None`` when it is not held."""
-        lease = self._writer_lease
-        if lease is None or not lease.held or lease.fenced is not None:
-            return None
-        return time.time() + lease.remaining_s()
-
-    def _check_root_writable(self) -> None:
-        if self._writer_lease is not None:
-            self._writer_lease.check_writable()
+        return self._lease.valid_until() if self._lease is not None else None
 
     def _on_fenced(self, error: FencedError) -> None:
         if self._writer is not None:
@@ -327,7 +263,7 @@ class StateJob:
     def read_restored(self, meta: CheckpointMetadata, operator_uid: str, kgr: Any) -> RestoredChanges:
         """An eager restore: everything ``operator_uid`` holds in key groups ``kgr`` at ``meta``
         (:func:`statelog.restore.eager.read_restored`)."""
-        return read_restored(self.store, meta, operator_uid, kgr, self._manifests)
+        return read_restored(self.store, meta, operator_uid, kgr, self._materializations.manifests)
 
     def plan_restored(
         self, meta: CheckpointMetadata, operator_uid: str, kgr: Any, disk: bool = False
@@ -335,8 +271,8 @@ class StateJob:
         """An on-demand restore: the handles' plan and the timers now, a loader for the rest
         (:func:`statelog.restore.plan.plan_restored`)."""
         return plan_restored(
-            self.store, meta, operator_uid, kgr, self._manifests, disk=disk, background=self.on_demand_background,
-            options=self.on_demand_options,
+            self.store, meta, operator_uid, kgr, self._materializations.manifests, disk=disk,
+            background=self.on_demand_background, options=self.on_demand_options,
         )  # fmt: skip
 
     def load_savepoint(self, name: str) -> CheckpointMetadata:
@@ -347,89 +283,30 @@ class StateJob:
 
     def latest_materialization(self, max_age_s: float = 0.0) -> Manifest | None:
         """The newest published materialization (listed at most every ``max_age_s`` seconds)."""
-        now = time.monotonic()
-        if self._latest_manifest is None or now - self._manifest_checked >= max_age_s:
-            self._manifest_checked = now
-            self._latest_manifest = latest_manifest_key(self.store)
-        if self._latest_manifest is None:
-            return None
-        return load_manifest(self.store, self._latest_manifest, self._manifests)
+        return self._materializations.latest(max_age_s)
 
     def adopt_latest_materialization(self) -> Manifest | None:
-        """Let every live backend of this process build on the newest usable materialization."""
+        """Let every live backend of this process build on the newest usable materialization
+        (:mod:`statelog.materialization.adoption`; a failure is logged, never raised)."""
         live = [b for b in self._backends if not b._closed]
-        if not live:
-            return None
-        try:
-            m = self.latest_materialization(self.materialization_poll_s)
-        except StoreError as exc:  # optional: the backends keep their current base
-            log.warning(
-                "could not look for a newer materialization of %s (%s); checkpointing on the "
-                "current base", self.root, exc,
-            )
-            return None
-        except CorruptionError as exc:  # never adopted; the job does not depend on it
-            log.error(
-                "the newest materialization of %s fails verification (%s); checkpointing on "
-                "the current base (run `statelog verify` on the root)", self.root, exc,
-            )
-            return None
-        if m is None:
-            return None
-        for b in live:
-            b.adopt_materialization(m)
-        return m
+        return self._materializations.adopt(live, self.materialization_poll_s)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
     def next_checkpoint_id(self) -> int:
-        ids = self.catalog.checkpoint_ids()
-        latest = ids[-1] if ids else 0
-        if self._last_id is not None:
-            latest = max(latest, self._last_id)
-        return latest + 1
+        return self._checkpoints.next_id()
 
     def checkpoint(self, sources: Mapping[str, Any] | None = None, *, timeout: float = 60.0) -> CheckpointMetadata:
         """Checkpoint every backend of this process with the given source positions (blocks).
 
         The synchronous part seals all streams at once, so the checkpoint is consistent with
-        the source positions passed here; then it waits for durability and publishes.
+        the source positions passed here; then it waits for durability and publishes
+        (:mod:`statelog.checkpoint.publish`).
         """
-        t0 = time.monotonic()
-        encode_sources(dict(sources or {}))  # a non-JSON position fails before anything is sealed
-        self.acquire_writer_lease()  # a lost lease fails here, before anything is sealed
-        cid = self.next_checkpoint_id()
-        self.adopt_latest_materialization()
         live = [b for b in self._backends if not b._closed]
-        by_uid: dict[str, list[KeyedStateBackend]] = {}
-        for b in live:
-            by_uid.setdefault(b.operator_uid, []).append(b)
-        for uid, bs in by_uid.items():
-            subtasks = sorted(b.subtask for b in bs)
-            if subtasks != list(range(bs[0].parallelism)):
-                raise StatelogError(
-                    f"operator {uid!r} has subtasks {subtasks} of parallelism {bs[0].parallelism} in this "
-                    "process; a one-call checkpoint needs them all here (multi-process jobs publish "
-                    "handles from a coordinator with StateJob.publish_checkpoint)"
-                )
-        pending: list[PendingSnapshot] = [b.snapshot(cid) for b in live]
-        sync_ms = (time.monotonic() - t0) * 1000
-        try:
-            handles = [p.result(timeout) for p in pending]
-        except BaseException:
-            for p in pending:
-                p.cancel()
-            raise
-        async_ms = (time.monotonic() - t0) * 1000 - sync_ms
-        uploaded = self._writer.bytes_uploaded if self._writer is not None else 0
-        stats = {
-            "sync_ms": round(sync_ms, 3),
-            "async_ms": round(async_ms, 3),
-            "incremental_bytes": uploaded - self._last_bytes_uploaded,
-        }
-        self._last_bytes_uploaded = uploaded
-        meta = self.publish_checkpoint(cid, handles, dict(sources or {}), stats)
-        return meta
+        return self._checkpoints.take(
+            live, sources or {}, timeout, self.adopt_latest_materialization, self._writer, self.retain_checkpoints
+        )
 
     def publish_checkpoint(
         self,
@@ -439,39 +316,7 @@ class StateJob:
         stats: Mapping[str, Any] | None = None,
     ) -> CheckpointMetadata:
         """Write the metadata of a checkpoint whose handles are all durable, then apply retention."""
-        operators: dict[str, OperatorState] = {}
-        grouped: dict[str, list[SubtaskStateHandle]] = {}
-        for h in handles:
-            grouped.setdefault(h.operator_uid, []).append(h)
-        for uid, hs in grouped.items():
-            hs.sort(key=lambda h: h.subtask)
-            operators[uid] = OperatorState(uid, hs[0].parallelism, tuple(hs))
-        generation = None
-        if self._writer_lease_opts is not None:
-            self.acquire_writer_lease()
-            assert self._writer_lease is not None
-            generation = self._writer_lease.ensure_valid()  # fencing, right before the publish
-        meta = CheckpointMetadata(
-            checkpoint_id=checkpoint_id,
-            job_id=self.job_id,
-            timestamp_ms=int(time.time() * 1000),
-            max_parallelism=self.max_parallelism,
-            sources=dict(sources),
-            operators=operators,
-            stats=dict(stats or {}),
-            writer_generation=generation,
-        )
-        size = self.catalog.publish(meta)
-        self._last_id = checkpoint_id
-        included = {(h.operator_uid, h.subtask, h.parallelism) for h in handles}
-        for b in self._backends:
-            if not b._closed and (b.operator_uid, b.subtask, b.parallelism) in included:
-                b.checkpoint_completed(checkpoint_id)
-        log.info(
-            "checkpoint %d published (%d operators, %d bytes of metadata)", checkpoint_id, len(operators), size
-        )
-        self.catalog.apply_retention(self.retain_checkpoints)
-        return meta
+        return self._checkpoints.publish(checkpoint_id, handles, sources, stats, self._backends, self.retain_checkpoints)
 
     def checkpoints(self) -> list[CheckpointMetadata]:
         return [self.catalog.load(i) for i in self.catalog.checkpoint_ids()]
@@ -491,9 +336,8 @@ class StateJob:
                 self._writer.close(flush=flush and self.fenced is None)
                 self._writer = None
         finally:
-            if self._writer_lease is not None:
-                self._writer_lease.release()  # a successor may start at once
-                self._writer_lease = None
+            if self._lease is not None:
+                self._lease.release()  # a successor may start at once
             self.store.close()
 
     def __enter__(self) -> StateJob:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog.errors import ConfigError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 
 __all__ = [
     "CHANGELOG_PREFIX",

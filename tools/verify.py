@@ -22,7 +22,7 @@ from statelog.errors import (
     CorruptionError,
     StoreError,
 )
-from statelog.keys import KeyGroupRange, key_group_range_for_subtask
+from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
 from statelog.layout import JOB_KEY, checkpoint_key, savepoint_metadata_key
 from statelog.materialization.manifest import TableFile, check_reference, load_manifest
 from statelog.materialization.table_reader import read_table_file

@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 from statelog.backend import KeyedStateBackend
 from statelog.descriptors import StateKind
 from statelog.errors import CorruptionError, StatelogError
-from statelog.keys import encode_key, key_group_of_bytes
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of_bytes
 from statelog.state.kinds import _MISSING
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, arrow_type, to_arrow

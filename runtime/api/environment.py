@@ -34,7 +34,7 @@ from runtime.connectors.sources import Source, WatermarkStrategy
 from runtime.errors import JobGraphError
 from runtime.graph import FORWARD, StreamGraph
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
-from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
+from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
 from statelog.options.engine import DEFAULT_STATE_MEMORY, WriterOptions
 from statelog.store.options import StoreOptions, resolve_store_options
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from materializer.savepoint import list_savepoints
 from runtime.errors import RuntimeJobError
-from statelog.keys import key_group_of, subtask_for_key_group
+from statelog.keys.groups import key_group_of, subtask_for_key_group
 from statelog.layout import INFLIGHT_PREFIX, parse_inflight_key
 
 log = logging.getLogger(__name__)

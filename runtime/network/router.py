@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from runtime.api.functions import MAX_WATERMARK
 from runtime.graph import FORWARD
-from statelog.keys import key_group_of, subtask_for_key_group
+from statelog.keys.groups import key_group_of, subtask_for_key_group
 
 
 class ChannelOutput(Protocol):

@@ -270,7 +270,7 @@ ALWAYS_INLINE int rb_append(RecordBuffer *rb, PyObject *kb, PyObject *kgo, PyObj
  * cached key bytes object of the current key, a cache miss per record when the keys are
  * many: the key object itself was just hashed. It returns 0 for a bool or an integral float
  * (equal to an int key, key encoding 2), and the cached bytes (the int's, normalized by
- * keys.py) are written; the caller only uses it when the cached type is the key's type. */
+ * keys/encoding.py) are written; the caller only uses it when the cached type is the key's type. */
 
 static PyObject *rb_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     int vkind = VK_OBJECT;

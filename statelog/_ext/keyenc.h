@@ -1,5 +1,5 @@
 /* The canonical key bytes of the two common key types, shared by the C modules
- * (statelog/keys.py encode_key is the reference; docs/format.md "Key encoding").
+ * (statelog/keys/encoding.py encode_key is the reference; docs/format.md "Key encoding").
  *
  * encode_key_fast(key, out): the serialized key of an exact int in the int64 range or an
  * exact ASCII str of at most 127 characters, written to out (at least KEY_FAST_MAX bytes);

@@ -4,7 +4,7 @@
  * keys are over budget, the write-back of an evicted key: per miss, a few microseconds of
  * interpreter work around RocksDB's own (a key group, a database key, moving a key's entries
  * between its record and the states' dicts). These functions do that work in C; each has a
- * pure-Python reference in statelog/keys.py or statelog/state/tables/disk/ (miss_path.py,
+ * pure-Python reference in statelog/keys/groups.py or statelog/state/tables/disk/ (miss_path.py,
  * codec.py), which is also the fallback when this module is not built
  * (STATELOG_PURE_PYTHON=1 forces it), and tests compare the two on the same inputs.
  *

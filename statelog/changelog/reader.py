@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from statelog.changelog import format as fmt
 from statelog.errors import CorruptionError, ObjectNotFoundError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, from_arrow
 

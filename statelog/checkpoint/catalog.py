@@ -26,7 +26,7 @@ from statelog.errors import (
     ObjectNotFoundError,
     SavepointNotFoundError,
 )
-from statelog.keys import DEFAULT_MAX_PARALLELISM, check_max_parallelism
+from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, check_max_parallelism
 from statelog.layout import (
     CHECKPOINT_PREFIX,
     JOB_KEY,

@@ -17,7 +17,7 @@ from statelog import envelope
 from statelog.changelog.segment import SegmentRef
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError, SerializationError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 
 CHECKPOINT_FORMAT = "statelog.checkpoint"
 CHECKPOINT_VERSION = 2

@@ -22,5 +22,7 @@ The modules, bottom-up:
   (on-demand restore);
 - :mod:`~statelog.materialization.table_merge` and
   :mod:`~statelog.materialization.table_writer`: a checkpoint's new tables, its
-  materialized base with the changelog applied.
+  materialized base with the changelog applied;
+- :mod:`~statelog.materialization.adoption`: the newest materialization a job's backends
+  build on, adopted at each checkpoint.
 """

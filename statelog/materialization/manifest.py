@@ -21,7 +21,7 @@ from statelog import envelope
 from statelog.checkpoint.metadata import MaterializedPart
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError, ObjectNotFoundError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.layout import (
     MANIFEST_PREFIX,
     parse_manifest_key,

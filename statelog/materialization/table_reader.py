@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError, ObjectNotFoundError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import TableFile
 from statelog.materialization.ranged import RangedTableFile
 from statelog.materialization.table_schema import META_STATE

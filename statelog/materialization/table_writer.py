@@ -25,7 +25,7 @@ from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import StateInfo, StateKind
-from statelog.keys import MAX_MAX_PARALLELISM, KeyGroupRange
+from statelog.keys.groups import MAX_MAX_PARALLELISM, KeyGroupRange
 from statelog.layout import table_file_key
 from statelog.materialization.manifest import (
     Manifest,

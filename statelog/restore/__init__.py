@@ -1,5 +1,7 @@
 """Restore: turning a checkpoint's handles back into a subtask's keyed state.
 
+* ``start.py``: where a new backend starts (an implicit empty start refused where the newest
+  checkpoint holds the operator's state; the restore read at once or opened on demand);
 * ``plan.py``: what a restore reads (the checkpoint ``restore=`` names, the table files and
   changelog ranges of a key-group range, the opening of an on-demand restore);
 * ``eager.py``: everything read at once, then installed when the states register;

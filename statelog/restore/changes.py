@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart
 from statelog.descriptors import StateInfo, StateKind
-from statelog.keys import KeyGroupRange, decode_key_array
+from statelog.keys.columns import decode_key_array
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import TableFile
 from statelog.materialization.table_reader import read_table_file
 from statelog.materialization.table_schema import decode_values

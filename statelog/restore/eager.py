@@ -22,7 +22,7 @@ import pyarrow as pa
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.collector import gc_paused

@@ -18,7 +18,7 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata, SubtaskStateHandle
 from statelog.errors import JobMismatchError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.layout import JOB_KEY
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.options.values import parse_checkpoint_ref

@@ -38,7 +38,8 @@ from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CheckpointNotFoundError, ConfigError
 from statelog.job import StateJob
-from statelog.keys import KeyGroupRange, decode_key
+from statelog.keys.encoding import decode_key
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark import options as opt
 from statelog.spark.restore import stream_state

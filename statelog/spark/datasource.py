@@ -34,7 +34,7 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.descriptors import StateInfo, StateKind
-from statelog.keys import encode_key
+from statelog.keys.encoding import encode_key
 from statelog.spark import options as opt
 from statelog.spark.changes import ChangeFeedReader, plan_feed
 from statelog.spark.restore import namespace_tables, restored_backend, split_entries, timer_entries

@@ -30,7 +30,8 @@ from statelog.descriptors import (
     ValueStateDescriptor,
 )
 from statelog.errors import StatelogError
-from statelog.keys import KeyGroupRange, encode_key, key_group_range_for_subtask
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.eager import read_changes

@@ -14,7 +14,8 @@ from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import BinaryType, StringType, StructField
 
 from statelog.errors import ConfigError, SerializationError, StatelogError
-from statelog.keys import coerce_keys, key_group_range_for_subtask
+from statelog.keys.columns import coerce_keys
+from statelog.keys.groups import key_group_range_for_subtask
 from statelog.spark.schema import Columns, spark_type_of
 
 BATCH_ROWS = 65_536

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statelog.errors import SerializationError, StatelogError
-from statelog.keys import decode_key, encode_key
+from statelog.keys.encoding import decode_key, encode_key
 
 
 class _NoCurrentKey:
@@ -59,7 +59,7 @@ class KeyContext:
     * ``key``: the current key object (:data:`NO_KEY` before the first
       ``set_current_key``; hashing it raises a clear :class:`StatelogError`).
     * ``key_info``: ``(type, key bytes, key group)`` of the current key: the type the key
-      cache saw first for it, its canonical encoding (:func:`statelog.keys.encode_key`) and
+      cache saw first for it, its canonical encoding (:func:`statelog.keys.encoding.encode_key`) and
       its key group (:data:`NO_KEY_INFO` before the first key).
     * ``set_current_key``: the backend's key setter (checks the key group, caches the
       encoding, writes ``key`` and ``key_info``); the timer service sets the key of a

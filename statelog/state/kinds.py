@@ -30,7 +30,7 @@ from statelog.descriptors import (
     ValueStateDescriptor,
 )
 from statelog.errors import StatelogError
-from statelog.keys import check_map_key, decode_key, encode_key, is_legacy_key
+from statelog.keys.encoding import check_map_key, decode_key, encode_key, is_legacy_key
 from statelog.restore.appliers import applier_for
 from statelog.state.context import KeyContext
 from statelog.state.tables import MemoryStateTables, StateTables

@@ -20,7 +20,7 @@ from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.ops import Op
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import StateTypeError
-from statelog.keys import decode_key, encode_key
+from statelog.keys.encoding import decode_key, encode_key
 from statelog.restore.appliers import TimerApplier
 from statelog.state.context import KeyContext
 

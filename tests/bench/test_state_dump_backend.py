@@ -13,7 +13,7 @@ from bench.baselines.state_dump import decode_state_dump
 from bench.baselines.state_dump_backend import StateDumpBackend
 from runtime import FixedDelay, JobGraphError, NoRestart, StreamExecutionEnvironment
 from runtime.connectors.sinks import read_committed
-from statelog.keys import decode_key
+from statelog.keys.encoding import decode_key
 from statelog.layout import STATE_DUMP_PREFIX as PREFIX
 from tests.runtime import jobs
 from tests.s3server import RootSpec

@@ -23,7 +23,7 @@ import pickle
 import random
 from typing import Any
 
-from statelog.keys import decode_key, encode_key
+from statelog.keys.encoding import decode_key, encode_key
 from tests.core.harness import TTL_MS, Driver, Model, backend_timers, register_all
 
 OPERATOR_UID = "crash-op"
@@ -40,7 +40,7 @@ def _build_keys() -> list[Any]:
     keys += [b"k\x00" + bytes([i]) for i in range(25)]
     keys += [i + 0.5 for i in range(10)] + [-1e300]
     keys += [None, "", b"", ()]
-    # no bools and no integral floats: they compare equal to ints in Python (see statelog.keys)
+    # no bools and no integral floats: they compare equal to ints in Python (see statelog.keys.encoding)
     return keys
 
 

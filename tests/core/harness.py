@@ -21,7 +21,7 @@ from statelog import (
     TtlConfig,
     ValueStateDescriptor,
 )
-from statelog.keys import encode_key
+from statelog.keys.encoding import encode_key
 
 TTL_MS = 50
 

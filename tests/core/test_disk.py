@@ -29,7 +29,8 @@ from statelog import (
     _ext,
 )
 from statelog.errors import ConfigError
-from statelog.keys import encode_key, key_group_of
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of
 from statelog.state.tables.disk import DIR_PREFIX, WorkingSetError, codec
 from statelog.state.tables.disk import miss_path as paths
 

@@ -9,13 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from statelog.errors import ConfigError, SerializationError
-from statelog.keys import (
+from statelog.keys.encoding import decode_key, encode_key, register_key_type
+from statelog.keys.groups import (
     KeyGroupRange,
-    decode_key,
-    encode_key,
     key_group_of,
     key_group_range_for_subtask,
-    register_key_type,
     subtask_for_key_group,
 )
 
@@ -99,7 +97,7 @@ def test_nan_key_is_refused(key):
 
 def test_version_1_bytes_still_decode():
     """Key encoding 1 wrote bools with their own tags and integral floats as floats."""
-    from statelog.keys import is_legacy_key
+    from statelog.keys.encoding import is_legacy_key
 
     assert decode_key(bytes.fromhex("02")) is True
     assert decode_key(bytes.fromhex("01")) is False
@@ -113,7 +111,7 @@ def test_version_1_bytes_still_decode():
 def test_first_legacy_key_finds_version_1_bytes():
     import pyarrow as pa
 
-    from statelog.keys import first_legacy_key
+    from statelog.keys.columns import first_legacy_key
 
     v2 = [encode_key(k) for k in [1, True, "a", (1.0, "b"), 1.5, None, b"x", 2**80]]
     assert first_legacy_key(pa.array(v2, pa.binary())) is None
@@ -125,7 +123,7 @@ def test_first_legacy_key_finds_version_1_bytes():
 def test_keys_convert_to_a_declared_column_type():
     import pyarrow as pa
 
-    from statelog.keys import coerce_key, decode_key_array
+    from statelog.keys.columns import coerce_key, decode_key_array
 
     stored = pa.array([encode_key(k) for k in [1.0, 2.5, -0.0]], pa.binary())
     assert decode_key_array(stored) == [1, 2.5, 0]
@@ -150,7 +148,7 @@ def test_key_groups_identical_across_processes():
     """A fresh interpreter (different hash seed) computes the same key groups and bytes."""
     here = [(encode_key(k).hex(), key_group_of(k, 128), key_group_of(k, 4096)) for k in SAMPLE]
     code = (
-        "import json;from statelog.keys import encode_key,key_group_of;"
+        "import json;from statelog.keys.encoding import encode_key;from statelog.keys.groups import key_group_of;"
         f"ks={SAMPLE!r};"
         "print(json.dumps([(encode_key(k).hex(),key_group_of(k,128),key_group_of(k,4096)) for k in ks]))"
     )
@@ -168,7 +166,7 @@ def test_the_c_key_group_equals_the_reference():
     """statelog/_ext/workingset.c's key group (murmur3 fmix32 of zlib's CRC-32) is the
     reference's on random key bytes and every max parallelism shape."""
     from statelog import _ext
-    from statelog.keys import key_group_of_bytes, key_group_of_bytes_py
+    from statelog.keys.groups import key_group_of_bytes, key_group_of_bytes_py
 
     c = _ext.load("workingset")
     if c is None:
@@ -264,7 +262,7 @@ def test_bulk_key_decoding_equals_decode_key(keys: list, skip: int) -> None:
     """decode_key_array (used by restores of state tables) equals decode_key, types included."""
     import pyarrow as pa
 
-    from statelog.keys import decode_key_array
+    from statelog.keys.columns import decode_key_array
 
     arr = pa.array([encode_key(k) for k in keys], pa.binary()).slice(min(skip, len(keys)))
     expected = [decode_key(b) for b in arr.to_pylist()]

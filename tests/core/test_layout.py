@@ -24,7 +24,7 @@ from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import layout
 from statelog.errors import ConfigError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.layout import ObjectKey, ObjectKind, parse_key
 from tests.runtime import jobs
 from tests.runtime.test_exactly_once import make_env

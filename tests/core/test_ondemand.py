@@ -23,7 +23,7 @@ import statelog
 from materializer.build import MaterializeOptions, materialize
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import CorruptionError
-from statelog.keys import encode_key
+from statelog.keys.encoding import encode_key
 from statelog.materialization.manifest import load_manifest
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.ondemand.progress import KeyGroupState

@@ -20,7 +20,7 @@ from materializer.build import materialize
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint
 from statelog.errors import CorruptionError, StoreError, StorePermissionError, TransientStoreError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import load_manifest
 from statelog.store import open_store
 from statelog.testing import OUTAGES, FaultInjectingStore

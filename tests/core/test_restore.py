@@ -7,7 +7,7 @@ import random
 import pytest
 
 import statelog
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from tests.core.harness import Clock, Driver, Model, backend_timers, backend_view, register_all
 
 

@@ -12,7 +12,7 @@ import statelog
 import statelog.backend
 from materializer.build import materialize
 from statelog.changelog.reader import SegmentReader
-from statelog.keys import KeyGroupRange, key_group_range_for_subtask
+from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.eager import read_changes
 

@@ -16,7 +16,7 @@ from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
 from statelog.errors import CorruptionError, FormatVersionError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.store import open_store
 from statelog.types import PICKLE
 

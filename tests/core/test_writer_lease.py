@@ -250,7 +250,7 @@ def test_an_expired_writer_lease_fails_the_checkpoint(file_root: RootSpec) -> No
         b.set_current_key("k")
         b.get_state(COUNT).update(1)
         job.checkpoint()
-        lease = job._writer_lease
+        lease = job._lease.lease
         assert lease is not None
         lease._stop.set()  # the renewer stops, as in a process frozen longer than the ttl
         lease._thread.join()  # type: ignore[union-attr]

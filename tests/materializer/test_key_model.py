@@ -14,7 +14,8 @@ from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.changelog.reader import SegmentReader
 from statelog.errors import SerializationError
-from statelog.keys import decode_key, encode_key, key_group_of_bytes
+from statelog.keys.encoding import decode_key, encode_key
+from statelog.keys.groups import key_group_of_bytes
 
 V = ValueStateDescriptor("v", pa.int64())
 NS_V = ValueStateDescriptor("nv", pa.int64())

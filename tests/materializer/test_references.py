@@ -25,7 +25,7 @@ from materializer.savepoint import create_savepoint, list_savepoints
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint
 from statelog.checkpoint.metadata import CheckpointMetadata, MaterializedPart
 from statelog.errors import CorruptionError
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark.restore import read_state_changes

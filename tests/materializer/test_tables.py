@@ -7,7 +7,7 @@ tables of that checkpoint. The tests then
 
 * read the tables with plain ``pyarrow.parquet`` and with DuckDB (no statelog code on the
   reading side: the manifest is parsed as JSON, keys are compared as the canonical bytes of
-  ``statelog.keys.encode_key``) and compare them with the reference model;
+  ``statelog.keys.encoding.encode_key``) and compare them with the reference model;
 * check the layout: sort order ``(key_group, key, namespace)``, every row inside its file's
   key-group range, and the manifest's rows / bytes / CRC-32 against the objects;
 * check that an incremental materialization reuses the files of untouched key groups;
@@ -35,7 +35,8 @@ import pytest
 import statelog
 from materializer.build import materialize
 from statelog.errors import CorruptionError
-from statelog.keys import encode_key, key_group_of, key_group_of_bytes, subtask_for_key_group
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of, key_group_of_bytes, subtask_for_key_group
 from tests.core.harness import (
     DESCRIPTORS,
     Clock,
@@ -557,7 +558,7 @@ def test_row_groups_end_at_key_group_ends_and_a_reader_decodes_only_its_key_grou
     reads just the row groups holding those key groups."""
     import numpy as np
 
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.manifest import TableFile
     from statelog.materialization.table_reader import decode_table_file
     from statelog.materialization.table_schema import (
@@ -605,7 +606,7 @@ def test_key_slices_cut_a_large_key_group_and_decode_key_range_reads_only_its_ro
     namespaces span two row groups is found in both), and a file without statistics on
     ``key`` (written before them) is not sliced."""
 
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.key_slices import decode_key_range, key_slices
     from statelog.materialization.manifest import TableFile
     from statelog.materialization.table_schema import encode_parquet
@@ -663,7 +664,7 @@ def _ranged_fixture(tmp_path: Path) -> tuple[Any, Any, pa.Table, bytes]:
     """A table file of key groups 0..7 (2,000 rows each, row groups of at most 1,000 rows,
     but key group 6: 5,000 rows; random values: some 300 KB, beyond the first read of 64 KiB)
     in a file store, with its manifest entry."""
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.manifest import TableFile
     from statelog.materialization.table_schema import encode_parquet
     from statelog.store import open_store
@@ -689,7 +690,7 @@ def test_a_table_file_read_in_ranges_reads_its_footer_and_the_row_groups_needed(
     """RangedTableFile: a key group's rows from the footer and its own row groups (each
     verified against the manifest's checksums), equal to a read of the whole file; the
     manifest entry keeps the checksums through JSON, and entries without them still read."""
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.key_slices import decode_key_range, key_slices
     from statelog.materialization.manifest import TableFile
     from statelog.materialization.ranged import RangedTableFile
@@ -721,7 +722,7 @@ def test_a_table_file_read_in_ranges_reads_its_footer_and_the_row_groups_needed(
 
 
 def test_a_table_file_read_in_ranges_fails_on_the_corrupt_part_it_reads_naming_the_file(tmp_path) -> None:
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.ranged import RangedTableFile
     from statelog.materialization.table_reader import decode_table_file
     from statelog.materialization.table_schema import row_group_span
@@ -757,7 +758,7 @@ def test_a_table_file_read_in_ranges_decodes_from_several_threads_at_once(tmp_pa
     read cache of one reader is not shared between them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.key_slices import decode_key_range, key_slices
     from statelog.materialization.ranged import RangedTableFile
     from statelog.materialization.table_reader import decode_table_file

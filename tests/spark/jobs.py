@@ -33,7 +33,7 @@ from statelog import (
     TtlConfig,
     ValueStateDescriptor,
 )
-from statelog.keys import decode_key, encode_key
+from statelog.keys.encoding import decode_key, encode_key
 from statelog.spark.restore import FAR_PAST_MS
 
 MAXP = 16

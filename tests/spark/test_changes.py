@@ -21,7 +21,7 @@ from tests.spark.test_datasource import collect_all, reader
 
 def state_at(job: statelog.StateJob, cid: int, name: str) -> dict[Any, Any]:
     """The state with expiry, as the library restores it: (key bytes, ns bytes) -> entry."""
-    from statelog.keys import encode_key
+    from statelog.keys.encoding import encode_key
 
     meta = job.load_checkpoint(cid)
     op = meta.operators["op"]

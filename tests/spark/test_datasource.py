@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from statelog.keys import decode_key, encode_key
+from statelog.keys.encoding import decode_key, encode_key
 from statelog.spark.options import to_spark_options
 from tests.spark import jobs
 

@@ -124,7 +124,7 @@ def test_base_files_spanning_units_are_reused_alike(spark: Any, tmp_path: Path) 
 
 def test_group_units_keeps_consecutive_units_together() -> None:
     from materializer.spark import group_units
-    from statelog.keys import KeyGroupRange
+    from statelog.keys.groups import KeyGroupRange
     from statelog.materialization.table_writer import UnitWork
 
     def piece(lo: int, hi: int) -> UnitWork:

@@ -12,7 +12,7 @@ import pytest
 import statelog
 from statelog.checkpoint.catalog import load_savepoint
 from statelog.errors import CheckpointNotFoundError, ConfigError, StateNotFoundError
-from statelog.keys import key_group_range_for_subtask
+from statelog.keys.groups import key_group_range_for_subtask
 from statelog.layout import savepoint_manifest_key
 from statelog.materialization.manifest import load_manifest
 from statelog.spark.rescale.driver import restore
@@ -134,7 +134,7 @@ def test_a_job_resumes_from_the_rescaled_savepoint(spark: Any, written: jobs.Bui
         job.close()
     before = {r[:2]: r[2] for r in _restore_all(b.root, b.c3, "op", "count", 1)}
     after = {r[:2]: r[2] for r in _restore_all(b.root, meta.checkpoint_id, "op", "count", 2)}
-    from statelog.keys import encode_key
+    from statelog.keys.encoding import encode_key
 
     for key in ("user-1", "user-2", 5):
         k = (encode_key(key), encode_key(None))

@@ -11,7 +11,8 @@ import pytest
 import statelog
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import KeyGroupError, StatelogError
-from statelog.keys import encode_key, key_group_of_bytes
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of_bytes
 from statelog.state.context import NO_KEY, NO_KEY_INFO, KeyContext
 
 STATE_PACKAGE = Path(statelog.__file__).parent / "state"

@@ -121,7 +121,7 @@ def test_c_update_writes_the_canonical_key_bytes(tmp_path):
     block and after a restore."""
     from statelog.changelog import format as fmt
     from statelog.changelog.reader import SegmentReader
-    from statelog.keys import encode_key
+    from statelog.keys.encoding import encode_key
 
     if kinds._FORCE_PYTHON:
         pytest.skip("STATELOG_PURE_PYTHON=1: no C update (the Python closure is checked below)")
@@ -159,7 +159,7 @@ def test_keys_equal_in_python_write_one_key(tmp_path, monkeypatch, force_python)
     write their normalized bytes (those of the int), whichever type the key cache saw first."""
     from statelog.changelog import format as fmt
     from statelog.changelog.reader import SegmentReader
-    from statelog.keys import encode_key
+    from statelog.keys.encoding import encode_key
 
     monkeypatch.setattr(kinds, "_FORCE_PYTHON", force_python)
     job = statelog.open(tmp_path.as_uri())

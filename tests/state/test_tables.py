@@ -14,7 +14,8 @@ from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescript
 from statelog.backend import KeyedStateBackend
 from statelog.changelog.ops import Op
 from statelog.errors import SerializationError
-from statelog.keys import encode_key, key_group_of_bytes
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of_bytes
 from statelog.state.tables import MemoryWorkingSet, WorkingSet
 from statelog.state.tables.disk import DiskWorkingSet
 

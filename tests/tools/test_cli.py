@@ -29,7 +29,7 @@ from statelog import (
 from statelog.changelog import format as fmt
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import OperatorState
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.layout import checkpoint_key
 from tests.s3server import RootSpec, S3Server
 from tools.cli import main, parse_store_options

@@ -22,7 +22,7 @@ import pytest
 import statelog
 from materializer.build import materialize
 from materializer.savepoint import create_savepoint
-from statelog.keys import decode_key
+from statelog.keys.encoding import decode_key
 from statelog.spark.datasource import state_schema
 from statelog.spark.restore import stream_state
 from tests.s3server import RootSpec

@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from statelog.errors import StatelogError
 from statelog.job import StateJob
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from tools.sql.views import ViewPlan, open_job, plan_views, unknown_view
 
 _CONFIG = {

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from statelog.descriptors import StateInfo
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import TableFile
 from statelog.materialization.ranged import RangedTableFile
 from statelog.materialization.table_reader import decode_table_file, fetch_table_file

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from statelog.checkpoint.metadata import ChangelogRange
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.restore.changes import BaseFile
 from statelog.restore.collector import pause_gc_while_loading, resume_gc
 from statelog.restore.ondemand.background import BackgroundLoader

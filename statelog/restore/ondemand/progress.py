@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import threading
 
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.restore.ondemand.prepare import PreparedKeyGroup
 
 __all__ = ["KeyGroupState", "Progress"]

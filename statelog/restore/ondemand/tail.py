@@ -17,7 +17,7 @@ from typing import Any
 
 from statelog.changelog.reader import WHOLE_OBJECT_LIMIT, ChangeBatch, SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange
-from statelog.keys import KeyGroupRange
+from statelog.keys.groups import KeyGroupRange
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.store.base import ObjectStore
 

@@ -16,7 +16,7 @@ from typing import Any
 from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState, SubtaskStateHandle
 from statelog.descriptors import StateInfo
 from statelog.job import StateJob
-from statelog.keys import key_group_range_for_subtask
+from statelog.keys.groups import key_group_range_for_subtask
 from statelog.layout import new_materialization_id, savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import Manifest, MaterializedOperator, TableFile
 from statelog.spark.rescale.plan import RestoreTask

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from statelog.keys import decode_key
+from statelog.keys.encoding import decode_key
 from statelog.state.tables.base import (
     KeyInfo,
     KeySetter,

@@ -20,7 +20,7 @@ from typing import Any
 
 import rocksdict
 
-from statelog.keys import encode_key
+from statelog.keys.encoding import encode_key
 
 NONE_NSB = encode_key(None)  # the default namespace
 

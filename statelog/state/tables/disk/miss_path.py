@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from statelog import _ext
-from statelog.keys import key_group_of_bytes_py
+from statelog.keys.groups import key_group_of_bytes_py
 from statelog.state.tables.base import KeyInfo
 
 _MISSING: Any = object()

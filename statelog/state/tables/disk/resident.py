@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from statelog.keys import encode_key
+from statelog.keys.encoding import encode_key
 from statelog.state.tables.base import KeyInfo, KeySetter, unhashable_key
 from statelog.state.tables.disk import codec, miss_path
 from statelog.state.tables.disk.budget import EVICT_FRACTION, Budget, deep_size

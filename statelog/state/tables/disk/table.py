@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from statelog.keys import decode_key
+from statelog.keys.encoding import decode_key
 from statelog.state.tables.base import KeyInfo, StateTables, Table
 from statelog.state.tables.disk import codec
 from statelog.state.tables.disk.budget import EVICT_FRACTION, Budget, deep_size

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 from statelog.errors import StatelogError
-from statelog.keys import encode_key, key_group_of_bytes
+from statelog.keys.encoding import encode_key
+from statelog.keys.groups import key_group_of_bytes
 from statelog.state.tables.base import KeyInfo, KeySetter, WorkingSet
 from statelog.state.tables.disk import codec, miss_path
 from statelog.state.tables.disk.budget import Budget
