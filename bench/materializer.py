@@ -42,7 +42,7 @@ import pyarrow as pa
 
 import statelog
 from materializer.build import materialize
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.options import due
 from statelog import ValueStateDescriptor
 from statelog.backend import KeyedStateBackend

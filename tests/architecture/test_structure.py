@@ -26,8 +26,7 @@ KNOWN_LARGE = {
     "statelog/job.py:StateJob", "statelog/keys.py",
     "statelog/options.py", "statelog/spark/rescale.py",
     "statelog/state/kinds.py", "statelog/store/s3.py",
-    "statelog/store/s3.py:S3ObjectStore", "materializer/daemon.py", "materializer/daemon.py:MaterializerDaemon",
-    "materializer/gc.py", }
+    "statelog/store/s3.py:S3ObjectStore", }
 
 
 def _modules() -> list[Path]:

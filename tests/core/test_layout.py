@@ -16,8 +16,9 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.daemon import MaterializerDaemon
-from materializer.gc import category, collect_garbage
+from materializer.daemon.loop import MaterializerDaemon
+from materializer.gc.collect import collect_garbage
+from materializer.gc.report import category
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import layout

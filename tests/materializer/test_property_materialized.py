@@ -36,7 +36,7 @@ import statelog.changelog.encoder
 import statelog.materialization
 import statelog.materialization.table_schema
 from materializer.build import MaterializeOptions, materialize
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.savepoint import create_savepoint
 from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.layout import MANIFEST_PREFIX

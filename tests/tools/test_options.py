@@ -16,7 +16,7 @@ import pytest
 
 import statelog
 from materializer.background import start_background
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import options as opt
