@@ -43,7 +43,7 @@ import pyarrow as pa
 import statelog
 from bench.baselines.state_dump import decode_state_dump, encode_state_dump
 from materializer.build import materialize
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.options import due
 from statelog import ValueStateDescriptor
 from statelog.backend import KeyedStateBackend

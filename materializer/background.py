@@ -1,6 +1,6 @@
 """The materializer in a thread of this process: the embedded default (``docs/materializer.md``).
 
-:func:`start_background` runs a :class:`~materializer.daemon.MaterializerDaemon` loop in a
+:func:`start_background` runs a :class:`~materializer.daemon.loop.MaterializerDaemon` loop in a
 daemon thread of the current process, with its own handle on the job root
 (:func:`statelog.store.reopen_store`; a store that cannot be reopened, such as a fault
 injector, is shared), and returns a :class:`BackgroundMaterializer` to trigger, wait for and
@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from materializer.options import MaterializerOptions, default_owner
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.errors import ConfigError, FencedError, StatelogError

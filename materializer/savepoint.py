@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from materializer.build import MaterializeOptions, Materializer
-from materializer.gc import LiveSet, recent_manifests
+from materializer.gc.reachable import LiveSet, recent_manifests
 from statelog.checkpoint.catalog import (
     JobCatalog,
     load_savepoint,

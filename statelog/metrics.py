@@ -3,7 +3,7 @@
 :class:`MetricsServer` serves one ``prometheus_client`` registry as the Prometheus text
 format at ``/metrics`` (rendered by ``prometheus_client.generate_latest``) and a health
 probe at ``/healthz``: ``200`` with a small JSON object when healthy, ``503`` with the reason
-when not. The materializer daemon (``materializer/metrics.py``) and the runtime's job master
+when not. The materializer daemon (``materializer/daemon/metrics.py``) and the runtime's job master
 (``runtime/cluster/metrics.py``) each own a registry and a server on an opt-in port
 (``metrics_port``; ``0`` picks a free one). The server listens on ``127.0.0.1`` unless told
 otherwise, and serves nothing else; labels and health texts never carry credentials.

@@ -35,7 +35,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.store", "statelog.store.s3"): "minio only for s3:// roots",
     ("statelog.spark.tasks", "pyspark"): "the spark extra",
     ("materializer.spark", "statelog.spark"): "the spark extra: SparkEngine fails at construction without it",
-    ("materializer.daemon", "materializer.spark"): "the spark extra: engine='spark' only",
+    ("materializer.daemon.loop", "materializer.spark"): "the spark extra: engine='spark' only",
     ("tools.cli.materializer", "statelog.spark"): "the spark extra: --engine spark only",
     ("tools.cli.materializer", "materializer.spark"): "the spark extra: --engine spark only",
     ("runtime.cluster.spark", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",

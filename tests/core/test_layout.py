@@ -18,8 +18,9 @@ import pytest
 import statelog
 from bench.baselines.state_dump import write_state_dump
 from bench.baselines.state_dump_backend import StateDumpBackend
-from materializer.daemon import MaterializerDaemon
-from materializer.gc import category, collect_garbage
+from materializer.daemon.loop import MaterializerDaemon
+from materializer.gc.collect import collect_garbage
+from materializer.gc.report import category
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment
 from statelog import layout

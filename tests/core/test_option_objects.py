@@ -20,7 +20,7 @@ import pytest
 
 import statelog
 from materializer.background import start_background
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from materializer.options import MaterializerOptions
 from runtime import StreamExecutionEnvironment
 from statelog.changelog.format import BLOCK_CODECS, Codec

@@ -16,8 +16,8 @@ from __future__ import annotations
 import os
 import sys
 
-import materializer.daemon  # noqa: F401 - imported here, before READY
-import materializer.gc  # noqa: F401
+import materializer.daemon.loop  # noqa: F401 - imported here, before READY
+import materializer.gc.collect  # noqa: F401
 from tools.cli import main
 
 

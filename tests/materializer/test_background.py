@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import materializer
-import materializer.daemon
+import materializer.daemon.loop
 import statelog
 from materializer.background import BackgroundMaterializer, start_background
 from statelog import ValueStateDescriptor
@@ -33,7 +33,7 @@ def imported_modules(path: Path) -> set[str]:
 def test_no_materializer_module_imports_a_concrete_store() -> None:
     found = {
         f"{path.relative_to(REPO)}: {m}"
-        for path in sorted((REPO / "materializer").glob("*.py"))
+        for path in sorted((REPO / "materializer").rglob("*.py"))
         for m in imported_modules(path)
         if m.startswith(("statelog.store.local", "statelog.store.s3"))
     }
@@ -43,8 +43,8 @@ def test_no_materializer_module_imports_a_concrete_store() -> None:
 def test_the_background_mode_is_its_own_module() -> None:
     assert materializer.start_background is start_background
     assert materializer.BackgroundMaterializer is BackgroundMaterializer
-    assert not hasattr(materializer.daemon, "start_background")
-    assert not hasattr(materializer.daemon, "BackgroundMaterializer")
+    assert not hasattr(materializer.daemon.loop, "start_background")
+    assert not hasattr(materializer.daemon.loop, "BackgroundMaterializer")
 
 
 def test_the_background_loop_reopens_the_jobs_store_and_shares_a_wrapper(tmp_path: Path) -> None:

@@ -44,8 +44,8 @@ from typing import Any
 import pytest
 
 import statelog
-from materializer.daemon import MaterializerDaemon
-from materializer.gc import collect_garbage
+from materializer.daemon.loop import MaterializerDaemon
+from materializer.gc.collect import collect_garbage
 from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import DATA_PREFIX, MANIFEST_PREFIX, parse_manifest_key

@@ -24,7 +24,7 @@ import pytest
 import statelog
 from materializer.background import start_background
 from materializer.build import MaterializeOptions
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from materializer.lease import current_holder, generation_key
 from materializer.options import due
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor

@@ -1,4 +1,4 @@
-"""Garbage collection (materializer/gc.py, `statelog gc`) on file:// and on SeaweedFS.
+"""Garbage collection (materializer/gc/, `statelog gc`) on file:// and on SeaweedFS.
 
 Every test builds a real job (changelog segments, checkpoints, materializations adopted by the
 backends) and checks after GC that each retained checkpoint and savepoint still restores to
@@ -17,7 +17,7 @@ import pytest
 
 import statelog
 from materializer.build import MaterializeOptions, materialize
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import statelog
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from statelog import ValueStateDescriptor
 from statelog.errors import ConfigError
 from statelog.materialization.manifest import list_manifests

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from materializer.daemon import MaterializerDaemon
-from materializer.gc import collect_garbage
+from materializer.daemon.loop import MaterializerDaemon
+from materializer.gc.collect import collect_garbage
 from statelog import ValueStateDescriptor
 from statelog.errors import StatelogError, StorePermissionError, TransientStoreError
 from statelog.layout import checkpoint_key

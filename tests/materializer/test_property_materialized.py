@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 import statelog
 from materializer.build import MaterializeOptions, materialize
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.savepoint import create_savepoint
 from statelog.checkpoint.catalog import load_savepoint, savepoint_names
 from statelog.layout import MANIFEST_PREFIX

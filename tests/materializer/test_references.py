@@ -20,7 +20,7 @@ import pytest
 
 import statelog
 from materializer.build import materialize
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.savepoint import create_savepoint, list_savepoints
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint
 from statelog.checkpoint.metadata import CheckpointMetadata, MaterializedPart

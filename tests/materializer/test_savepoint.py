@@ -8,7 +8,7 @@ import time
 import pytest
 
 import statelog
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.savepoint import create_savepoint, delete_savepoint, list_savepoints
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, savepoint_names
 from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError

@@ -436,7 +436,7 @@ def test_inflight_objects_are_checksummed_versioned_and_redistributed(tmp_path: 
 
 def test_inflight_cleanup_and_the_materializer_gc(tmp_path: Path) -> None:
     import statelog
-    from materializer.gc import collect_garbage
+    from materializer.gc.collect import collect_garbage
     from runtime.network import inflight
 
     root = f"file://{tmp_path}/root"

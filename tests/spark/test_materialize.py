@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 
 import statelog
 from materializer.build import MaterializeOptions, materialize
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from materializer.spark import SparkEngine
 from statelog.materialization.manifest import Manifest, list_manifests, load_manifest
 from statelog.materialization.table_reader import read_table_file

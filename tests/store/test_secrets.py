@@ -102,7 +102,7 @@ def test_resolved_options_carry_the_environment_without_showing_it() -> None:
 def test_stores_jobs_and_daemons_on_s3_never_render_the_secret(s3_server: S3Server,
                                                                debug_logs: pytest.LogCaptureFixture) -> None:
     from materializer.background import start_background
-    from materializer.daemon import MaterializerDaemon
+    from materializer.daemon.loop import MaterializerDaemon
 
     secret = s3_server.secret_key
     root = f"s3://{s3_server.bucket}/secrets-{uuid.uuid4().hex}"

@@ -17,7 +17,7 @@ import pytest
 
 import statelog
 from materializer.background import start_background
-from materializer.daemon import MaterializerDaemon
+from materializer.daemon.loop import MaterializerDaemon
 from materializer.options import GC_GRACE, LEASE_TTL, MAX_TAIL_BYTES
 from materializer.savepoint import create_savepoint
 from runtime import StreamExecutionEnvironment

@@ -134,7 +134,7 @@ def test_daemon_with_engine_spark_without_pyspark_names_the_extra(tmp_path: Path
     statelog.open(tmp_path.as_uri()).close()
     out = _run(
         f"""
-        from materializer.daemon import MaterializerDaemon
+        from materializer.daemon.loop import MaterializerDaemon
         from statelog.errors import MissingDependencyError
         from statelog.store import open_store
         try:

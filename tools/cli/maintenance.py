@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from materializer.gc import collect_garbage
+from materializer.gc.collect import collect_garbage
 from materializer.options import GC_GRACE
 from materializer.savepoint import (
     create_savepoint,

@@ -1,6 +1,6 @@
 """``statelog materializer ...``: the materializer daemon (see ``docs/cli.md``, ``docs/materializer.md``).
 
-``materializer run ROOT`` runs :class:`materializer.daemon.MaterializerDaemon` in the
+``materializer run ROOT`` runs :class:`materializer.daemon.loop.MaterializerDaemon` in the
 foreground until SIGTERM or SIGINT (or for one cycle with ``--once``); it is the only
 command that writes to a job root (materializations, lease objects, garbage collection).
 ``materializer status ROOT`` shows the lease holder and the newest materialization.
@@ -22,7 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 
-from materializer.daemon import MaterializerDaemon, manifest_summary
+from materializer.daemon.loop import MaterializerDaemon
+from materializer.daemon.report import manifest_summary
 from materializer.lease import current_holder
 from materializer.options import ENGINE_SPARK, MaterializerOptions
 from statelog.checkpoint.catalog import JobCatalog

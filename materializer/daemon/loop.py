@@ -1,35 +1,19 @@
-"""The materializer daemon: materialize due checkpoints under a leader lease, then collect garbage.
+"""The materializer daemon's loop: cycles under the leader lease until stopped.
 
-One :class:`MaterializerDaemon` watches one job root. Every cycle (:meth:`~MaterializerDaemon.run_once`)
-
-1. makes sure it holds the leader lease (:class:`~materializer.lease.LeaderLease`): acquire
-   it if free, renew it when a third of its ttl has passed; a daemon that is not the holder
-   (a *standby*) does nothing else and tries again next cycle;
-2. loads the newest completed checkpoint and the newest published materialization and asks
-   the trigger policy :func:`due` whether the checkpoint must be materialized now: it is
-   newer than the materialization and its changelog tail (the bytes after its base) reached
-   ``max_tail_bytes``, or ``interval_s`` passed since the last materialization, or there is
-   no materialization yet (or the cycle is forced);
-3. materializes it (:class:`~materializer.build.Materializer`) with the lease generation
-   as fencing token. While it runs, a keeper thread renews the lease; right before the
-   manifest is written the lease is checked again (``before_publish``) with a margin that
-   covers the write, so a daemon whose lease expired or was taken over never publishes;
-4. runs garbage collection (:func:`materializer.gc.collect_garbage`) after a publication and
-   otherwise every ``gc_interval_s``, while it still holds the lease.
-
-:meth:`~MaterializerDaemon.run` loops over cycles until stopped (sleeping in short steps so a
-stop request is served promptly, also in the middle of a materialization, which is then
-abandoned: its files are unreachable leftovers that GC removes after the grace period) and
-releases the lease on the way out, so a standby takes over at once.
-
-:mod:`materializer.background` runs the same loop in a daemon thread of the current process
-(``start_background``): the embedded default for single-process jobs, examples and tests.
-See ``docs/materializer.md``.
+:class:`MaterializerDaemon` watches one job root. Each cycle (:meth:`~MaterializerDaemon.run_once`,
+the steps in :mod:`materializer.daemon`) holds the lease (:mod:`~materializer.daemon.fencing`),
+materializes a due checkpoint (:mod:`~materializer.daemon.publish`) and collects garbage when
+it is due (:mod:`~materializer.daemon.gc_schedule`). :meth:`~MaterializerDaemon.run` loops
+over cycles until stopped (sleeping in short steps so a stop request is served promptly, also
+in the middle of a materialization, which is then abandoned: its files are unreachable
+leftovers that GC removes after the grace period), serves forced cycles
+(:meth:`~MaterializerDaemon.request_cycle`), retries failed ones with backoff, ends with the
+:class:`~statelog.errors.FencedError` of a lost lease, and releases the lease on the way out,
+so a standby takes over at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
@@ -37,29 +21,21 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from materializer.build import MaterializeOptions, Materializer, TableEngine
-from materializer.gc import collect_garbage
-from materializer.lease import LeaderLease, LeaseKeeper, current_holder
-from materializer.metrics import DaemonMetrics
-from materializer.options import (
-    ENGINE_SPARK,
-    REASON_FORCED,
-    MaterializerOptions,
-    default_owner,
-    due,
-)
+from materializer.build import MaterializeOptions, TableEngine
+from materializer.daemon.fencing import LeaseHolding
+from materializer.daemon.gc_schedule import GcSchedule
+from materializer.daemon.metrics import DaemonMetrics
+from materializer.daemon.publish import Progress, Publisher, Stopped
+from materializer.lease import LeaderLease
+from materializer.options import ENGINE_SPARK, MaterializerOptions, default_owner
 from statelog.checkpoint.catalog import JobCatalog
-from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import (
     AuthenticationError,
     BucketNotFoundError,
-    CheckpointNotFoundError,
     FencedError,
-    LeaseLostError,
     StatelogError,
     StorePermissionError,
 )
-from statelog.materialization.manifest import Manifest, latest_manifest_key, load_manifest
 from statelog.metrics import MetricsServer
 from statelog.store.base import ObjectStore
 
@@ -69,45 +45,34 @@ log = logging.getLogger(__name__)
 # looping; transient ones (timeouts, 5xx, resets) are retried with backoff
 FATAL_ERRORS = (StorePermissionError, AuthenticationError, BucketNotFoundError)
 
-Progress = Callable[[str, int, int], None]  # (what, done, total), as in materializer.build
-
 _STEP_S = 0.05  # sleeping granularity: how promptly a stop or trigger is noticed
 _MAX_BACKOFF_S = 60.0
 
 
-class _Stopped(Exception):
-    """Raised from the progress hook to abandon a materialization when a stop is requested."""
+class _OnceLimit:
+    """How long ``run(once=True)`` keeps trying while another daemon holds the lease: about one
+    lease ttl (an abandoned lease is taken over after one ttl, the *holder's*), but no longer
+    once it sees the holder renew."""
 
+    def __init__(self, lease: LeaderLease) -> None:
+        self.lease = lease
+        self.started = time.monotonic()
+        self.give_up = self.started + lease.ttl_s + lease.renew_interval_s
+        self.first_holder: tuple[Any, ...] | None = None
 
-def _report_json(report: Any) -> Any:
-    """A GC report as plain data (``to_json()``, a dataclass, or its attributes)."""
-    if report is None:
-        return None
-    if hasattr(report, "to_json"):
-        return report.to_json()
-    if dataclasses.is_dataclass(report) and not isinstance(report, type):
-        return dataclasses.asdict(report)
-    if isinstance(report, dict):
-        return report
-    return {k: v for k, v in vars(report).items() if not k.startswith("_")}
-
-
-def manifest_summary(m: Manifest, now: float | None = None) -> dict[str, Any]:
-    """The JSON view of a materialization used by the daemon's summaries and ``status``."""
-    now = time.time() if now is None else now
-    return {
-        "manifest": m.key,
-        "id": m.mid,
-        "checkpoint_id": m.checkpoint_id,
-        "lease_generation": m.lease_generation,
-        "created_ms": m.created_ms,
-        "age_s": round(max(0.0, now - m.created_ms / 1000), 3),
-        "rows": m.rows,
-        "bytes": m.bytes,
-        "files": sum(len(fs) for op in m.operators.values() for fs in op.files.values()),
-        "operators": sorted(m.operators),
-        "stats": dict(m.stats),
-    }
+    def done(self, last: dict[str, Any]) -> bool:
+        if last["leader"] or last["action"] == "fenced":
+            return True
+        holder = last.get("holder") or {}
+        state = (holder.get("generation"), holder.get("renewals"), holder.get("released"))
+        if self.first_holder is None:
+            self.first_holder = state
+            # taking over an abandoned lease takes the *holder's* ttl, not ours
+            holder_ttl = (holder.get("ttl_ms") or 0) / 1000.0
+            self.give_up = max(self.give_up, self.started + holder_ttl + self.lease.renew_interval_s)
+            return False
+        # the holder is alive (it renewed) or we waited long enough
+        return state != self.first_holder or time.monotonic() >= self.give_up
 
 
 class MaterializerDaemon:
@@ -166,10 +131,10 @@ class MaterializerDaemon:
         self.lease = LeaderLease(store, self.owner, settings.lease_ttl_s, clock=lease_clock)
         # the fencing margin: the lease must stay valid this long after the check (the publish)
         self.publish_margin_s = self.lease.ttl_s / 6
-        self._manifests: dict[str, Manifest] = {}
-        self._published: dict[str, float] = {}  # manifest key -> clock() when this daemon published it
-        self._last_gc_at: float | None = None
-        self._holder_logged: tuple[Any, ...] | None = None
+        self.holding = LeaseHolding(store, self.lease, self.owner)
+        self.publisher = Publisher(store, self.catalog, self.lease, clock, self._emit, self._stopping,
+                                   self.publish_margin_s)  # fmt: skip
+        self.gc = GcSchedule(store, self.lease, clock, self._emit, self.publish_margin_s)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._cond = threading.Condition()
@@ -183,13 +148,16 @@ class MaterializerDaemon:
         self.last_summary: dict[str, Any] | None = None
         self.last_error: BaseException | None = None
         self.cycles = 0
-        self._held: int | None = None  # the lease generation this daemon held last
-        self.published = 0
         self.metrics = DaemonMetrics(self)  # served by run() when metrics_port is set
         self.metrics_server: MetricsServer | None = None
 
     def __repr__(self) -> str:
         return f"MaterializerDaemon({self.store.url!r}, owner={self.owner!r}, generation={self.lease.generation})"
+
+    @property
+    def published(self) -> int:
+        """Materializations this daemon published."""
+        return self.publisher.published
 
     # -- one cycle ----------------------------------------------------------------------------
 
@@ -200,41 +168,13 @@ class MaterializerDaemon:
     def _stopping(self) -> bool:
         return any(e.is_set() for e in self._stop_events)
 
-    def _ensure_lease(self) -> bool:
-        """Hold the lease: acquire it if free, renew it once a third of its ttl has passed."""
-        lease = self.lease
-        if lease.generation is not None:
-            if lease.remaining_s() > lease.ttl_s - lease.renew_interval_s:
-                return True  # renewed recently; the fencing check before publishing lists again
-            if lease.try_acquire():  # held: this renews
-                return True
-        if self._held is not None and lease.generation is None and lease.lost_reason != "released":
-            return False  # lost after holding it: final for run() (see lost_error)
-        return lease.try_acquire()
-
     def lost_error(self) -> FencedError | None:
         """The error that ends :meth:`run` for good once this daemon lost a lease it held
         (expired in a stall longer than the ttl, or taken over), else ``None``."""
-        lease = self.lease
-        if self._held is None or lease.generation is not None or lease.lost_reason in (None, "released"):
-            return None
-        holder = None
-        with contextlib.suppress(StatelogError):
-            holder = current_holder(self.store)
-        if holder is not None and holder["generation"] != self._held:
-            now = (f"the lease is now held by {holder['owner']!r} (host {holder['host']}, pid "
-                   f"{holder['pid']}, generation {holder['generation']})")  # fmt: skip
-        else:
-            now = "no other daemon holds it yet"
-        return FencedError(
-            f"materializer {self.owner} lost the materializer lease of {self.store.url} "
-            f"(generation {self._held}): {lease.lost_reason}; {now}. It stops for good and "
-            "publishes nothing more; restart it if it should take the root again (it then "
-            "waits as a standby while another daemon holds the lease)"
-        )
+        return self.holding.lost_error()
 
     def run_once(self, force: bool = False) -> dict[str, Any]:
-        """One cycle (see the module docstring); returns its summary as plain data.
+        """One cycle (see :mod:`materializer.daemon`); returns its summary as plain data.
 
         Keys: ``owner``, ``leader``, ``generation`` (the held one, or ``None``), ``holder``
         (standby only: the lease holder as :func:`~materializer.lease.current_holder`
@@ -269,139 +209,19 @@ class MaterializerDaemon:
 
     def _cycle(self, summary: dict[str, Any], force: bool) -> None:
         self._emit("lease")
-        if not self._ensure_lease():
-            summary["reason"] = self.lease.lost_reason or "the lease is held by another daemon"
-            with contextlib.suppress(StatelogError):
-                summary["holder"] = current_holder(self.store)
-            self._log_standby(summary["holder"])
+        if not self.holding.ensure():
+            self.holding.standby(summary)
             return
-        generation = self.lease.generation
-        self._held = generation
+        generation = self.holding.lead()
         summary.update(leader=True, generation=generation, action="none")
-        self._holder_logged = None
-        self._emit("checking for a due checkpoint")
-        meta = self._latest_checkpoint()
-        key = latest_manifest_key(self.store)
-        manifest = load_manifest(self.store, key, self._manifests) if key else None
-        now = self.clock()
-        if meta is not None:
-            summary["latest_checkpoint"] = {"id": meta.checkpoint_id, "tail_bytes": meta.changelog_bytes,
-                                            "timestamp_ms": meta.timestamp_ms}
-        if manifest is not None:
-            summary["latest_materialization"] = manifest_summary(manifest, now)
-        reason = due(meta, manifest, now, self._published.get(key or ""), self.interval_s, self.max_tail_bytes)
-        if reason is None and force and meta is not None and (
-            manifest is None or meta.checkpoint_id > manifest.checkpoint_id
-        ):
-            reason = REASON_FORCED
+        meta, reason = self.publisher.plan(summary, force, self.interval_s, self.max_tail_bytes)
         published = False
-        if reason is None:
-            summary["reason"] = self._why_not(meta, manifest)
-            log.debug("nothing to materialize: %s", summary["reason"])
-        else:
+        if reason is not None:
             assert meta is not None
-            summary["reason"] = reason
-            published = self._materialize(meta, generation, reason, summary)
-        gc_due = published or self._last_gc_at is None or self.clock() - self._last_gc_at >= self.gc_interval_s
+            published = self.publisher.publish(meta, generation, reason, summary, self.layout, self.engine)
+        gc_due = self.gc.due(published, self.gc_interval_s)
         if self.run_gc and summary["action"] != "fenced" and gc_due:
-            summary["gc"] = self._gc()
-
-    def _latest_checkpoint(self) -> CheckpointMetadata | None:
-        try:
-            return self.catalog.latest()
-        except CheckpointNotFoundError:  # removed by retention between listing and loading
-            return self.catalog.latest()
-
-    def _why_not(self, meta: CheckpointMetadata | None, manifest: Manifest | None) -> str:
-        if meta is None:
-            return "no checkpoint yet"
-        if manifest is not None and meta.checkpoint_id <= manifest.checkpoint_id:
-            return f"checkpoint {meta.checkpoint_id} is materialized already"
-        if meta.changelog_bytes <= 0:
-            return f"checkpoint {meta.checkpoint_id} has no changelog tail"
-        return (
-            f"checkpoint {meta.checkpoint_id} is not due yet (tail {meta.changelog_bytes} bytes "
-            f"< {self.max_tail_bytes}, interval {self.interval_s:g}s not elapsed)"
-        )
-
-    def _log_standby(self, holder: dict[str, Any] | None) -> None:
-        seen = (holder or {}).get("generation"), (holder or {}).get("owner"), (holder or {}).get("released")
-        if seen == self._holder_logged:
-            log.debug("standby: lease generation %s held by %s", seen[0], seen[1])
-            return
-        self._holder_logged = seen
-        if holder is None:
-            log.info("standby: could not acquire the lease of %s", self.store.url)
-        else:
-            log.info(
-                "standby: lease generation %d of %s is held by %s%s; waiting to take over",
-                holder["generation"], self.store.url, holder["owner"],
-                " (released)" if holder["released"] else "",
-            )
-
-    def _materialize(self, meta: CheckpointMetadata, generation: int, reason: str, summary: dict[str, Any]) -> bool:
-        log.info(
-            "materializing checkpoint %d (%s; changelog tail %d bytes) with lease generation %d",
-            meta.checkpoint_id, reason, meta.changelog_bytes, generation,
-        )
-        self._emit(f"materializing checkpoint {meta.checkpoint_id}")
-        with LeaseKeeper(self.lease) as keeper:
-
-            def progress(what: str, done: int, total: int) -> None:
-                if self._stopping():
-                    raise _Stopped()
-                if keeper.lost.is_set():
-                    raise LeaseLostError(f"lease generation {generation} was lost: {self.lease.lost_reason}")
-                self._emit(f"checkpoint {meta.checkpoint_id}: {what}", done, total)
-
-            def fence() -> None:
-                self.lease.ensure_valid(self.publish_margin_s)
-
-            materializer = Materializer(self.store, self.layout, progress, self.engine)
-            materializer._manifests = self._manifests  # share the parsed-manifest cache
-            try:
-                manifest = materializer.materialize(meta, lease_generation=generation, before_publish=fence)
-            except LeaseLostError as exc:
-                log.warning(
-                    "not publishing the materialization of checkpoint %d: %s", meta.checkpoint_id, exc
-                )
-                summary.update(action="fenced", leader=False, reason=str(exc))
-                return False
-        now = self.clock()
-        self._published[manifest.key] = now
-        self.published += 1
-        summary.update(action="materialized", materialization=manifest_summary(manifest, now))
-        self._emit(f"published {manifest.mid}")
-        return True
-
-    def _gc(self) -> dict[str, Any] | None:
-        self._last_gc_at = self.clock()
-        if not self.lease.is_valid(self.publish_margin_s):
-            log.warning("not collecting garbage: the lease is no longer valid")
-            return None
-        self._emit("collecting garbage")
-        try:
-            with LeaseKeeper(self.lease):
-                report = collect_garbage(
-                    self.store,
-                    retain_checkpoints=self.retain_checkpoints,
-                    grace_s=self.gc_grace_s,
-                    now=self.clock(),
-                )
-            out = _report_json(report)
-            if isinstance(out, dict):
-                log.info(
-                    "garbage collection: %s object(s) of %s bytes deleted, checkpoints deleted %s, "
-                    "%d error(s)",
-                    out.get("objects_deleted"), out.get("bytes_deleted"), out.get("checkpoints_deleted"),
-                    len(out.get("errors") or ()),
-                )
-        except StatelogError as exc:
-            log.warning("garbage collection failed (retried next time): %s", exc)
-            out = {"error": f"{type(exc).__name__}: {exc}"}
-        with contextlib.suppress(StatelogError):
-            self.lease.prune()
-        return out
+            summary["gc"] = self.gc.collect(self.retain_checkpoints, self.gc_grace_s)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -465,9 +285,7 @@ class MaterializerDaemon:
             self.metrics_server = MetricsServer(
                 self.metrics.registry, self.health, self.settings.metrics_host, self.settings.metrics_port
             )
-        started = time.monotonic()
-        give_up = started + self.lease.ttl_s + self.lease.renew_interval_s
-        first_holder: tuple[Any, ...] | None = None
+        limit = _OnceLimit(self.lease)
         try:
             while not self._stopping():
                 with self._cond:  # the requests up to this ticket are served by this (forced) cycle
@@ -482,7 +300,7 @@ class MaterializerDaemon:
                     self.metrics.observe_cycle(last)
                     if self.on_cycle is not None:
                         self.on_cycle(last)
-                except _Stopped:
+                except Stopped:
                     log.info("stop requested: abandoned the running materialization")
                     break
                 except Exception as exc:
@@ -508,17 +326,8 @@ class MaterializerDaemon:
                     raise lost
                 if once:
                     assert last is not None
-                    if last["leader"] or last["action"] == "fenced":
+                    if limit.done(last):
                         return last
-                    holder = last.get("holder") or {}
-                    state = (holder.get("generation"), holder.get("renewals"), holder.get("released"))
-                    if first_holder is None:
-                        first_holder = state
-                        # taking over an abandoned lease takes the *holder's* ttl, not ours
-                        holder_ttl = (holder.get("ttl_ms") or 0) / 1000.0
-                        give_up = max(give_up, started + holder_ttl + self.lease.renew_interval_s)
-                    elif state != first_holder or time.monotonic() >= give_up:
-                        return last  # the holder is alive (it renewed) or we waited long enough
                 if failures:
                     self._sleep(min(_MAX_BACKOFF_S, self.poll_s * 2 ** min(failures, 10)))
                 else:
@@ -549,9 +358,4 @@ class MaterializerDaemon:
 
     def release(self) -> None:
         """Give the lease up (on clean shutdown) so that a standby takes over at once."""
-        if self.lease.generation is None:
-            return
-        try:
-            self.lease.release()
-        except StatelogError as exc:
-            log.warning("could not release the lease (it expires after its ttl): %s", exc)
+        self.holding.release()
