@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from statelog import options as opt
-from statelog.backend import KeyedStateBackend, PendingSnapshot
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.checkpoint.metadata import (
@@ -53,6 +52,8 @@ from statelog.restore.eager import read_restored
 from statelog.restore.ondemand.loader import KeyGroupLoader
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.plan import plan_restored, resolve_checkpoint
+from statelog.state.backend import KeyedStateBackend
+from statelog.state.snapshot import PendingSnapshot
 from statelog.state.tables.disk import DiskWorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore

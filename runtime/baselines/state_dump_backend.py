@@ -18,9 +18,9 @@ without restarts and refuses ``restore=``.
 
 from __future__ import annotations
 
-from statelog.backend import KeyedStateBackend
 from statelog.errors import CheckpointAbortedError
 from statelog.layout import parse_state_dump_key, state_dump_dir, state_dump_key
+from statelog.state.backend import KeyedStateBackend
 from statelog.state_dump import CapturedState, encode_captured
 from statelog.store.base import ObjectStore
 

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statelog.backend import KeyedStateBackend
 from statelog.changelog.ops import Op
 from statelog.errors import SerializationError
 from statelog.keys import encode_key, key_group_of_bytes
+from statelog.state.backend import KeyedStateBackend
 from statelog.state.tables import MemoryWorkingSet, WorkingSet
 from statelog.state.tables.disk import DiskWorkingSet
 
