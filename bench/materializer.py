@@ -46,12 +46,12 @@ from materializer.build import materialize
 from materializer.gc.collect import collect_garbage
 from materializer.options import due
 from statelog import ValueStateDescriptor
-from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import bench_state_dump_key
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.collector import gc_paused
+from statelog.state.backend import KeyedStateBackend
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 RESTORE_PAIRS = 5  # restore pairs per round

@@ -17,7 +17,6 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from materializer.options import MaterializerOptions
 from runtime.errors import JobGraphError
-from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.errors import ConfigError
 from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
@@ -33,6 +32,7 @@ from statelog.options.engine import (
     check_state_store,
 )
 from statelog.options.values import DAY, MS, Count, Duration, Size, non_empty_name
+from statelog.state.backend import KeyedStateBackend
 from statelog.store.base import ObjectStore
 from statelog.store.options import StoreOptions
 

@@ -7,7 +7,6 @@ from it and declare state with the descriptors exported here.
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
-from statelog.backend import KeyedStateBackend, PendingSnapshot
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.descriptors import (
     AggregateFunction,
@@ -29,6 +28,8 @@ from statelog.keys.groups import (
     key_group_range_for_subtask,
     subtask_for_key_group,
 )
+from statelog.state.backend import KeyedStateBackend
+from statelog.state.snapshot import PendingSnapshot
 from statelog.types import PICKLE
 
 open = open_job  # noqa: A001 - the natural name: statelog.open(root)

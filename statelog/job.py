@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from statelog.backend import KeyedStateBackend
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
@@ -47,6 +46,7 @@ from statelog.restore.ondemand.loader import KeyGroupLoader
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.plan import plan_restored, resolve_checkpoint
 from statelog.restore.start import check_fresh_start, start_restore
+from statelog.state.backend import KeyedStateBackend
 from statelog.state.tables.disk import DiskWorkingSet
 from statelog.store import open_store
 from statelog.store.base import ObjectStore

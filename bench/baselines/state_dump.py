@@ -23,12 +23,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statelog.backend import KeyedStateBackend
 from statelog.descriptors import StateKind
 from statelog.errors import CorruptionError, StatelogError
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of_bytes
-from statelog.state.kinds import _MISSING
+from statelog.state.backend import KeyedStateBackend
+from statelog.state.keyed import _MISSING
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, arrow_type, to_arrow
 

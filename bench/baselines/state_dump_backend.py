@@ -18,9 +18,9 @@ has no timers and no TTL). A job with this backend runs without restarts and ref
 from __future__ import annotations
 
 from bench.baselines.state_dump import CapturedState, encode_captured
-from statelog.backend import KeyedStateBackend
 from statelog.errors import CheckpointAbortedError
 from statelog.layout import parse_state_dump_key, state_dump_dir, state_dump_key
+from statelog.state.backend import KeyedStateBackend
 from statelog.store.base import ObjectStore
 
 

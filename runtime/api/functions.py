@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from statelog.backend import KeyedStateBackend
     from statelog.descriptors import StateDescriptor
+    from statelog.state.backend import KeyedStateBackend
 
 MIN_WATERMARK = -(2**63)  # before any event (Flink's Long.MIN_VALUE)
 MAX_WATERMARK = 2**63 - 1  # end of a bounded input

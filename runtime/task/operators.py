@@ -23,7 +23,8 @@ from runtime.api.functions import (
 )
 
 if TYPE_CHECKING:
-    from statelog.backend import KeyedStateBackend, PendingSnapshot
+    from statelog.state.backend import KeyedStateBackend
+    from statelog.state.snapshot import PendingSnapshot
 
 KeySelector = Callable[[Any], Any]
 

@@ -34,9 +34,9 @@ from runtime.network.server import ChannelServer
 from runtime.task.host import TaskHost
 from runtime.task.operators import ChainedOutput, StreamOperator
 from runtime.task.task import Task
-from statelog.backend import KeyedStateBackend
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.job import StateJob
+from statelog.state.backend import KeyedStateBackend
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from runtime.network.server import ChannelServer
 from runtime.task.task import Task
 from runtime.worker.deploy import build_tasks
 from runtime.worker.lease_grant import LeaseGrant
-from statelog.backend import PendingSnapshot
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.job import StateJob
+from statelog.state.snapshot import PendingSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from statelog.backend import KeyedStateBackend, PendingSnapshot
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import (
@@ -25,6 +24,8 @@ from statelog.checkpoint.metadata import (
 )
 from statelog.checkpoint.root_lease import RootLease
 from statelog.errors import StatelogError
+from statelog.state.backend import KeyedStateBackend
+from statelog.state.snapshot import PendingSnapshot
 
 log = logging.getLogger(__name__)
 

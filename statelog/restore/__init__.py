@@ -8,9 +8,10 @@
 * ``ondemand/``: key groups loaded when first touched and in the background;
 * ``changes.py``: what a restore read (``RestoredChanges``) and a state table's entries;
 * ``appliers.py``: what each change operation does, per state kind (also the materializer's);
+* ``install.py``: what these read, installed into the states' tables of a backend
+  (:mod:`statelog.state.backend`);
 * ``collector.py``: the cyclic garbage collector paused while state is built.
 
-The backend (:mod:`statelog.backend`) installs what these read into its states' tables.
 This package imports none of its modules here: the state kinds import ``appliers.py``, and
 the rest imports the state kinds.
 """

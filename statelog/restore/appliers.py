@@ -2,7 +2,7 @@
 
 After Flink's ``*StateChangeApplier``: the meaning of every :class:`~statelog.changelog.ops.Op`
 for a state kind is written here once, and both readers of the changelog use it: the
-backend's restore (:meth:`statelog.state.kinds.KeyedState.apply_many`,
+backend's restore (:meth:`statelog.state.keyed.KeyedState.apply_many`,
 :meth:`statelog.state.timers.TimerService.apply`) and the materializer (list and map
 states; its Arrow merge of value-like states and timers is an optimisation tested against
 these appliers, ``tests/core/test_table_merge.py``).

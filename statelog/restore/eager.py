@@ -4,7 +4,7 @@
 groups of the restoring subtask (:func:`read_changes`): the materialized base tables
 (manifests verified against their references and the job; table files fetched and decoded by
 a thread pool) and the changelog tail after them, grouped per state in replay order. The
-backend (:class:`statelog.backend.KeyedStateBackend`) turns them into state when a state
+backend (:class:`statelog.state.backend.KeyedStateBackend`) turns them into state when a state
 registers (:func:`~statelog.restore.changes.base_entries` for the base tables, then the
 records through the kind's applier) and the timers at once (:func:`restore_timers`), with
 the cyclic garbage collector paused.

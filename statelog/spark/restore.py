@@ -4,7 +4,7 @@ The data source and the tools restore through the library: the checkpoint's hand
 overlap the range, their materialized parts (only the state's table files, only the
 overlapping row groups) and their changelog ranges of that state, read with
 :func:`statelog.restore.eager.read_changes` and replayed by a
-:class:`~statelog.backend.KeyedStateBackend` without changelog. Only the requested state is
+:class:`~statelog.state.backend.KeyedStateBackend` without changelog. Only the requested state is
 read: each changelog range holds the records of one state (its stream id ends with
 ``/<state name>``, docs/format.md 4.7) and each table file holds one state.
 """
@@ -15,7 +15,6 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from statelog.backend import KeyedStateBackend
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
@@ -35,6 +34,7 @@ from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.eager import read_changes
+from statelog.state.backend import KeyedStateBackend
 from statelog.store.base import ObjectStore
 
 # The clock of restoring backends: far in the past, so that no entry is hidden as expired.

@@ -1,10 +1,10 @@
 """The key context: what the states and timers of one keyed backend know of the current key.
 
 After Flink's ``InternalKeyContext``. A :class:`KeyedStateBackend
-<statelog.backend.KeyedStateBackend>` owns one :class:`KeyContext` and hands it to each of
-its states and to its timer service instead of itself, so the state layer depends on this
-small documented object, never on the backend's fields (and :mod:`statelog.state` does not
-import :mod:`statelog.backend`).
+<statelog.state.backend.KeyedStateBackend>` owns one :class:`KeyContext` and hands it to each of
+its states and to its timer service instead of itself, so the states and timers depend on
+this small documented object, never on the backend's fields (and their modules do not
+import :mod:`statelog.state.backend`).
 
 Only the backend writes the current key: its ``set_current_key`` encodes the key (cached),
 checks its key group and then stores ``key`` and ``key_info`` here, once per record. The

@@ -19,11 +19,6 @@ PACKAGES = ("statelog", "materializer", "runtime", "tools")
 MODULE_LINES = 400
 CLASS_LINES = 300
 HEAD_LINES = 40  # where a module's "# size:" reason must be
-# modules and classes still over the limits, to be split: this list only shrinks (an entry
-# whose module or class is small again fails the test until it is removed)
-KNOWN_LARGE = {
-    "statelog/backend.py", "statelog/backend.py:KeyedStateBackend",
-    "statelog/state/kinds.py", }
 
 
 def _modules() -> list[Path]:
@@ -40,9 +35,7 @@ def test_modules_are_small_or_say_why() -> None:
         lines = path.read_text().splitlines()
         if len(lines) > MODULE_LINES and not any(ln.startswith("# size:") for ln in lines[:HEAD_LINES]):
             big.append(_rel(path))
-    assert set(big) <= KNOWN_LARGE, f"modules over {MODULE_LINES} lines without a '# size:' reason at the top: {sorted(set(big) - KNOWN_LARGE)}"
-    gone = {k for k in KNOWN_LARGE if ":" not in k} - set(big)
-    assert not gone, f"no longer over the limit (or gone): remove from KNOWN_LARGE: {sorted(gone)}"
+    assert big == [], f"modules over {MODULE_LINES} lines without a '# size:' reason at the top: {big}"
 
 
 def test_classes_are_small_or_say_why() -> None:
@@ -54,9 +47,7 @@ def test_classes_are_small_or_say_why() -> None:
                 doc = ast.get_docstring(node) or ""
                 if n > CLASS_LINES and not any(ln.startswith("Size:") for ln in doc.splitlines()):
                     big.append(f"{_rel(path)}:{node.name}")
-    assert set(big) <= KNOWN_LARGE, f"classes over {CLASS_LINES} lines without a 'Size:' line in the docstring: {sorted(set(big) - KNOWN_LARGE)}"
-    gone = {k for k in KNOWN_LARGE if ":" in k} - set(big)
-    assert not gone, f"no longer over the limit (or gone): remove from KNOWN_LARGE: {sorted(gone)}"
+    assert big == [], f"classes over {CLASS_LINES} lines without a 'Size:' line in the docstring: {big}"
 
 
 def _is_exception(node: ast.ClassDef) -> bool:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import statelog
-import statelog.backend
+import statelog.state.backend
 from materializer.build import materialize
 from statelog.changelog.reader import SegmentReader
 from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_the_backend_reads_no_handle_itself() -> None:
     assert RestoredChanges.__module__ == "statelog.restore.changes"
     assert base_entries.__module__ == "statelog.restore.changes"
-    tree = ast.parse((REPO / "statelog" / "backend.py").read_text())
+    tree = ast.parse((REPO / "statelog" / "state" / "backend.py").read_text())
     defined = {n.name for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef)}
     assert not defined & {"RestoredChanges", "base_entries", "gc_paused"}
     imported = {f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}

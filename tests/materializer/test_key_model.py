@@ -147,11 +147,11 @@ def _v1_encode(real: Any) -> Any:
 
 
 def test_a_job_cannot_continue_from_version_1_keys_but_readers_read_them(tmp_path, monkeypatch):
-    import statelog.backend
+    import statelog.state.backend
 
     root = tmp_path.as_uri()
     with monkeypatch.context() as mp:
-        mp.setattr(statelog.backend, "encode_key", _v1_encode(encode_key))
+        mp.setattr(statelog.state.backend, "encode_key", _v1_encode(encode_key))
         job = statelog.open(root)
         b = job.backend("op")
         st = b.get_state(V)
@@ -176,11 +176,11 @@ def test_a_job_cannot_continue_from_version_1_keys_but_readers_read_them(tmp_pat
 
 
 def test_version_1_namespaces_are_refused_for_a_writing_restore(tmp_path, monkeypatch):
-    import statelog.state.kinds
+    import statelog.state.keyed
 
     root = tmp_path.as_uri()
     with monkeypatch.context() as mp:
-        mp.setattr(statelog.state.kinds, "encode_key", _v1_encode(encode_key))
+        mp.setattr(statelog.state.keyed, "encode_key", _v1_encode(encode_key))
         job = statelog.open(root)
         b = job.backend("op")
         st = b.get_state(NS_V)

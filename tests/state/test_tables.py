@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
-from statelog.backend import KeyedStateBackend
 from statelog.changelog.ops import Op
 from statelog.errors import SerializationError
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of_bytes
+from statelog.state.backend import KeyedStateBackend
 from statelog.state.tables import MemoryWorkingSet, WorkingSet
 from statelog.state.tables.disk import DiskWorkingSet
 

@@ -14,7 +14,7 @@ pass a timer). Everything else is loaded per key group by a
 * only the task thread writes the states' tables: it installs what the background thread
   prepared whenever it passes a key it has not seen yet and at every snapshot;
 * a task thread that waits for the whole state
-  (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`)
+  (:meth:`KeyedStateBackend.wait_loaded <statelog.state.backend.KeyedStateBackend.wait_loaded>`)
   stops the background thread and loads the rest as an eager restore does (``bulk.py``).
 
 A key group with several row groups of its own in a table file is loaded by slices, the key

@@ -1,5 +1,5 @@
 """The rest of an on-demand restore loaded at once, for a task thread that waits for the
-whole state (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`).
+whole state (:meth:`KeyedStateBackend.wait_loaded <statelog.state.backend.KeyedStateBackend.wait_loaded>`).
 
 The background thread is stopped, and the rest is loaded as an eager restore loads it: the
 remaining files fetched in order by a pool, each piece of whole key groups decoded by

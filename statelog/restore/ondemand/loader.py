@@ -211,7 +211,7 @@ class KeyGroupLoader:
 
     def take_all(self) -> Iterator[PreparedKeyGroup]:
         """Every key group not handed out yet, for a task thread that waits for all of them
-        (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBackend.wait_loaded>`;
+        (:meth:`KeyedStateBackend.wait_loaded <statelog.state.backend.KeyedStateBackend.wait_loaded>`;
         :meth:`BulkLoader.take_all <statelog.restore.ondemand.bulk.BulkLoader.take_all>`)."""
         return self._bulk.take_all()
 
