@@ -37,7 +37,7 @@ from statelog.materialization.manifest import (
     load_manifest,
 )
 from statelog.store.base import ObjectStore
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 from tools.cli import main
 from tools.cli.materializer import parse_duration, parse_size
 

@@ -30,7 +30,7 @@ from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_me
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark.restore import read_state_changes
 from tests.materializer.test_gc import FAR, MAXP, OPTIONS, Built, build, read_state
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 
 
 def local_path(spec: RootSpec, key: str) -> Path:

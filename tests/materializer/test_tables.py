@@ -1,6 +1,6 @@
 """Acceptance tests of the materialized state tables (issue #3).
 
-A job at parallelism 2 writes every state kind of ``tests.core.harness`` (typed int64 and
+A job at parallelism 2 writes every state kind of ``tests.support.harness`` (typed int64 and
 string values, list, map, reducing, pickled aggregating and value state, TTL value) plus
 event- and processing-time timers, checkpoints, and the materializer writes the Parquet
 tables of that checkpoint. The tests then
@@ -36,7 +36,7 @@ import statelog
 from materializer.build import materialize
 from statelog.errors import CorruptionError
 from statelog.keys import encode_key, key_group_of, key_group_of_bytes, subtask_for_key_group
-from tests.core.harness import (
+from tests.support.harness import (
     DESCRIPTORS,
     Clock,
     Driver,
@@ -46,7 +46,7 @@ from tests.core.harness import (
     backend_view,
     register_all,
 )
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 
 MAXP = 32
 UID = "op"

@@ -1,5 +1,5 @@
 """Exactly-once output through the file sink: windows and a two-input join, with and
-without worker SIGKILLs, against plain-Python golden outputs (``tests/runtime/jobs.py``)."""
+without worker SIGKILLs, against plain-Python golden outputs (``tests/support/jobs.py``)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from runtime import (
 )
 from runtime.network import inflight
 from statelog import layout
-from tests.runtime import jobs
-from tests.runtime.chaos import kill_workers
-from tests.s3server import RootSpec
+from tests.support import jobs
+from tests.support.chaos import kill_workers
+from tests.support.s3server import RootSpec
 
 
 def make_env(root: RootSpec, **kw: Any) -> StreamExecutionEnvironment:

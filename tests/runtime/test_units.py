@@ -36,7 +36,7 @@ from runtime.network.input_channel import InputChannel
 from runtime.network.router import EdgeOutput
 from statelog import key_group_of, layout, subtask_for_key_group
 from statelog.errors import ConfigError
-from tests.runtime import jobs
+from tests.support import jobs
 
 
 def env(tmp_path: Path, **kw: Any) -> StreamExecutionEnvironment:
