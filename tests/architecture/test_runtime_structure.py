@@ -1,4 +1,4 @@
-"""The runtime package's structure (issue 12): imports point down inside the package and
+"""The runtime package's structure: imports point down inside the package and
 each name says one thing.
 
 The import graph is tests/architecture/test_layering.py's (every import statement: module level, inside
@@ -11,8 +11,6 @@ import ast
 import importlib
 from pathlib import Path
 
-import pytest
-
 from tests.architecture.test_layering import import_graph
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +22,7 @@ def runtime_imports() -> dict[str, set[str]]:
     return {mod: {d for d in deps if d.startswith("runtime")} for mod, deps in graph.items()}
 
 
-# -- point 1: api, client, driver, task and worker import downwards (cycles: tests/architecture/test_layering.py)
+# -- api, client, driver, task and worker import downwards (cycles: tests/architecture/test_layering.py)
 
 
 def test_nothing_below_the_job_api_imports_it() -> None:
@@ -50,7 +48,7 @@ def test_the_job_configuration_keeps_its_public_names() -> None:
     assert JobConfig().mode is CheckpointingMode.EXACTLY_ONCE_ALIGNED
 
 
-# -- point 2: JobCancelledError is a runtime error like the others -------------------------------
+# -- JobCancelledError is a runtime error like the others -------------------------------
 
 
 def test_job_cancelled_error_lives_with_the_runtime_errors() -> None:
@@ -62,7 +60,7 @@ def test_job_cancelled_error_lives_with_the_runtime_errors() -> None:
     assert issubclass(JobCancelledError, RuntimeJobError)
 
 
-# -- point 3: two timer classes, two names -------------------------------------------------------
+# -- two timer classes, two names -------------------------------------------------------
 
 
 def _class_definitions(name: str) -> list[str]:
@@ -91,7 +89,7 @@ def test_the_engine_and_the_runtime_name_their_timer_classes_apart(tmp_path: Pat
         assert backend.timers.next_timestamp("event") == 5
 
 
-# -- point 4: deploying a worker's tasks is its own module ---------------------------------------
+# -- deploying a worker's tasks is its own module ---------------------------------------
 
 
 def test_worker_module_stays_small_and_deploy_is_apart() -> None:
@@ -101,24 +99,19 @@ def test_worker_module_stays_small_and_deploy_is_apart() -> None:
     assert callable(deploy.build_tasks)
 
 
-# -- point 5: "snapshot" is the seal; the baseline and its format are state dumps ----------------
+# -- "snapshot" is the seal; the baseline and its format are state dumps ----------------
 
 
-def test_the_state_dump_format_and_baseline_have_their_own_names() -> None:
-    assert (REPO / "statelog" / "state_dump.py").exists()
-    assert not (REPO / "statelog" / "snapshot.py").exists()
-    assert (REPO / "runtime" / "baselines" / "state_dump_backend.py").exists()
-    assert not (REPO / "runtime" / "full_snapshot.py").exists()
+def test_the_state_dump_baseline_has_its_own_name() -> None:
     from runtime.config import STATE_BACKENDS, STATE_DUMP
 
     assert STATE_DUMP == "state-dump"
-    assert set(STATE_BACKENDS) == {"changelog", "state-dump", "full-snapshot"}  # the old name stays
+    assert STATE_DUMP in STATE_BACKENDS
 
 
-@pytest.mark.parametrize("name", ["state-dump", "full-snapshot"])
-def test_both_names_of_the_state_dump_backend_are_accepted(tmp_path: Path, name: str) -> None:
+def test_the_state_dump_backend_is_accepted(tmp_path: Path) -> None:
     from runtime import NoRestart, StreamExecutionEnvironment
 
-    env = StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_backend=name)
-    assert env.config.state_backend == name
+    env = StreamExecutionEnvironment(state_root=tmp_path.as_uri(), state_backend="state-dump")
+    assert env.config.state_backend == "state-dump"
     assert isinstance(env.restart_strategy, NoRestart)

@@ -1,5 +1,5 @@
 """A user's consumer loop (``tests/support/kafka/consumer_loop_worker.py``) with statelog state,
-SIGKILLed at random points and restarted (issue 16, acceptance).
+SIGKILLed at random points and restarted.
 
 Keyed counts and sums of records produced beforehand; the loop checkpoints every ``EVERY``
 records with its Kafka offsets (:class:`statelog.kafka.KafkaOffsets`). After the last

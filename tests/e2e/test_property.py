@@ -15,7 +15,7 @@ from statelog.changelog import encoder
 from statelog.restore.ondemand.options import OnDemandOptions
 from tests.support.harness import Clock, Driver, Model
 
-# keys equal in Python are one key (issue 11 point 0): the model is a dict, so Python
+# keys equal in Python are one key: the model is a dict, so Python
 # equality is the model; each group of colliding keys has members of different types
 COLLIDING_KEYS = [True, False, 1.0, -0.0, 0.0, 7.0, (True, "x"), (1.0, "x"), ((1, (True,)), "n"),
                   ((1.0, (1,)), "n"), 2**80, float(2**80), -2.5]

@@ -1,4 +1,4 @@
-"""Property test of materialization, GC and savepoints (issue #3).
+"""Property test of materialization, GC and savepoints.
 
 Extends ``tests/e2e/test_property.py``: random operations over every state kind, timers
 and TTL (the same operation strategies, driven by the same harness) with random

@@ -1,4 +1,4 @@
-"""Every reference is bound to what it references (issue 11, point 10).
+"""Every reference is bound to what it references.
 
 A valid object copied over another valid object of the same kind (a manifest over another
 manifest, a materialization's manifest over a savepoint's, a savepoint's metadata over

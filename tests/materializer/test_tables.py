@@ -1,4 +1,4 @@
-"""Acceptance tests of the materialized state tables (issue #3).
+"""Acceptance tests of the materialized state tables.
 
 A job at parallelism 2 writes every state kind of ``tests.support.harness`` (typed int64 and
 string values, list, map, reducing, pickled aggregating and value state, TTL value) plus

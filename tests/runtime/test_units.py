@@ -145,7 +145,7 @@ def test_graph_validation(tmp_path: Path) -> None:
 
 
 def test_environment_validation(tmp_path: Path) -> None:
-    env(tmp_path, mode="exactly_once_unaligned")  # supported since issue #5's unaligned mode
+    env(tmp_path, mode="exactly_once_unaligned")
     with pytest.raises(JobGraphError, match="unknown checkpointing mode"):
         env(tmp_path, mode="sometimes")
     with pytest.raises(ConfigError):

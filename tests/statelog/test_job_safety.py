@@ -1,4 +1,4 @@
-"""Job-root safety of the library entry point (issue 11): checkpoint `sources` keep their
+"""Job-root safety of the library entry point: checkpoint `sources` keep their
 JSON types, a lost job descriptor is never silently recreated, a restore without `restore=`
 on a root with checkpoints is refused, and the errors name what they looked for."""
 
@@ -43,7 +43,7 @@ def _one_checkpoint(root: str, sources: dict | None = None, **kwargs: object) ->
         return job.checkpoint(sources=sources or {"events": 3})
 
 
-# -- point 5: sources keep their JSON types --------------------------------------------------
+# -- sources keep their JSON types --------------------------------------------------
 
 
 def test_sources_keep_int_keys_and_json_types(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_non_json_sources_are_refused_naming_the_entry(tmp_path: Path, sources: 
         assert job.catalog.checkpoint_ids() == []  # nothing published
 
 
-# -- point 11: a lost job descriptor is never silently recreated ------------------------------
+# -- a lost job descriptor is never silently recreated ------------------------------
 
 
 def _counts(job: statelog.StateJob, restore: object) -> dict[str, int]:
@@ -164,7 +164,7 @@ def test_restore_refuses_a_checkpoint_of_another_job(tmp_path: Path) -> None:
         assert meta.job_id in str(err.value) and job.job_id in str(err.value)
 
 
-# -- point 12: an optional listing does not fail a checkpoint; missing metadata is named ------
+# -- an optional listing does not fail a checkpoint; missing metadata is named ------
 
 
 def test_checkpoint_publishes_when_the_materialization_listing_fails(
@@ -193,7 +193,7 @@ def test_missing_checkpoint_metadata_names_the_object_key(tmp_path: Path) -> Non
             job.backend("counter", restore="savepoint:nightly")
 
 
-# -- point 3: a root with checkpoints needs an explicit restore= ------------------------------
+# -- a root with checkpoints needs an explicit restore= ------------------------------
 
 
 def test_backend_without_restore_on_a_root_with_checkpoints_is_refused(tmp_path: Path) -> None:

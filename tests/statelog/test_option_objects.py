@@ -1,4 +1,4 @@
-"""Writer and materializer options are typed objects (issue 12, point 4).
+"""Writer and materializer options are typed objects.
 
 Each option group is one frozen dataclass (``statelog.options.WriterOptions``,
 ``materializer.options.MaterializerOptions``) holding the defaults, ranges and docs; every

@@ -1,4 +1,4 @@
-"""Errors say which kind of failure it is (issue 11, point 12).
+"""Errors say which kind of failure it is.
 
 Every reader (changelog segments, state tables, manifests, checkpoint and savepoint metadata,
 the materializer, ``statelog verify``, the Spark-side reader) raises a :class:`StoreError`

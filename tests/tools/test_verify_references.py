@@ -1,4 +1,4 @@
-"""``statelog verify`` names a valid object found in the place of another (issue 11, point 10)."""
+"""``statelog verify`` names a valid object found in the place of another."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Checkpoint statistics of a runtime job: what each checkpoint says it uploaded is the new
-changelog it references (issue 11 point 7: the final checkpoint said ``0 B``)."""
+changelog it references (a final checkpoint once said ``0 B``)."""
 
 from __future__ import annotations
 

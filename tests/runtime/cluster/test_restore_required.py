@@ -1,5 +1,5 @@
-"""A job started again on a root that already has checkpoints must say where to start
-(issue 11, point 3): without ``restore=`` it is refused before any output is written, instead
+"""A job started again on a root that already has checkpoints must say where to start:
+without ``restore=`` it is refused before any output is written, instead
 of starting from empty state and writing the sink's output a second time (512 -> 1,024 records)."""
 
 from __future__ import annotations

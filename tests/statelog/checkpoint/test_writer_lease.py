@@ -1,4 +1,4 @@
-"""One writer per job root (issue 11, point 1): the writer lease of a checkpoint publisher.
+"""One writer per job root: the writer lease of a checkpoint publisher.
 
 Two real processes on one root with the same operator: the second is refused and the first
 keeps publishing, and no checkpoint holds the second's state; a SIGKILLed writer's successor

@@ -1,4 +1,4 @@
-"""Typed key columns on normalized keys (issue 11 point 0): keys are stored normalized (``True``
+"""Typed key columns on normalized keys: keys are stored normalized (``True``
 and ``1.0`` as the int ``1``), so option ``keyType`` converts them back to the declared type
 (``double`` gives ``1.0``, ``boolean`` gives ``True``) or fails naming a key that does not fit."""
 

@@ -1,4 +1,4 @@
-"""Options that make no sense are refused, checked in one place (issue 11, point 6).
+"""Options that make no sense are refused, checked in one place.
 
 Every duration, size, count and name option has a documented range in
 ``statelog/options.py``: the CLI refuses a bad value with exit code 2 and one line on stderr

@@ -1,5 +1,5 @@
 """The tables of ``sql``, ``inspect`` (with row counts) and ``restore`` fit 40, 80 and 120
-columns and a pipe without cutting a value (issue 13 point 5; the checks are those of
+columns and a pipe without cutting a value (the checks are those of
 ``tests/tools/cli/test_table_widths.py``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tables fit any width (issue 13 point 5): every table-printing command at 40, 80 and 120
+"""Tables fit any width: every table-printing command at 40, 80 and 120
 columns of a terminal and through a pipe prints every cell value whole: no number split across
 lines, nothing ellipsized or cropped, no line wider than the terminal.
 
