@@ -29,6 +29,7 @@ from runtime.network.frames import LENGTH
 from runtime.network.input_channel import InputChannel
 from runtime.network.outputs import RemoteOutput
 from runtime.network.server import ChannelServer
+from tests.support.wait import wait_until
 
 CHANNEL = (7, 0, 1)
 
@@ -59,15 +60,6 @@ def _read_to_eof(sock: socket.socket, timeout: float = 30.0) -> bytes:
         if not chunk:
             return got
         got += chunk
-
-
-def _wait_for(cond: Any, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture
@@ -128,7 +120,7 @@ def test_a_raw_pickled_frame_without_the_handshake_is_refused_and_never_unpickle
     assert not marker.exists(), "a frame of an unauthenticated peer was unpickled"
     # the server sent its handshake opening only, then closed the connection
     assert got[: len(MAGIC)] == MAGIC and len(got) == len(MAGIC) + NONCE_BYTES
-    assert _wait_for(lambda: srv.refused == 1)
+    wait_until(lambda: srv.refused == 1, 30, "the refused connection", interval=0.02)
     assert channel.backlog() == 0 and errors == []  # a stranger does not fail the job
     assert "refused a channel connection" in caplog.text and secret.hex() not in caplog.text
 
@@ -146,7 +138,7 @@ def test_a_client_with_a_wrong_secret_is_refused_and_its_frames_are_not_unpickle
             for _ in range(200):
                 sock.sendall(_frame(CreatesFile(marker)) + _frame(([CreatesFile(marker)], None)))
                 time.sleep(0.01)
-    assert _wait_for(lambda: srv.refused == 1)
+    wait_until(lambda: srv.refused == 1, 30, "the refused connection", interval=0.02)
     assert not marker.exists(), "a frame of a peer with a wrong secret was unpickled"
     assert channel.backlog() == 0 and errors == []
     assert secret.hex() not in caplog.text
@@ -157,7 +149,7 @@ def test_a_sender_with_the_secret_gets_its_frames_through(server: Any) -> None:
     out = RemoteOutput(srv.address, CHANNEL, errors.append, secret=secret)
     out.send(([("a", 1)], None))
     out.send(([], ("barrier", 3)))
-    assert _wait_for(lambda: channel.backlog() == 2)
+    wait_until(lambda: channel.backlog() == 2, 30, "a backlog of 2", interval=0.02)
     out.close()
     frames = [channel.poll(), channel.poll()]  # (unpickled by poll)
     assert frames == [([("a", 1)], None), ([], ("barrier", 3))]
@@ -169,9 +161,10 @@ def test_a_sender_with_a_wrong_secret_reports_a_failed_handshake(server: Any) ->
     reported: list[str] = []
     out = RemoteOutput(srv.address, CHANNEL, reported.append, secret=new_secret())
     out.send(([("a", 1)], None))
-    assert _wait_for(lambda: bool(reported))
+    wait_until(lambda: bool(reported), 30, "the reported failure", interval=0.02)
     assert "failed the handshake" in reported[0]
-    assert channel.backlog() == 0 and _wait_for(lambda: srv.refused == 1)
+    assert channel.backlog() == 0
+    wait_until(lambda: srv.refused == 1, 30, "the refused connection", interval=0.02)
     out.close()
 
 

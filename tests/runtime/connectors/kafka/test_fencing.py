@@ -19,9 +19,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +30,7 @@ from statelog.store import open_store
 from tests.support import jobs
 from tests.support.kafka.broker import KafkaBroker
 from tests.support.kafka.jobs import produce_clicks, read_topic
+from tests.support.wait import wait_until
 
 pytest.importorskip("confluent_kafka")
 
@@ -111,17 +112,6 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        time.sleep(0.05)
-
-
 def checkpoint_of_generation(root: str, generation: int) -> Callable[[], int | None]:
     """A predicate: the id of a retained checkpoint published under lease ``generation``."""
 
@@ -140,76 +130,90 @@ def checkpoint_of_generation(root: str, generation: int) -> Callable[[], int | N
     return check
 
 
-def start_copy(broker: KafkaBroker, tin: str, tout: str, root: str, prefix: str, log: Path) -> Proc:
-    args = [broker.bootstrap_servers, tin, tout, root, prefix, str(RATE), str(TTL_S)]
-    p = Proc("tests.support.kafka.stall_job", args, log)
-    p.expect("RUNNING")
-    return p
+@dataclass
+class Copies:
+    """The job's input (clicks produced beforehand) and output topics, its root and
+    transactional-id prefix, shared by the copies of the job that one test starts."""
+
+    broker: KafkaBroker
+    logs: Path
+    tin: str
+    tout: str
+    root_path: Path
+    prefix: str
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def root(self) -> str:
+        return self.root_path.as_uri()
+
+    def start(self, log: str, expect: str | None = "RUNNING") -> Proc:
+        """Copy ``python -m tests.support.kafka.stall_job``, waiting for ``expect`` unless None."""
+        args = [self.broker.bootstrap_servers, self.tin, self.tout, self.root, self.prefix, str(RATE), str(TTL_S)]
+        p = Proc("tests.support.kafka.stall_job", args, self.logs / log)
+        self.procs.append(p)
+        if expect is not None:
+            p.expect(expect)
+        return p
+
+    def golden_output(self) -> bool:
+        return sorted(read_topic(self.broker, self.tout)) == jobs.golden_windows(PER_SPLIT)
+
+
+@pytest.fixture
+def copies(kafka_broker: KafkaBroker, tmp_path: Path) -> Iterator[Copies]:
+    tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)
+    tout = kafka_broker.create_topic(partitions=2)
+    produce_clicks(kafka_broker, tin, PER_SPLIT)
+    c = Copies(kafka_broker, tmp_path, tin, tout, tmp_path / "root", f"stall-{uuid.uuid4().hex[:8]}")
+    try:
+        yield c
+    finally:
+        for p in c.procs:
+            p.close()
 
 
 # 5 runs in a row: STATELOG_STALL_RUNS=5 pytest tests/runtime/connectors/kafka/test_fencing.py -k master_loses
 @pytest.mark.parametrize("run", range(int(os.environ.get("STATELOG_STALL_RUNS", "1"))))
-def test_a_stalled_job_master_loses_its_root_for_good(kafka_broker: KafkaBroker, tmp_path: Path,
-                                                        run: int) -> None:  # fmt: skip
-    tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)
-    tout = kafka_broker.create_topic(partitions=2)
-    produce_clicks(kafka_broker, tin, PER_SPLIT)
-    root, prefix = (tmp_path / "root").as_uri(), f"stall-{uuid.uuid4().hex[:8]}"
-    first = start_copy(kafka_broker, tin, tout, root, prefix, tmp_path / "first.log")
-    second = None
-    try:
-        wait_until(checkpoint_of_generation(root, 1), 120, "copy 1 completes a checkpoint")
-        os.kill(first.pid, signal.SIGSTOP)  # the master only: its workers keep running
-        stopped = time.monotonic()
-        second = start_copy(kafka_broker, tin, tout, root, prefix, tmp_path / "second.log")
-        wait_until(checkpoint_of_generation(root, 2), 120, "copy 2 completes a checkpoint")
-        assert time.monotonic() - stopped > TTL_S
-        woke = time.monotonic()
-        os.kill(first.pid, signal.SIGCONT)
-        _, attempts, message = first.expect("FENCED", "DONE", timeout=60)
-        took = time.monotonic() - woke
-        assert first.proc.wait(30) == 3, first.tail()
-        assert took <= TTL_S, f"copy 1 ended {took:.2f}s after waking (ttl {TTL_S}s)"
-        assert root in message and "stalled for" in message and f"longer than the lease ttl {TTL_S:g}s" in message
-        assert f"pid {second.pid}" in message and "stops for good" in message, message
-        assert attempts == "1", f"copy 1 restarted: attempt {attempts}"
-        second.expect("DONE", timeout=300)
-        assert second.proc.wait(30) == 0
-        assert sorted(read_topic(kafka_broker, tout)) == jobs.golden_windows(PER_SPLIT)
-    finally:
-        first.close()
-        if second is not None:
-            second.close()
+def test_a_stalled_job_master_loses_its_root_for_good(copies: Copies, run: int) -> None:
+    first = copies.start("first.log")
+    wait_until(checkpoint_of_generation(copies.root, 1), 120, "copy 1 completes a checkpoint")
+    os.kill(first.pid, signal.SIGSTOP)  # the master only: its workers keep running
+    stopped = time.monotonic()
+    second = copies.start("second.log")
+    wait_until(checkpoint_of_generation(copies.root, 2), 120, "copy 2 completes a checkpoint")
+    assert time.monotonic() - stopped > TTL_S
+    woke = time.monotonic()
+    os.kill(first.pid, signal.SIGCONT)
+    _, attempts, message = first.expect("FENCED", "DONE", timeout=60)
+    took = time.monotonic() - woke
+    assert first.proc.wait(30) == 3, first.tail()
+    assert took <= TTL_S, f"copy 1 ended {took:.2f}s after waking (ttl {TTL_S}s)"
+    assert copies.root in message and "stalled for" in message and f"longer than the lease ttl {TTL_S:g}s" in message
+    assert f"pid {second.pid}" in message and "stops for good" in message, message
+    assert attempts == "1", f"copy 1 restarted: attempt {attempts}"
+    second.expect("DONE", timeout=300)
+    assert second.proc.wait(30) == 0
+    assert copies.golden_output()
 
 
-def test_a_stalled_worker_does_not_cost_the_root(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+def test_a_stalled_worker_does_not_cost_the_root(copies: Copies) -> None:
     """A worker stopped for longer than the ttl: its master keeps renewing the lease, so a
     second copy is refused; once resumed, the job finishes with exact output."""
-    tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)
-    tout = kafka_broker.create_topic(partitions=2)
-    produce_clicks(kafka_broker, tin, PER_SPLIT)
-    root, prefix = (tmp_path / "root").as_uri(), f"stall-{uuid.uuid4().hex[:8]}"
-    first = start_copy(kafka_broker, tin, tout, root, prefix, tmp_path / "first.log")
-    second = None
-    try:
-        wait_until(checkpoint_of_generation(root, 1), 120, "copy 1 completes a checkpoint")
-        workers = [p for p in descendants(first.pid) if "forkserver" not in Path(f"/proc/{p}/cmdline").read_text()]
-        assert workers, "no worker process found"
-        os.kill(workers[0], signal.SIGSTOP)
-        stopped = time.monotonic()
-        args = [kafka_broker.bootstrap_servers, tin, tout, root, prefix, str(RATE), str(TTL_S)]
-        second = Proc("tests.support.kafka.stall_job", args, tmp_path / "second.log")
-        _, message = second.expect("REFUSED", timeout=120)[:2]
-        assert second.proc.wait(30) == 4
-        wait_until(lambda: time.monotonic() - stopped > TTL_S * 1.5, 30, "a stall past the ttl")
-        os.kill(workers[0], signal.SIGCONT)
-        first.expect("DONE", timeout=300)
-        assert first.proc.wait(30) == 0
-        assert sorted(read_topic(kafka_broker, tout)) == jobs.golden_windows(PER_SPLIT)
-    finally:
-        first.close()
-        if second is not None:
-            second.close()
+    first = copies.start("first.log")
+    wait_until(checkpoint_of_generation(copies.root, 1), 120, "copy 1 completes a checkpoint")
+    workers = [p for p in descendants(first.pid) if "forkserver" not in Path(f"/proc/{p}/cmdline").read_text()]
+    assert workers, "no worker process found"
+    os.kill(workers[0], signal.SIGSTOP)
+    stopped = time.monotonic()
+    second = copies.start("second.log", expect=None)
+    _, message = second.expect("REFUSED", timeout=120)[:2]
+    assert second.proc.wait(30) == 4
+    wait_until(lambda: time.monotonic() - stopped > TTL_S * 1.5, 30, "a stall past the ttl")
+    os.kill(workers[0], signal.SIGCONT)
+    first.expect("DONE", timeout=300)
+    assert first.proc.wait(30) == 0
+    assert copies.golden_output()
 
 
 LOOP_RECORDS = 3000
@@ -270,30 +274,21 @@ def test_a_stalled_consumer_loop_with_a_transactional_producer_stops_for_good(
     assert all(sorted(ns) == list(range(1, len(ns) + 1)) for ns in by_key.values()), "state not exactly once"
 
 
-def test_the_workers_of_a_stalled_master_stop_writing_when_its_lease_runs_out(
-    kafka_broker: KafkaBroker, tmp_path: Path
-) -> None:
+def test_the_workers_of_a_stalled_master_stop_writing_when_its_lease_runs_out(copies: Copies) -> None:
     """The master is stopped, its workers are not: they keep reading and would keep uploading
     changelog; the write grant of runtime/worker/lease_grant.py stops them at the lease's deadline,
     before any other copy may take the root."""
-    tin = kafka_broker.create_topic(partitions=jobs.CLICK_SPLITS)
-    tout = kafka_broker.create_topic(partitions=2)
-    produce_clicks(kafka_broker, tin, PER_SPLIT)
-    root, prefix = tmp_path / "root", f"stall-{uuid.uuid4().hex[:8]}"
-    first = start_copy(kafka_broker, tin, tout, root.as_uri(), prefix, tmp_path / "first.log")
+    first = copies.start("first.log")
 
     def objects() -> dict[str, float]:
-        return {str(p.relative_to(root)): p.stat().st_mtime for p in root.rglob("*") if p.is_file()}
+        return {str(p.relative_to(copies.root_path)): p.stat().st_mtime for p in copies.root_path.rglob("*") if p.is_file()}
 
-    try:
-        wait_until(checkpoint_of_generation(root.as_uri(), 1), 120, "copy 1 completes a checkpoint")
-        os.kill(first.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        time.sleep(TTL_S + TTL_S / 3 + 0.5)  # past the deadline, the margin and a worker's wait
-        before = objects()
-        time.sleep(2.0)  # records keep arriving: a worker that still wrote would upload segments
-        after = objects()
-        assert after == before, f"written after the master's lease ran out: {sorted(set(after) - set(before))}"
-        assert time.monotonic() - stopped > TTL_S
-    finally:
-        first.close()
+    wait_until(checkpoint_of_generation(copies.root, 1), 120, "copy 1 completes a checkpoint")
+    os.kill(first.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    time.sleep(TTL_S + TTL_S / 3 + 0.5)  # past the deadline, the margin and a worker's wait
+    before = objects()
+    time.sleep(2.0)  # records keep arriving: a worker that still wrote would upload segments
+    after = objects()
+    assert after == before, f"written after the master's lease ran out: {sorted(set(after) - set(before))}"
+    assert time.monotonic() - stopped > TTL_S
