@@ -25,9 +25,9 @@ from materializer.background import start_background
 from runtime import FixedDelay, read_committed
 from runtime.api.windows import WINDOW_STATE
 from statelog import PICKLE, AggregatingStateDescriptor
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
 from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 KILLS = 20
@@ -54,7 +54,7 @@ def check_checkpoints(root: RootSpec, out: Path) -> int:
         for cid in picked:
             meta = job.load_checkpoint(cid)
             b = job.backend("window-count", restore=cid)
-            b.get_state(AggregatingStateDescriptor(WINDOW_STATE, PICKLE, aggregate=jobs.CountAgg()))
+            b.get_state(AggregatingStateDescriptor(WINDOW_STATE, PICKLE, aggregate=jobs.CountClicks()))
             state = {(k, ns[0]): v for k, ns, v in b.entries(WINDOW_STATE)}
             timers = {(t.key, t.namespace[0]) for t in b.timers.timers("event")}
             b.close()

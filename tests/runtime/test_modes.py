@@ -20,9 +20,9 @@ import pytest
 import statelog
 from runtime import read_committed
 from runtime.network import inflight
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
 from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 

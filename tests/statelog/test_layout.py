@@ -25,8 +25,8 @@ from statelog.errors import ConfigError
 from statelog.keys import KeyGroupRange
 from statelog.layout import ObjectKey, ObjectKind, parse_key
 from statelog.state_dump import write_state_dump
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 

@@ -1,7 +1,7 @@
 """A small job root shaped like the demo's, for the dashboard tests (``statelog ui``).
 
-Two operators as in the clickstream demo: ``user-counts`` (parallelism 2: a value state
-``clicks`` and a map state ``pages`` per user) and ``clicks-per-window`` (parallelism 1: a
+Two operators as in the clickstream demo: ``user-counts`` (parallelism 2: the demo's value
+state ``clicks`` and map state ``pages`` per user) and ``clicks-per-window`` (parallelism 1: a
 value state ``count`` per user and window). Six checkpoints; materializations of checkpoints
 2 and 4, adopted by the next checkpoints (the changelog tail drops: the saw-tooth); savepoints
 of checkpoints 3 and 6. Users are skewed: the first keys get most of the clicks, and the key
@@ -17,9 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 
 import statelog
+from examples.clickstream import CLICKS, PAGE_CLICKS
 from materializer.build import MaterializeOptions, materialize
 from materializer.savepoint import create_savepoint
-from statelog import MapStateDescriptor, ValueStateDescriptor
+from statelog import ValueStateDescriptor
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.materialization.manifest import Manifest
 
@@ -27,8 +28,6 @@ MAXP = 16
 ROUNDS = 6
 MATERIALIZE_AFTER = (2, 4)
 SAVEPOINTS = {"before-upgrade": 3, "nightly": 6}
-CLICKS = ValueStateDescriptor("clicks", pa.int64(), default=0)
-PAGES = MapStateDescriptor("pages", pa.int64(), key_type=pa.string())
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 OPTIONS = MaterializeOptions(units=4)
 
@@ -64,7 +63,7 @@ def build_demo_root(path: Path) -> DemoRoot:
                 b.set_current_key(user)
                 clicks = b.get_state(CLICKS)
                 clicks.update(clicks.value() + 1)
-                b.get_state(PAGES).put(f"/page/{n % 5}", round_)
+                b.get_state(PAGE_CLICKS).put(f"/page/{n % 5}", round_)
                 per_window.set_current_key((user, round_))
                 c = per_window.get_state(COUNT)
                 c.update(c.value() + 1)

@@ -5,7 +5,8 @@ worker processes.
 
 * **clicks**: ``CLICK_SPLITS`` generator splits of ``(user, ts, split, i)`` events with
   bounded out-of-orderness (never late); per-user tumbling event-time windows counted with
-  an aggregate function -> ``[user, window start, count]``.
+  the clickstream example's aggregate function and window row (``examples/clickstream.py``)
+  -> ``[user, window start, count]``.
 * **orders / payments**: two generator sources; every order ``"k-i"`` has exactly one
   payment; a keyed two-input function joins them -> ``[order id, user, amount]``.
 """
@@ -19,8 +20,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from examples.clickstream import CountClicks, window_row
 from runtime import (
     FileSink,
+    FixedDelay,
     GeneratorSource,
     KeyedCoProcessFunction,
     KeyedProcessFunction,
@@ -31,6 +34,7 @@ from runtime import (
     WatermarkStrategy,
 )
 from statelog import PICKLE, ValueStateDescriptor
+from tests.support.s3server import RootSpec
 
 EPOCH = 1_735_689_600_000
 USERS = 17
@@ -59,21 +63,6 @@ def click_ts(e: tuple[str, int, int, int]) -> int:
 
 def click_user(e: tuple[str, int, int, int]) -> str:
     return e[0]
-
-
-class CountAgg:
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: Any, acc: int) -> int:
-        return acc + 1
-
-    def get_result(self, acc: int) -> int:
-        return acc
-
-
-def window_row(key: str, window: Any, count: int) -> list[Any]:
-    return [key, window.start, count]
 
 
 def golden_windows(per_split: int, splits: int = CLICK_SPLITS, size: int = WINDOW_MS, slide: int | None = None) -> list[list[Any]]:
@@ -162,7 +151,21 @@ class Deliver(KeyedProcessFunction):
         yield [e[2], e[3]]
 
 
-# -- job builders --------------------------------------------------------------------------------
+# -- the environment and the job builders ----------------------------------------------------------
+
+
+def make_env(root: RootSpec, **kw: Any) -> StreamExecutionEnvironment:
+    """The tests' environment on ``root``: parallelism 2, checkpoints every 0.2 s, up to 30
+    immediate restarts; ``kw`` overrides any of them or adds other options."""
+    opts: dict[str, Any] = {
+        "parallelism": 2,
+        "checkpoint_interval_s": 0.2,
+        "checkpoint_timeout_s": 30.0,
+        "state_root": root.url,
+        "restart_strategy": FixedDelay(attempts=30, delay_s=0.0),
+    }
+    opts.update(kw)
+    return StreamExecutionEnvironment(**opts)
 
 
 def build_clicks(
@@ -182,7 +185,7 @@ def build_clicks(
     (
         clicks.key_by(click_user)
         .window(assigner)
-        .aggregate(CountAgg(), uid=uid, window_function=window_row)
+        .aggregate(CountClicks(), uid=uid, window_function=window_row)
         .sink_to(out if isinstance(out, Sink) else FileSink(out), uid="windows-out")
     )
 

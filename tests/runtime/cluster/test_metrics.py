@@ -25,8 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import statelog
 from runtime import FixedDelay
 from statelog.errors import ConfigError
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 

@@ -22,8 +22,8 @@ from runtime import (
     StreamExecutionEnvironment,
     read_committed,
 )
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 CLICKS, ORDERS = 2400, 1600

@@ -11,8 +11,8 @@ import pytest
 import statelog
 from runtime import read_committed
 from statelog.errors import RestoreRequiredError
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 ORDERS = 256  # per split, two splits: 512 joined records

@@ -23,9 +23,9 @@ from runtime.connectors.object_sink import (
     object_name,
 )
 from statelog.store import open_store
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
 from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec, S3Server
 
 

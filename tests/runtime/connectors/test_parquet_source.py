@@ -23,9 +23,9 @@ from runtime import (
     read_committed,
 )
 from runtime.connectors.sources import SourceSplits
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
 from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 COLUMNS = ["user", "ts", "split", "i"]
@@ -179,7 +179,7 @@ def build_parquet_windows(env: StreamExecutionEnvironment, src: Path, out: Path,
     (
         clicks.key_by(user)
         .window(TumblingEventTimeWindows(jobs.WINDOW_MS))
-        .aggregate(jobs.CountAgg(), uid="window-count", window_function=jobs.window_row)
+        .aggregate(jobs.CountClicks(), uid="window-count", window_function=jobs.window_row)
         .sink_to(FileSink(out), uid="windows-out")
     )
 

@@ -25,9 +25,9 @@ from tests.runtime.connectors.test_parquet_source import (
     read_all,
     write_clicks,
 )
-from tests.runtime.test_exactly_once import make_env
 from tests.support import jobs
 from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec, S3Server
 
 pytestmark = pytest.mark.s3
@@ -77,7 +77,7 @@ def test_windows_from_s3_input_with_a_worker_kill_give_the_golden_output(
         env.from_source(src, uid="parquet-clicks", watermarks=WatermarkStrategy(jobs.click_ts, jobs.OOO_MS))
         .key_by(jobs.click_user)
         .window(TumblingEventTimeWindows(jobs.WINDOW_MS))
-        .aggregate(jobs.CountAgg(), uid="window-count", window_function=jobs.window_row)
+        .aggregate(jobs.CountClicks(), uid="window-count", window_function=jobs.window_row)
         .sink_to(FileSink(tmp_path / "out"), uid="windows-out")
     )
     client = env.execute_async("parquet-s3-kill")

@@ -32,6 +32,7 @@ from statelog.errors import ConfigError
 from statelog.keys import encode_key, key_group_of
 from statelog.state.tables.disk import DIR_PREFIX, WorkingSetError, codec
 from statelog.state.tables.disk import miss_path as paths
+from tests.support.harness import Clock
 
 
 class Avg(AggregateFunction):
@@ -53,14 +54,6 @@ DESCRIPTORS = [
     AggregatingStateDescriptor("avg", pa.list_(pa.int64()), aggregate=Avg()),
     ValueStateDescriptor("ttl", pa.int64(), ttl=TtlConfig(ttl_ms=50)),
 ]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def workload(b: Any, clock: Clock, seed: int, n: int = 3000, prefetch: bool = False) -> None:

@@ -89,6 +89,6 @@ def build_kafka_clicks(
     (
         clicks.key_by(jobs.click_user)
         .window(TumblingEventTimeWindows(jobs.WINDOW_MS))
-        .aggregate(jobs.CountAgg(), uid="window-count", window_function=jobs.window_row)
+        .aggregate(jobs.CountClicks(), uid="window-count", window_function=jobs.window_row)
         .sink_to(KafkaSink(bootstrap, topic_out, delivery=delivery, transactional_id_prefix=prefix), uid="out")
     )

@@ -35,6 +35,7 @@ from statelog import (
 )
 from statelog.keys import decode_key, encode_key
 from statelog.spark.restore import FAR_PAST_MS
+from tests.support.harness import Clock
 
 MAXP = 16
 TTL_MS = 60_000
@@ -80,14 +81,6 @@ class Built:
     m1: str = ""
     # expected TTL expiry per checkpoint and (state, key bytes): value -> int, list -> [int], map -> {k: int}
     expiry: dict[int, dict[tuple[str, bytes], Any]] = field(default_factory=dict, repr=False)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def _ops(rng: random.Random, backends: dict[int, Any], states: dict[int, dict[str, Any]], clock: Clock,
@@ -147,7 +140,7 @@ def _ops(rng: random.Random, backends: dict[int, Any], states: dict[int, dict[st
 
 def build(root: str, options: dict[str, Any], seed: int = 7, ops: int = 300) -> Built:
     rng = random.Random(seed)
-    clock = Clock()
+    clock = Clock(1_000_000)
     out = Built(root, dict(options))
     job = statelog.open(root, store_options=options or None, max_parallelism=MAXP)
     job.materialization_poll_s = 0
