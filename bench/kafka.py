@@ -2,7 +2,7 @@
 exactly-once and the ``delivery="none"`` Kafka sink, the same job from Parquet files, and a
 plain ``confluent_kafka.Consumer`` loop with statelog state (``statelog.kafka.KafkaOffsets``).
 
-* **Broker**: ``tests.kafka_broker.start_kafka()`` (noida-db on loopback, the test broker;
+* **Broker**: ``tests.support.kafka.broker.start_kafka()`` (noida-db on loopback, the test broker;
   this benchmark imports from ``tests`` as ``bench.recovery`` does) unless ``--bootstrap
   HOST:PORT`` names one. The broker runs on the same machine as the job.
 * **Input**: ``EVENTS`` records (``--quick``: 10^5) over ``KEYS`` keys (uniform, shuffled:
@@ -199,7 +199,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True,
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
         if bootstrap is None:
-            from tests.kafka_broker import start_kafka
+            from tests.support.kafka.broker import start_kafka
 
             broker = stack.enter_context(start_kafka())
             bootstrap = broker.bootstrap_servers

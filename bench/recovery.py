@@ -224,7 +224,7 @@ def _stores(root: str | None, s3: bool) -> Iterator[list[tuple[str, str, dict[st
     server = None
     try:
         if s3:
-            from tests.s3server import start_seaweedfs
+            from tests.support.s3server import start_seaweedfs
 
             server = start_seaweedfs(tmp / "s3")
             spec = server.unique_root()

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     broker = None
     bootstrap = args.bootstrap
     if bootstrap is None:
-        from tests.kafka_broker import start_kafka  # the dev dependencies' noida-db
+        from tests.support.kafka.broker import start_kafka  # the dev dependencies' noida-db
 
         broker = start_kafka()
         bootstrap = broker.bootstrap_servers

@@ -10,7 +10,7 @@ changelog records, writes its Parquet files and returns their descriptors and co
 driver assembles the operators of the manifest from them;
 :class:`~materializer.build.Materializer` then publishes it exactly as in process (after
 the daemon's fencing check, under its lease generation). The tables are those of the
-in-process writer: same key-group ranges, same rows (tests/spark/test_materialize.py).
+in-process writer: same key-group ranges, same rows (tests/materializer/test_spark_materialize.py).
 
 Store options reach the executors the documented way (docs/spark.md): resolved on the
 driver with its ``AWS_*`` environment into explicit

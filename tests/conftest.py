@@ -1,13 +1,13 @@
 """Shared fixtures: job roots on the local filesystem and on a real S3 server (SeaweedFS).
 
-* ``s3_server`` (session): the running :class:`tests.s3server.S3Server`.
-* ``s3_root`` / ``file_root`` (function): a fresh, empty :class:`tests.s3server.RootSpec`.
+* ``s3_server`` (session): the running :class:`tests.support.s3server.S3Server`.
+* ``s3_root`` / ``file_root`` (function): a fresh, empty :class:`tests.support.s3server.RootSpec`.
 * ``store_root`` (function, parametrized ``file`` / ``s3``): the same test on both stores.
-* ``kafka_broker`` (session): a :class:`tests.kafka_broker.KafkaBroker` (noida-db on loopback):
+* ``kafka_broker`` (session): a :class:`tests.support.kafka.broker.KafkaBroker` (noida-db on loopback):
   ``.bootstrap_servers``, ``.config(**overrides)``, ``.create_topic(name=None, partitions=1)``.
 
 Every Spark JVM of the session (the in-process session, the CLI's, the clusters' drivers and
-executors) reads ``tests/spark/conf/spark-defaults.conf``: ``SPARK_CONF_DIR`` is set here.
+executors) reads ``tests/support/spark/conf/spark-defaults.conf``: ``SPARK_CONF_DIR`` is set here.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.kafka_broker import KafkaBroker, start_kafka
-from tests.s3server import RootSpec, S3Server, start_seaweedfs
+from tests.support.kafka.broker import KafkaBroker, start_kafka
+from tests.support.s3server import RootSpec, S3Server, start_seaweedfs
 
 logger = logging.getLogger(__name__)
+
+pytest_plugins = ["tests.support.spark.fixtures"]  # the Spark fixtures, for the Spark tests of every package
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +44,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    """A Kafka-protocol broker (noida-db) on loopback for the session; see tests/kafka_broker.py."""
+    """A Kafka-protocol broker (noida-db) on loopback for the session; see tests/support/kafka/broker.py."""
     try:
         broker = start_kafka(tmp_path_factory.mktemp("kafka"))
     except RuntimeError as exc:
@@ -82,7 +84,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
-SPARK_CONF_DIR = Path(__file__).parent / "spark" / "conf"
+SPARK_CONF_DIR = Path(__file__).parent / "support" / "spark" / "conf"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,7 +5,7 @@ for a state kind is written here once, and both readers of the changelog use it:
 backend's restore (:meth:`statelog.state.keyed.KeyedState.apply_many`,
 :meth:`statelog.state.timers.TimerService.apply`) and the materializer (list and map
 states; its Arrow merge of value-like states and timers is an optimisation tested against
-these appliers, ``tests/core/test_table_merge.py``).
+these appliers, ``tests/statelog/materialization/test_table_merge.py``).
 
 An applier changes one table of entries ``{entry key: entry}`` of one state; the caller
 picks the table and the entry key (a backend: the namespace's table and the decoded key;
@@ -99,7 +99,7 @@ class ValueApplier(StateChangeApplier):
         self, records: Iterable[Record], entries_for: Callable[[bytes], Any], keys: Mapping[bytes, Hashable]
     ) -> None:
         # :meth:`apply` inlined (a restore's hot loop: one call less per record); the same
-        # rule, checked against apply() in tests/state/test_appliers.py
+        # rule, checked against apply() in tests/statelog/restore/test_appliers.py
         expiring = self.expiring
         last: bytes | None = None
         table: Any = None

@@ -2,7 +2,7 @@
 
 The reasons that count: an optional dependency (PySpark and what needs it, pandas), a heavy
 import only one kind of root needs (minio for ``s3://``), and the import cycles and upward
-imports that issue 12 is removing (listed so that they cannot grow; delete an entry when
+imports still to be removed (listed so that they cannot grow; delete an entry when
 its import goes).
 """
 

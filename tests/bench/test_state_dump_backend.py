@@ -15,8 +15,8 @@ from runtime import FixedDelay, JobGraphError, NoRestart, StreamExecutionEnviron
 from runtime.connectors.sinks import read_committed
 from statelog.keys.encoding import decode_key
 from statelog.layout import STATE_DUMP_PREFIX as PREFIX
-from tests.runtime import jobs
-from tests.s3server import RootSpec
+from tests.support import jobs
+from tests.support.s3server import RootSpec
 
 
 def test_state_dump_job_writes_whole_state_dumps_and_commits_its_sink(file_root: RootSpec, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import statelog
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

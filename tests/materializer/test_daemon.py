@@ -38,7 +38,8 @@ from statelog.materialization.manifest import (
 )
 from statelog.options.values import parse_duration, parse_size
 from statelog.store.base import ObjectStore
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
+from tests.support.wait import wait_until
 from tools.cli import main
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -136,17 +137,6 @@ def daemon(store: ObjectStore, owner: str, clock: Callable[[], float] | None = N
 
 def manifests(store: ObjectStore) -> list[Manifest]:
     return [load_manifest(store, key) for key, *_ in list_manifests(store)]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- trigger policy ------------------------------------------------------------------------------
@@ -500,7 +490,7 @@ def test_sigterm_stops_promptly_and_releases_the_lease(file_job: Job, file_root:
     proc = spawn(file_root)
     try:
         with file_root.open() as store:
-            wait_for(lambda: newest(store) == (1, 1), 20, "the first materialization")
+            wait_until(lambda: newest(store) == (1, 1), 20, "the first materialization")
             assert current_holder(store)["pid"] == proc.pid
             code, took, err = terminate(proc)
             assert code == 0, err
@@ -519,24 +509,24 @@ def test_two_cli_daemons_only_the_holder_publishes(file_job: Job, file_root: Roo
         with file_root.open() as store:
             file_job.write()
             file_job.checkpoint()
-            wait_for(lambda: newest(store) == (1, 1), 20, "the first materialization")
+            wait_until(lambda: newest(store) == (1, 1), 20, "the first materialization")
             first = current_holder(store)
             holder, other = (first["owner"], "two" if first["owner"] == "one" else "one")
             assert first["generation"] == 1 and first["pid"] == procs[holder].pid
             for cid in (2, 3):
                 file_job.write()
                 file_job.checkpoint()
-                wait_for(lambda cid=cid: newest(store) == (cid, 1), 10, f"checkpoint {cid} materialized")
+                wait_until(lambda cid=cid: newest(store) == (cid, 1), 10, f"checkpoint {cid} materialized")
             assert {(m.lease_generation) for m in manifests(store)} == {1}  # the standby published nothing
             code, _, err = terminate(procs[holder])
             assert code == 0, err
             # the standby takes over the released lease at its next cycle
-            wait_for(lambda: (current_holder(store) or {}).get("owner") == other, 10, "the takeover")
+            wait_until(lambda: (current_holder(store) or {}).get("owner") == other, 10, "the takeover")
             second = current_holder(store)
             assert second["generation"] == 2 and second["pid"] == procs[other].pid
             file_job.write()
             file_job.checkpoint()
-            wait_for(lambda: newest(store) == (4, 2), 10, "checkpoint 4 materialized by the new holder")
+            wait_until(lambda: newest(store) == (4, 2), 10, "checkpoint 4 materialized by the new holder")
             code, _, err = terminate(procs[other])
             assert code == 0, err
             assert "standby: lease generation 1" in err and "acquired generation 2" in err
@@ -558,7 +548,7 @@ def test_stop_event_interrupts_the_loop_promptly(file_job: Job, file_root: RootS
         stop = threading.Event()
         t = threading.Thread(target=d.run, args=(stop,))
         t.start()
-        wait_for(lambda: d.cycles >= 1, 10, "the first cycle")
+        wait_until(lambda: d.cycles >= 1, 10, "the first cycle")
         t0 = time.monotonic()
         stop.set()
         t.join(5)
@@ -609,7 +599,7 @@ def test_a_daemon_whose_lease_was_taken_over_stops_for_good(file_job: Job, file_
 
         t = threading.Thread(target=run_a)
         t.start()
-        wait_for(lambda: a.lease.generation, 30, "daemon a holds the lease")
+        wait_until(lambda: a.lease.generation, 30, "daemon a holds the lease")
         held = a.lease.generation
         b = LeaderLease(sb, "b", ttl_s=30.0)
         assert b.try_acquire(holder_is_dead=lambda body: True)  # as if a had been frozen for a ttl

@@ -31,7 +31,7 @@ from statelog.materialization.manifest import (
 )
 from statelog.store.base import ObjectStore
 from statelog.testing import FaultInjectingStore
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 from tools.cli import main
 
 MAXP = 32

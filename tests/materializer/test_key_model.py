@@ -1,4 +1,4 @@
-"""One key model everywhere (issue 11 point 0): keys follow Python equality, so keys equal in
+"""One key model everywhere: keys follow Python equality, so keys equal in
 Python (``1``, ``True``, ``1.0``; tuples of them) are one key in the live state, the
 changelog, a restore and a materialization."""
 

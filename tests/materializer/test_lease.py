@@ -17,7 +17,7 @@ from materializer.lease import (
 from statelog.errors import ConfigError, CorruptionError, LeaseLostError, TransientStoreError
 from statelog.store import ObjectStore
 from statelog.testing import FaultInjectingStore
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 
 TTL = 30.0
 

@@ -27,6 +27,7 @@ from statelog import ValueStateDescriptor
 from statelog.errors import ConfigError
 from statelog.materialization.manifest import list_manifests
 from statelog.store import open_store
+from tests.support.wait import wait_until
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 
@@ -52,14 +53,6 @@ def health(url: str) -> tuple[int, dict[str, Any]]:
 GRACE_S = 1.0
 
 
-def _wait(cond: Any, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
 def test_daemon_metrics_match_the_root_while_it_runs(tmp_path: Path) -> None:
     root = (tmp_path / "root").as_uri()
     job = statelog.open(root, max_parallelism=16)
@@ -75,7 +68,7 @@ def test_daemon_metrics_match_the_root_while_it_runs(tmp_path: Path) -> None:
     t = threading.Thread(target=daemon.run, args=(stop,), daemon=True)
     t.start()
     try:
-        _wait(lambda: daemon.metrics_server is not None)
+        wait_until(lambda: daemon.metrics_server is not None, 30, "the metrics server")
         assert daemon.metrics_server is not None
         url = daemon.metrics_server.url
         scrapes = []
@@ -92,7 +85,7 @@ def test_daemon_metrics_match_the_root_while_it_runs(tmp_path: Path) -> None:
                         and m["statelog_materializer_materialization_duration_seconds_count"]
                         == m["statelog_materializer_materializations_total"])  # fmt: skip
 
-            _wait(materialized)
+            wait_until(materialized, 30, "a materialization")
             scrapes.append(scrape(url))
         # what the rounds superseded passes the grace period and a later cycle collects it (GC
         # runs in the cycles that new checkpoints start)
@@ -112,7 +105,7 @@ def test_daemon_metrics_match_the_root_while_it_runs(tmp_path: Path) -> None:
                 taken += 1
             return False
 
-        _wait(collected)
+        wait_until(collected, 30, "a garbage collection")
         scrapes.append(scrape(url))
         stop.set()
         t.join(30)
@@ -157,10 +150,10 @@ def test_standby_reports_no_lease_and_health_says_why_a_cycle_failed(tmp_path: P
     stops = [threading.Event(), threading.Event()]
     threads = [threading.Thread(target=d.run, args=(s,), daemon=True) for d, s in ((leader, stops[0]), (standby, stops[1]))]
     threads[0].start()
-    _wait(lambda: leader.published >= 1)
+    wait_until(lambda: leader.published >= 1, 30, "the leader's first publication")
     threads[1].start()
     try:
-        _wait(lambda: standby.cycles >= 2 and standby.metrics_server is not None)
+        wait_until(lambda: standby.cycles >= 2 and standby.metrics_server is not None, 30, "two cycles of the standby")
         assert leader.metrics_server is not None and standby.metrics_server is not None
         lm, sm = scrape(leader.metrics_server.url), scrape(standby.metrics_server.url)
         assert (lm["statelog_materializer_lease_held"], sm["statelog_materializer_lease_held"]) == (1, 0)

@@ -35,7 +35,7 @@ from statelog.errors import StatelogError, StorePermissionError, TransientStoreE
 from statelog.layout import checkpoint_key
 from statelog.store import open_store
 from statelog.testing import OUTAGES, FaultInjectingStore
-from tests.s3server import S3Server
+from tests.support.s3server import S3Server
 from tools.cli import main
 
 PROJECT = Path(__file__).resolve().parents[2]

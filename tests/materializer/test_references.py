@@ -1,4 +1,4 @@
-"""Every reference is bound to what it references (issue 11, point 10).
+"""Every reference is bound to what it references.
 
 A valid object copied over another valid object of the same kind (a manifest over another
 manifest, a materialization's manifest over a savepoint's, a savepoint's metadata over
@@ -30,7 +30,7 @@ from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_me
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark.restore import read_state_changes
 from tests.materializer.test_gc import FAR, MAXP, OPTIONS, Built, build, read_state
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 
 
 def local_path(spec: RootSpec, key: str) -> Path:

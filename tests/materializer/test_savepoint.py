@@ -30,7 +30,7 @@ from tests.materializer.test_gc import (
     read_state,
     verify,
 )
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 from tools.cli import main
 
 

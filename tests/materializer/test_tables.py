@@ -1,6 +1,6 @@
-"""Acceptance tests of the materialized state tables (issue #3).
+"""Acceptance tests of the materialized state tables.
 
-A job at parallelism 2 writes every state kind of ``tests.core.harness`` (typed int64 and
+A job at parallelism 2 writes every state kind of ``tests.support.harness`` (typed int64 and
 string values, list, map, reducing, pickled aggregating and value state, TTL value) plus
 event- and processing-time timers, checkpoints, and the materializer writes the Parquet
 tables of that checkpoint. The tests then
@@ -37,7 +37,7 @@ from materializer.build import materialize
 from statelog.errors import CorruptionError
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of, key_group_of_bytes, subtask_for_key_group
-from tests.core.harness import (
+from tests.support.harness import (
     DESCRIPTORS,
     Clock,
     Driver,
@@ -47,7 +47,7 @@ from tests.core.harness import (
     backend_view,
     register_all,
 )
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 
 MAXP = 32
 UID = "op"

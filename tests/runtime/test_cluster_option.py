@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime import CollectSink, GeneratorSource, JobGraphError, StreamExecutionEnvironment
-from tests.runtime import jobs
+from tests.support import jobs
 
 
 def _env(tmp_path: Path) -> StreamExecutionEnvironment:

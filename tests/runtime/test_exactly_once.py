@@ -1,5 +1,5 @@
 """Exactly-once output through the file sink: windows and a two-input join, with and
-without worker SIGKILLs, against plain-Python golden outputs (``tests/runtime/jobs.py``)."""
+without worker SIGKILLs, against plain-Python golden outputs (``tests/support/jobs.py``)."""
 
 from __future__ import annotations
 
@@ -14,31 +14,18 @@ from runtime import (
     CollectSink,
     FileSink,
     FileSource,
-    FixedDelay,
     GeneratorSource,
     SlidingEventTimeWindows,
-    StreamExecutionEnvironment,
     TumblingEventTimeWindows,
     WatermarkStrategy,
     read_committed,
 )
 from runtime.network import inflight
 from statelog import layout
-from tests.runtime import jobs
-from tests.runtime.chaos import kill_workers
-from tests.s3server import RootSpec
-
-
-def make_env(root: RootSpec, **kw: Any) -> StreamExecutionEnvironment:
-    opts: dict[str, Any] = {
-        "parallelism": 2,
-        "checkpoint_interval_s": 0.2,
-        "checkpoint_timeout_s": 30.0,
-        "state_root": root.url,
-        "restart_strategy": FixedDelay(attempts=30, delay_s=0.0),
-    }
-    opts.update(kw)
-    return StreamExecutionEnvironment(**opts)
+from tests.support import jobs
+from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
+from tests.support.s3server import RootSpec
 
 
 def test_windows_and_join_produce_the_golden_output(file_root: RootSpec, tmp_path: Path) -> None:
@@ -118,7 +105,7 @@ def test_file_source_sliding_windows_and_collect_sink_with_a_kill(file_root: Roo
         clicks.filter(jobs.click_user)  # every user is a non-empty string
         .key_by(jobs.click_user)
         .window(SlidingEventTimeWindows(jobs.WINDOW_MS, jobs.WINDOW_MS // 2))
-        .aggregate(jobs.CountAgg(), uid="sliding", window_function=jobs.window_row)
+        .aggregate(jobs.CountClicks(), uid="sliding", window_function=jobs.window_row)
     )
     counts.sink_to(CollectSink(), uid="collected")
     counts.map(tuple).sink_to(CollectSink(), uid="collected-tuples")
@@ -142,7 +129,7 @@ def test_union_and_chained_stateless_operators(file_root: RootSpec, tmp_path: Pa
         .flat_map(jobs.twice)
         .key_by(jobs.click_user)
         .window(TumblingEventTimeWindows(jobs.WINDOW_MS))
-        .aggregate(jobs.CountAgg(), uid="union-count", window_function=jobs.window_row)
+        .aggregate(jobs.CountClicks(), uid="union-count", window_function=jobs.window_row)
         .sink_to(FileSink(tmp_path / "out"), uid="out")
     )
     env.execute("union", timeout_s=120)

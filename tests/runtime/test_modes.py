@@ -20,10 +20,10 @@ import pytest
 import statelog
 from runtime import read_committed
 from runtime.network import inflight
-from tests.runtime import jobs
-from tests.runtime.chaos import kill_workers
-from tests.runtime.test_exactly_once import make_env
-from tests.s3server import RootSpec
+from tests.support import jobs
+from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
+from tests.support.s3server import RootSpec
 
 
 def restored_join_state(root: RootSpec, cid: int) -> tuple[dict[str, list[Any]], set[str]]:

@@ -36,7 +36,7 @@ from runtime.network.input_channel import InputChannel
 from runtime.network.router import EdgeOutput
 from statelog import key_group_of, layout, subtask_for_key_group
 from statelog.errors import ConfigError
-from tests.runtime import jobs
+from tests.support import jobs
 
 
 def env(tmp_path: Path, **kw: Any) -> StreamExecutionEnvironment:
@@ -145,7 +145,7 @@ def test_graph_validation(tmp_path: Path) -> None:
 
 
 def test_environment_validation(tmp_path: Path) -> None:
-    env(tmp_path, mode="exactly_once_unaligned")  # supported since issue #5's unaligned mode
+    env(tmp_path, mode="exactly_once_unaligned")
     with pytest.raises(JobGraphError, match="unknown checkpointing mode"):
         env(tmp_path, mode="sometimes")
     with pytest.raises(ConfigError):

@@ -1,4 +1,4 @@
-"""``statelog verify`` names a valid object found in the place of another (issue 11, point 10)."""
+"""``statelog verify`` names a valid object found in the place of another."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from materializer.savepoint import create_savepoint
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
 from tests.materializer.test_gc import OPTIONS, Built, build
 from tests.materializer.test_references import copy_over, swap_table_file
-from tests.s3server import RootSpec
+from tests.support.s3server import RootSpec
 from tools.cli import main
 
 

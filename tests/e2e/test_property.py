@@ -1,0 +1,200 @@
+"""Property test: random operations over all state kinds, random checkpoints and random
+crashes (in-memory state and unflushed buffers dropped); every restore equals the model."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import statelog
+from statelog import StateJob
+from statelog.restore.ondemand.options import OnDemandOptions
+from tests.support.harness import Clock, Driver, Model
+
+# keys equal in Python are one key: the model is a dict, so Python
+# equality is the model; each group of colliding keys has members of different types
+COLLIDING_KEYS = [True, False, 1.0, -0.0, 0.0, 7.0, (True, "x"), (1.0, "x"), ((1, (True,)), "n"),
+                  ((1.0, (1,)), "n"), 2**80, float(2**80), -2.5]
+KEYS = st.sampled_from([0, 1, 2, 7, -3, "a", "b", "user-9", (1, "x"), b"\x00k", 2.5, None, *COLLIDING_KEYS])
+NAMESPACES = st.sampled_from([None, (0, 10), (10, 20), "w", (0.0, 10), (False, 10.0), (-0.0, 10), (10.0, 20.0)])
+SMALL = st.integers(-5, 100)
+TEXT = st.text(max_size=6)
+
+# operations on state and timers (also used by tests/e2e/test_property_materialized.py)
+# a small pool of colliding keys, drawn as often as KEYS: its members meet each other often
+TWINS = st.sampled_from([1, True, 1.0, 0, False, -0.0, (1, "x"), (True, "x"), (1.0, "x")])
+STATE_OPS = st.one_of(
+    st.tuples(st.just("key"), KEYS),
+    st.tuples(st.just("key"), TWINS),
+    st.tuples(st.just("ns"), NAMESPACES),
+    st.tuples(st.just("value_rmw"), SMALL),
+    st.tuples(st.just("value_clear")),
+    st.tuples(st.just("text"), TEXT),
+    st.tuples(st.just("list_add"), TEXT),
+    st.tuples(st.just("list_update"), st.lists(TEXT, max_size=3)),
+    st.tuples(st.just("list_get")),
+    st.tuples(st.just("list_clear")),
+    st.tuples(st.just("map_put"), st.sampled_from(["p", "q", "r"]), SMALL),
+    st.tuples(st.just("map_remove"), st.sampled_from(["p", "q", "r"])),
+    st.tuples(st.just("map_get"), st.sampled_from(["p", "q", "r"])),
+    st.tuples(st.just("sum"), SMALL),
+    st.tuples(st.just("avg"), SMALL),
+    st.tuples(st.just("ttl_put"), SMALL),
+    st.tuples(st.just("ttl_get")),
+    st.tuples(st.just("obj"), st.dictionaries(st.sampled_from("xyz"), st.lists(SMALL, max_size=2), max_size=2)),
+    st.tuples(st.just("tick"), st.integers(1, 40)),
+    st.tuples(st.just("timer_add"), st.sampled_from(["event", "processing"]), st.integers(0, 200)),
+    st.tuples(st.just("timer_del"), st.sampled_from(["event", "processing"]), st.integers(0, 200)),
+    st.tuples(st.just("fire"), st.integers(0, 200)),
+)
+OPS = st.one_of(  # nested one_of is flattened: every operation keeps its weight
+    STATE_OPS,
+    st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("checkpoint")),
+    st.tuples(st.just("snap")),
+    st.tuples(st.just("complete")),
+    st.tuples(st.just("crash"), st.integers(0, 3), st.booleans()),
+)
+
+
+# restore modes: ``eager`` (restore everything first), ``on-demand`` (key groups load when
+# touched, plus the background loader), ``touched`` (only when touched: no background loader,
+# so checkpoints and crashes happen with key groups not loaded yet); ``disk`` and
+# ``disk-touched``: the same with the disk-backed working set, its cache 6 entries (every few
+# operations write entries back and read them again)
+MODES = ["eager", "touched", "on-demand", "disk", "disk-touched"]
+DISK_CACHE_ENTRIES = 6
+ON_DEMAND = OnDemandOptions()  # the on-demand restore options of the jobs (reads_alone sets them)
+
+
+def reads_alone(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """``touched`` modes: a touched key group reads its records of the tail alone (its blocks
+    of each segment); ``on-demand``: the tail, small here, is read whole by the first touch
+    (and a state without table files is installed at once)."""
+    if mode.endswith("touched"):
+        monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(segment_read_cost_bytes=0))
+
+
+def is_lazy(mode: str) -> bool:
+    return mode in ("touched", "on-demand", "disk-touched")
+
+
+def open_job(root: str, options: dict, writer_options: dict | None = None, on_demand: str = "eager") -> StateJob:
+    """A job of restore mode ``on_demand`` (:data:`MODES`)."""
+    job = statelog.open(root, store_options=options, writer_options=writer_options, retain_checkpoints=3,
+                        on_demand_restore=is_lazy(on_demand),
+                        state_store="disk" if on_demand.startswith("disk") else "memory")  # fmt: skip
+    job.on_demand_background = not on_demand.endswith("touched")
+    job.on_demand_options = ON_DEMAND
+    job.state_cache_entries = DISK_CACHE_ENTRIES
+    return job
+
+
+def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mode: str = "eager",
+                 persist_delay: float = 0.002, **writer: int) -> int:
+    """Run ``ops``; on each crash restore a random retained checkpoint and compare. Returns #restores.
+
+    Eager restores are compared at once; on-demand ones first process the next operations
+    (loading the key groups they touch) and are compared at the next crash or at the end,
+    so checkpoints are taken while key groups are still unloaded."""
+    clock = Clock()
+    writer_options = {"coalesce": coalesce, "persist_delay": persist_delay, **writer}
+    job = open_job(root, options, writer_options, mode)
+    model = Model()
+    snapshots: dict[int, Model] = {}
+    driver = Driver(job.backend("op", clock=clock), model, clock)
+    driver.set_key(0)
+    restores = 0
+    pending = None  # (checkpoint id, PendingSnapshot, model copy): sync part done, async not
+    for op in ops:
+        if op[0] in ("checkpoint", "complete") and pending is not None:
+            cid, snap, snap_model = pending
+            job.publish_checkpoint(cid, [snap.result(30)], {"offset": len(snapshots)})
+            snapshots[cid] = snap_model
+            pending = None
+        if op[0] == "checkpoint":
+            meta = job.checkpoint(sources={"offset": len(snapshots)})
+            snapshots[meta.checkpoint_id] = driver.model.copy()
+        elif op[0] == "snap":
+            if pending is None:
+                # only the synchronous part: processing goes on while the upload completes
+                cid = job.next_checkpoint_id()
+                pending = (cid, driver.backend.snapshot(cid), driver.model.copy())
+        elif op[0] == "complete":
+            pass
+        elif op[0] == "crash":
+            _, pick, wait_flush = op
+            if pending is not None:
+                pending[1].cancel()  # the checkpoint is aborted by the failure
+                pending = None
+            if is_lazy(mode):
+                driver.check_equal()  # the state restored on demand, plus what followed
+            if wait_flush:
+                job.writer.flush()  # everything durable, but no checkpoint references the tail
+            job.close(flush=False)  # crash: buffered records and in-memory state are gone
+            job = open_job(root, options, writer_options, mode)
+            retained = job.catalog.checkpoint_ids()
+            assert set(retained) <= set(snapshots)
+            if retained:
+                cid = retained[-1 - min(pick, len(retained) - 1)]
+                meta = job.load_checkpoint(cid)
+                assert meta.sources["offset"] >= 0
+                model = snapshots[cid].copy()
+            else:
+                meta, model = None, Model()
+            driver = Driver(job.backend("op", restore=meta, clock=clock), model, clock)
+            if not is_lazy(mode):
+                driver.check_equal()
+            restores += 1
+            driver.set_key(0)
+        else:
+            driver.apply(op)
+    # the final state restored from a final checkpoint equals the model
+    if pending is not None:
+        cid, snap, snap_model = pending
+        job.publish_checkpoint(cid, [snap.result(30)], {"offset": len(snapshots)})
+    meta = job.checkpoint(sources={})
+    final = driver.model.copy()
+    driver.check_equal()
+    job.close(flush=False)
+    job = open_job(root, options, None, mode)
+    restored = Driver(job.backend("op", restore=meta.checkpoint_id, clock=clock), final, clock)
+    restored.check_equal()
+    job.close()
+    return restores
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=5, max_size=120), coalesce=st.booleans())
+@pytest.mark.parametrize("mode", MODES)
+def test_restore_equals_model_file(tmp_path_factory, monkeypatch, ops, coalesce, mode):
+    reads_alone(monkeypatch, mode)
+    root = tmp_path_factory.mktemp("prop").as_uri()
+    run_scenario(root, {}, ops, coalesce, mode)
+
+
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=60, max_size=160), coalesce=st.booleans())  # segments of several keys
+@pytest.mark.parametrize("mode", ["eager", "touched", "disk-touched"])
+def test_restore_equals_model_with_streams_split_by_key_group(tmp_path_factory, monkeypatch, ops, coalesce, mode):
+    """Segment version 2 everywhere: a stream with two records or more in a segment is split
+    into a block per key group (format.md 4.2), which restores and touches read; segments
+    flushed only at checkpoints and crashes, so that they hold records of several keys."""
+    reads_alone(monkeypatch, mode)
+    root = tmp_path_factory.mktemp("prop").as_uri()
+    run_scenario(root, {}, ops, coalesce, mode, persist_delay=60.0, split_min_rows=2, split_block_rows=1)
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=5, max_size=80), coalesce=st.booleans())
+@pytest.mark.parametrize("mode", ["eager", "on-demand", "disk"])
+def test_restore_equals_model_s3(s3_server, ops, coalesce, mode):
+    spec = s3_server.unique_root()
+    run_scenario(spec.url, spec.options, ops, coalesce, mode)

@@ -1,0 +1,119 @@
+"""The job master's /metrics and /healthz, scraped while a job runs, against its checkpoints.
+
+A windowed clicks job (tests/support/jobs.py, paced input) runs with ``metrics_port=0``;
+scrapes during the run must agree with the checkpoint metadata the job published: the
+completed count and the newest id, its duration, alignment and incremental bytes, the
+changelog tail it references; per-task record counters grow between scrapes. After a
+worker is killed the restart is counted. A taken port fails the job's start clearly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import statelog
+from runtime import FixedDelay
+from statelog.errors import ConfigError
+from tests.support import jobs
+from tests.support.jobs import make_env
+from tests.support.s3server import RootSpec
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(m: dict, name: str) -> float:
+    return m[(name, ())]
+
+
+def health(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_job_metrics_agree_with_the_published_checkpoints(file_root: RootSpec, tmp_path: Path) -> None:
+    env = make_env(file_root, metrics_port=0, checkpoint_interval_s=0.3, retain_checkpoints=1000,
+                   restart_strategy=FixedDelay(attempts=3, delay_s=0.0))  # fmt: skip
+    jobs.build_clicks(env, tmp_path / "windows", 12_000, rate=2000)
+    client = env.execute_async("metrics")
+    assert client.wait_running(1, timeout=60)
+    server = client.master.metrics_server
+    assert server is not None
+    url = server.url
+    code, body = health(url)
+    assert code == 200 and body["status"] == "ok" and body["attempt"] == 1
+    scrapes = []
+    killed = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(scrapes) < 8:
+        time.sleep(0.5)
+        m = scrape(url)
+        if ("statelog_job_last_checkpoint_id", ()) in m:
+            scrapes.append(m)
+        if len(scrapes) == 4 and not killed:
+            os.kill(client.worker_pids()[1], signal.SIGKILL)  # one restart, counted
+            killed = True
+            assert client.wait_running(2, timeout=60)
+    result = client.wait(120)
+    assert len(scrapes) >= 6, "the job ended before the scrapes"
+    completed = [value(s, "statelog_job_checkpoints_completed_total") for s in scrapes]
+    assert completed == sorted(completed) and completed[-1] > completed[0] > 0
+    with statelog.open(file_root.url, create=False) as job:
+        ids = job.catalog.checkpoint_ids()
+        for s in scrapes:
+            cid = int(value(s, "statelog_job_last_checkpoint_id"))
+            assert cid in result.completed_checkpoints
+            assert cid in ids  # every checkpoint is retained here
+            meta = job.load_checkpoint(cid)
+            assert value(s, "statelog_job_last_checkpoint_duration_seconds") == pytest.approx(meta.stats["duration_ms"] / 1000)
+            assert value(s, "statelog_job_last_checkpoint_alignment_seconds") == pytest.approx(meta.stats["alignment_ms"] / 1000)
+            assert value(s, "statelog_job_last_checkpoint_incremental_bytes") == meta.stats["incremental_bytes"]
+            assert value(s, "statelog_job_changelog_tail_bytes") == meta.changelog_bytes
+            # completed so far: the published checkpoints of this run up to this one
+            assert value(s, "statelog_job_checkpoints_completed_total") == len(
+                [c for c in result.completed_checkpoints if c <= cid]
+            )
+    last = scrapes[-1]
+    assert value(last, "statelog_job_restarts_total") == 1 == result.restarts
+    assert value(last, "statelog_job_checkpoint_duration_seconds_count") >= completed[-1] - completed[0]
+    records = {k[1]: v for k, v in last.items() if k[0] == "statelog_job_task_records_in_total"}
+    assert records and any(v > 0 for v in records.values())
+    first = {k[1]: v for k, v in scrapes[0].items() if k[0] == "statelog_job_task_records_in_total"}
+    sources = [labels for labels in first if dict(labels)["vertex"].startswith("source:")]
+    assert sources and all(records.get(lb, 0) >= first[lb] for lb in first), sorted(first)
+    assert any(records[lb] > first[lb] for lb in sources)  # the sources read on between the scrapes
+    assert all(("statelog_job_task_backpressured_seconds_total", lb) in last for lb in records)
+
+
+def test_a_taken_metrics_port_fails_the_start(file_root: RootSpec, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = make_env(file_root, metrics_port=port)
+        jobs.build_clicks(env, tmp_path / "windows", 100)
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            env.execute("taken")
+    with pytest.raises(ConfigError, match="metrics_port must be a TCP port"):
+        make_env(file_root, metrics_port=-1)
