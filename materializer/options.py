@@ -1,6 +1,6 @@
 """The materializer daemon's options and its trigger policy.
 
-:class:`MaterializerOptions` holds every option of :class:`~materializer.daemon.MaterializerDaemon`
+:class:`MaterializerOptions` holds every option of :class:`~materializer.daemon.loop.MaterializerDaemon`
 with its default, its range (declared here with the types of :mod:`statelog.options.values`) and a
 one-line doc, and, for the
 ``statelog materializer run`` command, its flag. The daemon, ``start_background``, the
