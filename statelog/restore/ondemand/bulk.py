@@ -4,8 +4,7 @@ whole state (:meth:`KeyedStateBackend.wait_loaded <statelog.backend.KeyedStateBa
 The background thread is stopped, and the rest is loaded as an eager restore loads it: the
 remaining files fetched in order by a pool, each piece of whole key groups decoded by
 another as soon as its files are in, ahead of the task thread, which builds the piece's keys
-and entries at once, then replays the piece's share of the tail (the whole tail read first),
-with no hand-over between threads.
+and entries at once; the tail replayed once at the end, with no hand-over between threads.
 """
 
 from __future__ import annotations
@@ -38,9 +37,9 @@ class BulkLoader:
         loaded a run at a time: table files fetched and decoded by a pool (outside the GIL) in
         pieces of whole key groups of about ``unit_rows`` rows, ``decode_ahead`` pieces ahead of
         this thread, which builds the keys and entries of a piece at once (one part per piece
-        and state, not one per key group) and replays the piece's share of the tail right after
-        them (the whole tail, which the background thread read, or this thread reads if there is
-        none)."""
+        and state, not one per key group); then the tail (the whole tail the background thread
+        read, or this thread reads if there is none) is replayed once, after every base entry
+        is in."""
         pr, files, opts = self._progress, self._files, self._options
         runs: list[list[int]] = []
         with pr.cond:  # the background thread claims nothing more; what it prepares is taken below
@@ -82,6 +81,7 @@ class BulkLoader:
                 need_tail = self._tail.whole is None
             if need_tail and runs:  # no background thread: read the tail while the pool decodes
                 self._tail.read_whole()
+            tail_kgs: list[int] = []
             for i, run in enumerate(runs):
                 if waves and waves[0][0][2] <= i:  # the next wave starts with this run's files
                     files.fetch_wave(waves.popleft(), fetcher)
@@ -90,11 +90,14 @@ class BulkLoader:
                     ahead.append(pool.submit(files.decode, runs[i + ahead_n]))
                 if self._raw_keys:  # a disk-backed working set: key group by key group, with its tail
                     prepared = self._builder.entries(run, decoded)
-                else:  # in memory: a piece as one part, its base and then its tail
+                else:  # in memory: the base of a piece now, the tail once every base is in
                     prepared = [self._builder.whole_run(run, decoded)]
+                    tail_kgs.extend(run)
                 del decoded
                 pr.mark_taken(run)
                 yield from prepared
+            if tail_kgs:  # one replay of the tail, as an eager restore does
+                yield self._builder.tail_part(tail_kgs)
             # the run the background thread was preparing when it was stopped
             if thread.is_alive() and thread is not threading.current_thread():
                 thread.join()

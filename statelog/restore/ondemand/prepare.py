@@ -90,35 +90,26 @@ class EntryBuilder:
         return [out[kg] for kg in kgs]
 
     def whole_run(self, kgs: list[int], decoded: list[tuple[StateInfo, pa.Table]]) -> PreparedKeyGroup:
-        """A piece of a run as one part (for a working set in memory, which does not need the
-        key groups apart): keys and entries of each decoded table, then the piece's share of
-        the tail, in key-group order (a key is in one key group, so its records follow its
-        base entry; replayed right after the piece's entries were put, the records find them
-        still in the CPU's caches, where one replay of the whole tail after every base would
-        miss them)."""
+        """A piece of a run as one part, without its tail (for a working set in memory, which
+        does not need the key groups apart): keys and entries of each decoded table."""
         p = PreparedKeyGroup(kgs[0])
         for info, rows in decoded:
             if rows.num_rows:
                 self.check_keys(info.name, rows.column("key"))
                 p.base.setdefault(info.name, []).append(base_entries(info, rows))
                 p.rows += rows.num_rows
-        self._merge_tails(p, kgs)
-        self.count(p.rows, sum(len(r) for r in p.records.values()))
+        self.count(p.rows, 0)
         return p
 
     def tail_part(self, kgs: list[int]) -> PreparedKeyGroup:
         """The tail records of ``kgs`` as one part, in key-group order (a key's records stay in
         their order: a key is in one key group), to install after their base entries."""
         p = PreparedKeyGroup(kgs[0] if kgs else self._first)
-        self._merge_tails(p, kgs)
-        self.count(0, sum(len(r) for r in p.records.values()))
-        return p
-
-    def _merge_tails(self, p: PreparedKeyGroup, kgs: list[int]) -> None:
-        """The tail records of ``kgs`` into ``p``, per state in key-group order."""
         for tail in self._tail.of(kgs).values():
             for name, records in tail.items():
                 p.records.setdefault(name, []).extend(records)
+        self.count(0, sum(len(r) for r in p.records.values()))
+        return p
 
     def count(self, rows: int, records: int) -> None:
         with self._lock:  # (both threads prepare key groups)
