@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import threading
 
-from statelog.restore.ondemand.files import TableFiles
-from statelog.restore.ondemand.prepare import EntryBuilder, PreparedKeyGroup
-from statelog.restore.ondemand.progress import KeyGroupState, Progress
-from statelog.restore.ondemand.slices import Slices
-from statelog.restore.ondemand.tail import TailReader
+from statelog.restore.ondemand.parts import LoaderParts
+from statelog.restore.ondemand.prepare import PreparedKeyGroup
+from statelog.restore.ondemand.progress import KeyGroupState
 
 __all__ = ["BackgroundLoader"]
 
@@ -25,20 +23,9 @@ __all__ = ["BackgroundLoader"]
 class BackgroundLoader:
     """Prepares the key groups nobody took yet, in order, in a daemon thread (``progress.thread``)."""
 
-    def __init__(
-        self,
-        progress: Progress,
-        files: TableFiles,
-        slices: Slices,
-        tail: TailReader,
-        builder: EntryBuilder,
-        read_ahead: int,
-    ) -> None:
-        self._progress = progress
-        self._files = files
-        self._slices = slices
-        self._tail = tail
-        self._builder = builder
+    def __init__(self, parts: LoaderParts, read_ahead: int) -> None:
+        self._progress = progress = parts.progress
+        self._files, self._slices, self._tail, self._builder = parts.files, parts.slices, parts.tail, parts.builder
         self._read_ahead = read_ahead
         progress.thread = threading.Thread(target=self._run, name="statelog-ondemand-restore", daemon=True)
 

@@ -14,12 +14,10 @@ import concurrent.futures as cf
 import threading
 from collections.abc import Iterator
 
-from statelog.restore.ondemand.files import TableFiles
 from statelog.restore.ondemand.options import OnDemandOptions
-from statelog.restore.ondemand.prepare import EntryBuilder, PreparedKeyGroup
-from statelog.restore.ondemand.progress import KeyGroupState, Progress
-from statelog.restore.ondemand.slices import Slices
-from statelog.restore.ondemand.tail import TailReader
+from statelog.restore.ondemand.parts import LoaderParts
+from statelog.restore.ondemand.prepare import PreparedKeyGroup
+from statelog.restore.ondemand.progress import KeyGroupState
 
 __all__ = ["BulkLoader"]
 
@@ -27,21 +25,9 @@ __all__ = ["BulkLoader"]
 class BulkLoader:
     """Loads every key group not handed out yet, in the task thread (:meth:`take_all`)."""
 
-    def __init__(
-        self,
-        progress: Progress,
-        files: TableFiles,
-        slices: Slices,
-        tail: TailReader,
-        builder: EntryBuilder,
-        options: OnDemandOptions,
-        raw_keys: bool,
-    ) -> None:
-        self._progress = progress
-        self._files = files
-        self._slices = slices
-        self._tail = tail
-        self._builder = builder
+    def __init__(self, parts: LoaderParts, options: OnDemandOptions, raw_keys: bool) -> None:
+        self._progress = parts.progress
+        self._files, self._slices, self._tail, self._builder = parts.files, parts.slices, parts.tail, parts.builder
         self._options = options
         self._raw_keys = raw_keys
 

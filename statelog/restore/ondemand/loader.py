@@ -26,6 +26,7 @@ from statelog.restore.ondemand.background import BackgroundLoader
 from statelog.restore.ondemand.bulk import BulkLoader
 from statelog.restore.ondemand.files import TableFiles
 from statelog.restore.ondemand.options import OnDemandOptions
+from statelog.restore.ondemand.parts import LoaderParts
 from statelog.restore.ondemand.prepare import EntryBuilder, PreparedKeyGroup
 from statelog.restore.ondemand.progress import KeyGroupState, Progress
 from statelog.restore.ondemand.slices import Slices
@@ -71,9 +72,9 @@ class KeyGroupLoader:
         self.tail = TailReader(store, ranges, key_groups, options, pause)
         self.builder = EntryBuilder(self.tail, raw_keys, key_groups.start)
         self.slices = Slices(self.files, self.tail, self.builder)
-        self.background = BackgroundLoader(self.progress, self.files, self.slices, self.tail, self.builder,
-                                           options.read_ahead)  # fmt: skip
-        self._bulk = BulkLoader(self.progress, self.files, self.slices, self.tail, self.builder, options, raw_keys)
+        parts = LoaderParts(self.progress, self.files, self.tail, self.builder, self.slices)
+        self.background = BackgroundLoader(parts, options.read_ahead)
+        self._bulk = BulkLoader(parts, options, raw_keys)
         self._gc_paused = False
 
     @property
