@@ -42,6 +42,10 @@ class ChangeBatch:
 
     def rows(self) -> Iterator[tuple[int, int, int, bytes, bytes, Any, Any, int | None]]:
         """Yield ``(seq, key_group, op, key, namespace, user_key, value, expires_ms)``."""
+        return zip(*self.columns(), strict=True)
+
+    def columns(self) -> list[list[Any]]:
+        """The columns of :meth:`rows` as Python lists (user keys and values decoded)."""
         t = self.table
         meta = t.schema.metadata or {}
         value_type = PICKLE if meta.get(fmt.META_VALUE_ENC) == b"pickle" else None
@@ -56,17 +60,7 @@ class ChangeBatch:
         elif pa.types.is_map(cols[6].type):
             values = [None if v is None else dict(v) for v in values]
         ukeys = from_arrow(cols[5].combine_chunks(), ukey_type) if ukey_type is PICKLE else cols[5].to_pylist()
-        return zip(
-            cols[0].to_pylist(),
-            cols[1].to_pylist(),
-            cols[2].to_pylist(),
-            cols[3].to_pylist(),
-            cols[4].to_pylist(),
-            ukeys,
-            values,
-            cols[7].to_pylist(),
-            strict=True,
-        )
+        return [*(c.to_pylist() for c in cols[:5]), ukeys, values, cols[7].to_pylist()]
 
 
 class SegmentReader:

@@ -101,6 +101,17 @@ class ValueApplier(StateChangeApplier):
         # :meth:`apply` inlined (a restore's hot loop: one call less per record); the same
         # rule, checked against apply() in tests/statelog/restore/test_appliers.py
         expiring = self.expiring
+        if not isinstance(records, list):
+            records = list(records)
+        if len(records) > 1:
+            # the common tail: only puts, to one namespace; one bulk update in order (the last
+            # put of a key wins, as it does one record at a time)
+            kbs, nss, ops, _ukeys, values, exps = zip(*records, strict=True)
+            n = len(records)
+            if ops.count(_PUT) == n and nss.count(nss[0]) == n:
+                entries = map(list, zip(values, exps, strict=True)) if expiring else values
+                entries_for(nss[0]).update(zip(map(keys.__getitem__, kbs), entries, strict=True))
+                return
         last: bytes | None = None
         table: Any = None
         for kb, nsb, op, _ukey, value, exp in records:

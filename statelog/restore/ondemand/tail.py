@@ -11,9 +11,12 @@ it reads it whole, once.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import numpy as np
 
 from statelog.changelog.reader import WHOLE_OBJECT_LIMIT, ChangeBatch, SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange
@@ -23,7 +26,8 @@ from statelog.store.base import ObjectStore
 
 __all__ = ["Records", "TailReader"]
 
-Records = dict[str, list[tuple[bytes, bytes, int, Any, Any, int | None]]]  # per state, in order
+Record = tuple[bytes, bytes, int, Any, Any, int | None]  # key bytes, namespace bytes, op, user key, value, expires
+Records = dict[str, list[Record]]  # per state, in order
 
 
 class TailReader:
@@ -143,8 +147,8 @@ class TailReader:
                     if pause:
                         self._pause()
                     piece = ChangeBatch(batch.state, batch.table.slice(i, piece_rows))
-                    for _seq, kg, op, kb, nsb, ukey, value, exp in piece.rows():
-                        tail.setdefault(kg, {}).setdefault(batch.state, []).append((kb, nsb, op, ukey, value, exp))
+                    for kg, records in _by_key_group(piece):
+                        tail.setdefault(kg, {}).setdefault(batch.state, []).extend(records)
         return tail
 
     def _pools(self) -> tuple[cf.ThreadPoolExecutor, cf.ThreadPoolExecutor]:
@@ -165,3 +169,24 @@ class TailReader:
             pools, self._io = self._io, None
         for pool in pools or ():
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _by_key_group(batch: ChangeBatch) -> Iterator[tuple[int, list[Record]]]:
+    """The records of ``batch`` per key group, each key group's in their order (a stable sort
+    by key group: one list per key group, not a dictionary lookup per record)."""
+    _seq, kgs, ops, kbs, nss, ukeys, values, exps = batch.columns()
+    records = list(zip(kbs, nss, ops, ukeys, values, exps, strict=True))
+    if not records:
+        return
+    first = kgs[0]
+    if kgs.count(first) == len(kgs):
+        yield first, records
+        return
+    groups = np.asarray(kgs, dtype=np.int64)
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = groups[order]
+    starts = np.flatnonzero(np.diff(sorted_groups)) + 1
+    bounds = [0, *starts.tolist(), len(records)]
+    order_list = order.tolist()
+    for a, b in itertools.pairwise(bounds):
+        yield int(sorted_groups[a]), [records[j] for j in order_list[a:b]]

@@ -122,6 +122,27 @@ def test_value_applier_inlined_loop_is_apply(recs, expiring):
     assert fast == ref
 
 
+_puts = st.lists(
+    st.tuples(st.sampled_from([b"a", b"b", b"c"]), st.integers(0, 100), st.one_of(st.none(), st.integers(0, 100))),
+    max_size=40,
+)
+
+
+@given(_puts, st.booleans(), st.booleans())
+def test_value_applier_bulk_puts_are_apply(puts, expiring, as_iterator):
+    """A tail of only puts to one namespace (applied in one bulk update) equals apply()
+    record by record: the last put of a key wins, TTL entries are [value, expires]."""
+    applier = ValueApplier("v", expiring)
+    records = [(kb, b"n", Op.PUT.value, None, v, exp) for kb, v, exp in puts]
+    keys = {b"a": "A", b"b": "B", b"c": "C"}
+    fast: dict = {"n": {"A": -1}}
+    applier.apply_all(iter(records) if as_iterator else records, lambda nsb: fast.setdefault(nsb.decode(), {}), keys)
+    ref: dict = {"n": {"A": -1}}
+    for kb, nsb, op, uk, v, exp in records:
+        ValueApplier.apply(applier, ref.setdefault(nsb.decode(), {}), keys[kb], op, uk, v, exp)
+    assert fast == ref
+
+
 def test_restore_replays_through_the_appliers(tmp_path, monkeypatch):
     """A backend's restore applies its changelog with the state kind's applier."""
     import statelog
