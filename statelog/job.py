@@ -17,6 +17,7 @@ creates keyed backends (fresh or restored from a checkpoint), and publishes chec
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,8 +30,10 @@ from statelog.checkpoint.root_lease import RootLease
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
 from statelog.errors import ConfigError, FencedError
 from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
+from statelog.loop_metrics import LoopMetrics, job_label
 from statelog.materialization.adoption import MaterializationWatch
 from statelog.materialization.manifest import Manifest
+from statelog.metrics import check_port
 from statelog.options.engine import (
     DEFAULT_STATE_MEMORY,
     RETAIN,
@@ -76,7 +79,13 @@ class StateJob:
         state_memory: int | str = DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,
         write_guard: Callable[[], None] | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        metrics_job: str | None = None,
     ) -> None:
+        metrics_port = check_port("metrics_port", metrics_port)
+        if metrics_job is not None:
+            non_empty_name("metrics_job", metrics_job)
         self.state_store = check_state_store("state_store", state_store)
         self.state_memory = STATE_MEMORY.check(state_memory)
         self.state_dir = check_state_dir("state_dir", state_dir)
@@ -119,6 +128,15 @@ class StateJob:
         self._materializations = MaterializationWatch(self.store, log)
         # how often checkpoint() looks for a newer materialization (one LIST request)
         self.materialization_poll_s = 1.0
+        # statelog/loop_metrics.py: served at metrics_port (0: any free port) while open
+        self.metrics = LoopMetrics(metrics_job or job_label(self.root), lambda: self._backends, lambda: self.fenced)
+        if metrics_port is not None:
+            try:
+                self.metrics.serve(metrics_host, metrics_port)
+            except BaseException:
+                if own_store:
+                    self.store.close()
+                raise
 
     def __repr__(self) -> str:
         # the store's repr hides credentials (statelog.store.options); nothing else here is secret
@@ -304,9 +322,16 @@ class StateJob:
         (:mod:`statelog.checkpoint.publish`).
         """
         live = [b for b in self._backends if not b._closed]
-        return self._checkpoints.take(
-            live, sources or {}, timeout, self.adopt_latest_materialization, self._writer, self.retain_checkpoints
-        )
+        t0 = time.monotonic()
+        try:
+            meta = self._checkpoints.take(
+                live, sources or {}, timeout, self.adopt_latest_materialization, self._writer, self.retain_checkpoints
+            )
+        except BaseException:
+            self.metrics.checkpoint_failed()
+            raise
+        self.metrics.checkpoint_completed(meta, time.monotonic() - t0)
+        return meta
 
     def publish_checkpoint(
         self,
@@ -328,6 +353,7 @@ class StateJob:
         return self.catalog.latest()
 
     def close(self, flush: bool = True) -> None:
+        self.metrics.close()
         for b in self._backends:
             b.close()
         self._backends.clear()
