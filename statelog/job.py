@@ -17,7 +17,6 @@ creates keyed backends (fresh or restored from a checkpoint), and publishes chec
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -84,8 +83,7 @@ class StateJob:
         metrics_job: str | None = None,
     ) -> None:
         metrics_port = check_port("metrics_port", metrics_port)
-        if metrics_job is not None:
-            non_empty_name("metrics_job", metrics_job)
+        metrics_job = None if metrics_job is None else non_empty_name("metrics_job", metrics_job)
         self.state_store = check_state_store("state_store", state_store)
         self.state_memory = STATE_MEMORY.check(state_memory)
         self.state_dir = check_state_dir("state_dir", state_dir)
@@ -108,8 +106,12 @@ class StateJob:
         self.store = FencedStore(inner, write_guard) if write_guard is not None else inner
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
+        self._backends: list[KeyedStateBackend] = []
+        self.metrics = LoopMetrics(metrics_job or job_label(self.root), lambda: self._backends, lambda: self.fenced)
         try:
             info = self.catalog.open_job(max_parallelism, create=create, recover=recover_descriptor)
+            if metrics_port is not None:
+                self.metrics.serve(metrics_host, metrics_port)
         except BaseException:
             if own_store:
                 self.store.close()
@@ -124,19 +126,9 @@ class StateJob:
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease)
         self._writer: ChangelogWriter | None = None
-        self._backends: list[KeyedStateBackend] = []
         self._materializations = MaterializationWatch(self.store, log)
         # how often checkpoint() looks for a newer materialization (one LIST request)
         self.materialization_poll_s = 1.0
-        # statelog/loop_metrics.py: served at metrics_port (0: any free port) while open
-        self.metrics = LoopMetrics(metrics_job or job_label(self.root), lambda: self._backends, lambda: self.fenced)
-        if metrics_port is not None:
-            try:
-                self.metrics.serve(metrics_host, metrics_port)
-            except BaseException:
-                if own_store:
-                    self.store.close()
-                raise
 
     def __repr__(self) -> str:
         # the store's repr hides credentials (statelog.store.options); nothing else here is secret
@@ -322,16 +314,8 @@ class StateJob:
         (:mod:`statelog.checkpoint.publish`).
         """
         live = [b for b in self._backends if not b._closed]
-        t0 = time.monotonic()
-        try:
-            meta = self._checkpoints.take(
-                live, sources or {}, timeout, self.adopt_latest_materialization, self._writer, self.retain_checkpoints
-            )
-        except BaseException:
-            self.metrics.checkpoint_failed()
-            raise
-        self.metrics.checkpoint_completed(meta, time.monotonic() - t0)
-        return meta
+        return self.metrics.timed_checkpoint(self._checkpoints.take, live, sources or {}, timeout,
+                                             self.adopt_latest_materialization, self._writer, self.retain_checkpoints)
 
     def publish_checkpoint(
         self,

@@ -19,6 +19,7 @@ every metric and its labels: ``docs/monitoring.md``.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -83,6 +84,17 @@ class LoopMetrics(Collector):
             self.lag[(str(topic), int(partition))] = max(0, int(lag))
 
     # -- what the job tells --------------------------------------------------------------------
+
+    def timed_checkpoint(self, take: Callable[..., Any], *args: Any) -> Any:
+        """``take(*args)`` (a checkpoint: its metadata), counted as completed with its duration or as failed."""
+        t0 = time.monotonic()
+        try:
+            meta = take(*args)
+        except BaseException:
+            self.checkpoint_failed()
+            raise
+        self.checkpoint_completed(meta, time.monotonic() - t0)
+        return meta
 
     def checkpoint_completed(self, meta: Any, duration_s: float) -> None:
         self._duration.labels(self.name).observe(duration_s)

@@ -33,7 +33,9 @@ from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.xdist_group("prometheus")  # one server per session
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "monitoring" / "grafana-dashboard.json"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+DASHBOARD = DOCS / "monitoring" / "grafana-dashboard.json"
+MONITORING = DOCS / "monitoring.md"
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 
 
@@ -142,6 +144,15 @@ def test_prometheus_scrapes_a_job_a_consumer_loop_and_a_daemon(
         missing = sorted(dashboard_names() - names)
         assert not missing, f"the dashboard uses metrics no scrape holds: {missing}"
         assert "statelog_job_records_per_second" not in names  # a counter, no server-side rate
+        # every metric the three endpoints serve is listed in docs/monitoring.md
+        served = {r["metric"]["__name__"] for r in prometheus.query('{target=~"prom-.*"}')}
+        documented = MONITORING.read_text()
+        undocumented = sorted(
+            n for n in served if not n.startswith(("up", "scrape_"))
+            and re.sub(r"_(bucket|sum|count|created)$", "", n) not in documented
+            and n not in documented
+        )  # fmt: skip
+        assert not undocumented, f"served but not in docs/monitoring.md: {undocumented}"
     finally:
         for name in ("prom-runtime", "prom-loop", "prom-daemon"):
             prometheus.remove_target(name)
