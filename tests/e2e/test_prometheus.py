@@ -39,8 +39,8 @@ MONITORING = DOCS / "monitoring.md"
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 
 
-def dashboard_names() -> set[str]:
-    exprs = []
+def dashboard_exprs() -> list[str]:
+    exprs: list[str] = []
 
     def walk(node: object) -> None:
         if isinstance(node, dict):
@@ -53,7 +53,11 @@ def dashboard_names() -> set[str]:
                 walk(v)
 
     walk(json.loads(DASHBOARD.read_text()))
-    return {n for e in exprs for n in re.findall(r"\b((?:statelog|process)_[a-z_]+)", e)}
+    return exprs
+
+
+def dashboard_names() -> set[str]:
+    return {n for e in dashboard_exprs() for n in re.findall(r"\b((?:statelog|process)_[a-z_]+)", e)}
 
 
 def test_the_rules_pass_promtool(prometheus: PrometheusServer) -> None:
@@ -144,6 +148,21 @@ def test_prometheus_scrapes_a_job_a_consumer_loop_and_a_daemon(
         missing = sorted(dashboard_names() - names)
         assert not missing, f"the dashboard uses metrics no scrape holds: {missing}"
         assert "statelog_job_records_per_second" not in names  # a counter, no server-side rate
+        # every panel's query is valid PromQL (an error fails api()) and has data for these jobs
+        # once rates have two scrapes (the job variable: all of them)
+        empty: list[str] = []
+
+        def every_panel_has_data() -> bool:
+            nonlocal round_, empty
+            loop_step(job, backends, 50, round_)
+            round_ += 1
+            empty = [e for e in dashboard_exprs() if not prometheus.query(e.replace("$job", "prom-.*"))]
+            return not empty
+
+        try:
+            wait_until(every_panel_has_data, 60, "data for every panel of the dashboard", interval=0.5)
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {empty}") from None
         # every metric the three endpoints serve is listed in docs/monitoring.md
         served = {r["metric"]["__name__"] for r in prometheus.query('{target=~"prom-.*"}')}
         documented = MONITORING.read_text()
