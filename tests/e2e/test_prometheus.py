@@ -4,7 +4,8 @@ One Prometheus server for the session (``tests/support/prometheus.py``: Debian's
 scrape and evaluation every second, the rules of ``docs/monitoring/alerts.yml`` with the
 checkpoint-age threshold at 3 s). It scrapes a running runtime job, a consumer loop on
 ``statelog.open(metrics_port=0)`` and a materializer daemon; every metric name the dashboard
-uses is then in the server; the rules pass ``promtool check rules``; a consumer loop that
+uses is then in the server and every panel's query has data; the rules pass ``promtool check
+rules`` and their unit tests (``promtool test rules``); a consumer loop that
 stops checkpointing makes the checkpoint-age alert fire, and its next checkpoint resolves it.
 """
 
@@ -66,6 +67,10 @@ def test_the_rules_pass_promtool(prometheus: PrometheusServer) -> None:
     for path in (RULES, prometheus.rules):  # the shipped rules and the session's copy
         out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "SUCCESS: 7 rules found" in out.stdout, out.stdout + out.stderr
+    # each alert fires on synthetic series, and not on healthy ones (docs/monitoring/alerts_test.yml)
+    out = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=RULES.parent, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
     loaded = [r["name"] for g in prometheus.api("rules")["groups"] for r in g["rules"]]
     assert sorted(loaded) == sorted(["StatelogCheckpointAge", "StatelogCheckpointsFailing", "StatelogMaterializationLag",
                                      "StatelogChangelogTailGrowth", "StatelogMaterializerLeaseLost",
