@@ -113,6 +113,11 @@ def test_job_metrics_agree_with_the_published_checkpoints(file_root: RootSpec, t
     # the job's records read: its sources' counters
     assert value(last, "statelog_job_records_in_total") == sum(records[lb] for lb in sources)
     assert ("statelog_job_records_per_second", ()) not in last  # a counter instead of a rate
+    # event time: the windows' watermarks, the job's the lowest of its tasks'
+    wms = {k[1]: v for k, v in last.items() if k[0] == "statelog_job_task_watermark_seconds"}
+    windows = [lb for lb in records if "window" in dict(lb)["vertex"]]
+    assert windows and all(lb in wms for lb in windows), (sorted(wms), windows)
+    assert value(last, "statelog_job_watermark_seconds") == min(wms.values())
     # the window operator's state, per subtask, and the master's and workers' processes
     entries = [k for k in last if k[0] == "statelog_job_state_entries"]
     assert {dict(lb)["subtask"] for _n, lb in entries} == {"0", "1"}
