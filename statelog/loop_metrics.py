@@ -18,14 +18,21 @@ every metric and its labels: ``docs/monitoring.md``.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from statelog.metrics import MetricsServer, ProcessMetrics
 
@@ -39,20 +46,20 @@ def job_label(root: str) -> str:
     return root.rstrip("/").rsplit("/", 1)[-1] or root
 
 
-class LoopMetrics(Collector):
-    """The metrics of one opened job (``job.metrics``); thread-safe."""
+class LoopMetrics:
+    """The metrics of one opened job (``job.metrics``); thread-safe. Plain counters until
+    served: ``prometheus_client`` objects are made by :meth:`serve` and when collected."""
 
     def __init__(self, name: str, backends: Callable[[], Iterable[Any]], fenced: Callable[[], Any]) -> None:
         self.name = name
         self._backends = backends
         self._fenced = fenced
         self._lock = threading.Lock()
-        self.registry = CollectorRegistry()
-        self._duration = Histogram(PREFIX + "checkpoint_duration_seconds", "end-to-end duration of completed "
-                                   "checkpoints", ["job"], buckets=DURATION_BUCKETS, registry=self.registry)  # fmt: skip
-        self.registry.register(self)
-        self.registry.register(ProcessMetrics({"job": name}))
+        self.registry: CollectorRegistry | None = None
         self.server: MetricsServer | None = None
+        # checkpoint durations: counts per bucket of DURATION_BUCKETS (+Inf last), their sum
+        self._buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        self._duration_sum = 0.0
         self.completed = 0
         self.failed = 0
         self.records_in_total = 0
@@ -97,8 +104,9 @@ class LoopMetrics(Collector):
         return meta
 
     def checkpoint_completed(self, meta: Any, duration_s: float) -> None:
-        self._duration.labels(self.name).observe(duration_s)
         with self._lock:
+            self._buckets[bisect.bisect_left(DURATION_BUCKETS, duration_s)] += 1
+            self._duration_sum += duration_s
             self.completed += 1
             self.last = {
                 "id": meta.checkpoint_id, "timestamp": meta.timestamp_ms / 1000, "duration": duration_s,
@@ -117,6 +125,9 @@ class LoopMetrics(Collector):
         return self.server.url if self.server is not None else None
 
     def serve(self, host: str, port: int) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(self)  # type: ignore[arg-type]  # a collector: collect()
+        self.registry.register(ProcessMetrics({"job": self.name}))
         self.server = MetricsServer(self.registry, self.health, host, port)
 
     def close(self) -> None:
@@ -137,6 +148,12 @@ class LoopMetrics(Collector):
         with self._lock:
             completed, failed, last = self.completed, self.failed, dict(self.last)
             rin, rout, lag = self.records_in_total, self.records_out_total, dict(self.lag)
+            buckets, duration_sum = list(self._buckets), self._duration_sum
+        h = HistogramMetricFamily(PREFIX + "checkpoint_duration_seconds", "end-to-end duration of completed "
+                                  "checkpoints", labels=["job"])  # fmt: skip
+        bounds = [*(floatToGoString(b) for b in DURATION_BUCKETS), "+Inf"]
+        h.add_metric(job, list(zip(bounds, itertools.accumulate(buckets), strict=True)), duration_sum)
+        yield h
 
         def family(kind: type, name: str, doc: str, value: float) -> Metric:
             f = kind(PREFIX + name, doc, labels=["job"])
