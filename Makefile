@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean venv java browser
+.PHONY: demo test lint bench clean venv java browser prometheus
 
 venv: $(STAMP)
 
@@ -37,9 +37,22 @@ browser:
 	  fi; \
 	}
 
-test: java browser $(STAMP)
+# The metrics tests (tests/e2e/test_prometheus.py) need Debian's prometheus (server and promtool);
+# installed here when missing (as root), like chromium.
+prometheus:
+	@{ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "statelog: installing prometheus for the metrics tests (apt-get)"; \
+	    { apt-get install -y -q prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q prometheus >/dev/null; }; } || \
+	      { echo "statelog: apt-get install prometheus failed" >&2; exit 1; }; \
+	  else \
+	    echo "statelog: the metrics tests need prometheus and promtool; install them (Debian/Ubuntu: apt-get install prometheus)" >&2; exit 1; \
+	  fi; \
+	}
+
+test: java browser prometheus $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
-	STATELOG_BROWSER_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+	STATELOG_BROWSER_REQUIRED=1 STATELOG_PROMETHEUS_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples

@@ -29,8 +29,10 @@ from statelog.checkpoint.root_lease import RootLease
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
 from statelog.errors import ConfigError, FencedError
 from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
+from statelog.loop_metrics import LoopMetrics, job_label
 from statelog.materialization.adoption import MaterializationWatch
 from statelog.materialization.manifest import Manifest
+from statelog.metrics import check_port
 from statelog.options.engine import (
     DEFAULT_STATE_MEMORY,
     RETAIN,
@@ -76,7 +78,12 @@ class StateJob:
         state_memory: int | str = DEFAULT_STATE_MEMORY,
         state_dir: str | None = None,
         write_guard: Callable[[], None] | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        metrics_job: str | None = None,
     ) -> None:
+        metrics_port = check_port("metrics_port", metrics_port)
+        metrics_job = None if metrics_job is None else non_empty_name("metrics_job", metrics_job)
         self.state_store = check_state_store("state_store", state_store)
         self.state_memory = STATE_MEMORY.check(state_memory)
         self.state_dir = check_state_dir("state_dir", state_dir)
@@ -99,8 +106,12 @@ class StateJob:
         self.store = FencedStore(inner, write_guard) if write_guard is not None else inner
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
+        self._backends: list[KeyedStateBackend] = []
+        self.metrics = LoopMetrics(metrics_job or job_label(self.root), lambda: self._backends, lambda: self.fenced)
         try:
             info = self.catalog.open_job(max_parallelism, create=create, recover=recover_descriptor)
+            if metrics_port is not None:
+                self.metrics.serve(metrics_host, metrics_port)
         except BaseException:
             if own_store:
                 self.store.close()
@@ -115,7 +126,6 @@ class StateJob:
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease)
         self._writer: ChangelogWriter | None = None
-        self._backends: list[KeyedStateBackend] = []
         self._materializations = MaterializationWatch(self.store, log)
         # how often checkpoint() looks for a newer materialization (one LIST request)
         self.materialization_poll_s = 1.0
@@ -304,9 +314,8 @@ class StateJob:
         (:mod:`statelog.checkpoint.publish`).
         """
         live = [b for b in self._backends if not b._closed]
-        return self._checkpoints.take(
-            live, sources or {}, timeout, self.adopt_latest_materialization, self._writer, self.retain_checkpoints
-        )
+        return self.metrics.timed_checkpoint(self._checkpoints.take, live, sources or {}, timeout,
+                                             self.adopt_latest_materialization, self._writer, self.retain_checkpoints)
 
     def publish_checkpoint(
         self,
@@ -328,6 +337,7 @@ class StateJob:
         return self.catalog.latest()
 
     def close(self, flush: bool = True) -> None:
+        self.metrics.close()
         for b in self._backends:
             b.close()
         self._backends.clear()

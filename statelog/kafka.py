@@ -364,9 +364,11 @@ class KafkaOffsets:
         timeout: float = 60.0,
     ) -> CheckpointMetadata:
         """``job.checkpoint(sources=self.sources(extra_sources))``; with ``commit_offsets`` the
-        recorded offsets are then committed to the consumer group (monitoring only)."""
+        recorded offsets are then committed to the consumer group (monitoring only). The lag of
+        each partition goes to ``job.metrics`` (:meth:`report_lag`)."""
         sources = self.sources(extra_sources)
         meta = job.checkpoint(sources=sources, timeout=timeout)
+        self.report_lag(job, sources)
         if commit_offsets:
             self.consumer.commit(
                 offsets=[
@@ -377,3 +379,17 @@ class KafkaOffsets:
                 asynchronous=True,
             )
         return meta
+
+    def report_lag(self, job: StateJob, positions: Mapping[str, Any] | None = None) -> None:
+        """Tell ``job.metrics`` each partition's lag: the high watermark the consumer last
+        fetched (cached by the client, no request) minus ``positions`` (default: the current
+        ones). A partition whose high watermark the consumer does not know yet is skipped."""
+        positions = positions if positions is not None else self.positions()
+        for topic in self.topics:
+            for partition, offset in sorted((positions.get(topic) or {}).items()):
+                try:
+                    _low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+                except KafkaException:
+                    continue
+                if high is not None and high >= 0:
+                    job.metrics.kafka_lag(topic, partition, int(high) - int(offset))

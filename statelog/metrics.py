@@ -7,6 +7,12 @@ when not. The materializer daemon (``materializer/daemon/metrics.py``) and the r
 (``runtime/cluster/metrics.py``) each own a registry and a server on an opt-in port
 (``metrics_port``; ``0`` picks a free one). The server listens on ``127.0.0.1`` unless told
 otherwise, and serves nothing else; labels and health texts never carry credentials.
+
+:class:`ProcessMetrics` adds a process's figures (``prometheus_client``'s ``ProcessCollector``:
+RSS, CPU seconds, open file descriptors, start time; plus its thread count) with the
+registry's own labels (``job`` or ``owner``), so that every series of a statelog endpoint
+carries them. The metrics a consumer loop on :func:`statelog.open` serves are in
+``statelog/loop_metrics.py``. Every metric, with its labels: ``docs/monitoring.md``.
 """
 
 from __future__ import annotations
@@ -14,11 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from statelog.errors import ConfigError
 
@@ -37,6 +50,46 @@ def check_port(label: str, value: Any) -> int | None:
     if type(value) is not int or not 0 <= value <= 65535:
         raise ConfigError(f"{label} must be a TCP port 0..65535 (0: any free port) or None (off), got {value!r}")
     return value
+
+
+class ProcessMetrics(Collector):
+    """The ``process_*`` figures of processes (``/proc``; Linux), each sample with ``labels``
+    plus ``process`` (the name ``processes()`` gives it): ``process_resident_memory_bytes``,
+    ``process_virtual_memory_bytes``, ``process_cpu_seconds_total``, ``process_open_fds``,
+    ``process_max_fds``, ``process_start_time_seconds`` and ``process_threads``. A process
+    that is gone yields nothing."""
+
+    def __init__(self, labels: dict[str, str], processes: Callable[[], dict[str, int | str]] | None = None) -> None:
+        self.labels = dict(labels)
+        self.processes = processes or (lambda: {"main": "self"})
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        threads = GaugeMetricFamily("process_threads", "threads of the process", labels=[*self.labels, "process"])
+        for name, pid in sorted(self.processes().items()):
+            extra = {**self.labels, "process": name}
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                out = families.get(family.name)
+                if out is None:
+                    out = families[family.name] = Metric(family.name, family.documentation, family.type)
+                for s in family.samples:
+                    out.add_sample(s.name, {**s.labels, **extra}, s.value)
+            n = _threads(pid)
+            if n is not None:
+                threads.add_metric(list(extra.values()), n)
+        yield from families.values()
+        yield threads
+
+
+def _threads(pid: int | str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class MetricsServer:

@@ -5,6 +5,8 @@
 * ``store_root`` (function, parametrized ``file`` / ``s3``): the same test on both stores.
 * ``kafka_broker`` (session): a :class:`tests.support.kafka.broker.KafkaBroker` (noida-db on loopback):
   ``.bootstrap_servers``, ``.config(**overrides)``, ``.create_topic(name=None, partitions=1)``.
+* ``prometheus`` (session, ``tests/support/prometheus.py``): a Prometheus server on loopback that
+  scrapes the targets a test adds.
 
 Every Spark JVM of the session (the in-process session, the CLI's, the clusters' drivers and
 executors) reads ``tests/support/spark/conf/spark-defaults.conf``: ``SPARK_CONF_DIR`` is set here.
@@ -25,7 +27,8 @@ from tests.support.s3server import RootSpec, S3Server, start_seaweedfs
 
 logger = logging.getLogger(__name__)
 
-pytest_plugins = ["tests.support.spark.fixtures"]  # the Spark fixtures, for the Spark tests of every package
+# the Spark fixtures, for the Spark tests of every package; the session's Prometheus server
+pytest_plugins = ["tests.support.spark.fixtures", "tests.support.prometheus"]
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """The materializer daemon's Prometheus metrics (served by :class:`statelog.metrics.MetricsServer`).
 
 Read from the daemon when scraped (a ``prometheus_client`` collector), except the durations,
-which are histograms the daemon observes. Names and meanings: ``docs/materializer.md``,
-*Metrics and health*.
+which are histograms the daemon observes; the ``process_*`` figures are the daemon process's.
+Every series has the label ``owner``. Names and meanings: ``docs/monitoring.md``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from statelog.metrics import ProcessMetrics
 
 PREFIX = "statelog_materializer_"
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -27,13 +29,14 @@ class DaemonMetrics(Collector):
         self.registry = CollectorRegistry()
         self.materialize_seconds = Histogram(
             PREFIX + "materialization_duration_seconds", "time to build and publish one materialization",
-            buckets=DURATION_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["owner"], buckets=DURATION_BUCKETS, registry=self.registry,
+        ).labels(daemon.owner)  # fmt: skip
         self.cycle_seconds = Histogram(
             PREFIX + "cycle_duration_seconds", "time of one daemon cycle (lease, decision, materialization, GC)",
-            buckets=DURATION_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            ["owner"], buckets=DURATION_BUCKETS, registry=self.registry,
+        ).labels(daemon.owner)  # fmt: skip
         self.registry.register(self)
+        self.registry.register(ProcessMetrics({"owner": daemon.owner}))
         self.failures = 0
         self.rows_written = 0
         self.bytes_written = 0
@@ -92,6 +95,9 @@ class DaemonMetrics(Collector):
         latest, newest = s.get("latest_checkpoint"), s.get("materialization") or s.get("latest_materialization")
         if latest is not None:
             yield gauge("latest_checkpoint", "id of the newest checkpoint of the root", latest["id"])
+            if latest.get("timestamp_ms") is not None:
+                yield gauge("latest_checkpoint_timestamp_seconds", "when the root's newest checkpoint was taken "
+                            "(Unix time)", latest["timestamp_ms"] / 1000)  # fmt: skip
             yield gauge("tail_bytes", "changelog bytes of the newest checkpoint after its materialization",
                         latest["tail_bytes"])  # fmt: skip
         if latest is not None and newest is not None:

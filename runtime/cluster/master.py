@@ -381,7 +381,7 @@ class JobMaster(WorkerControl):
         with self.lock:
             self.completed.append(cid)
         self.stats[cid] = dict(meta.stats)
-        self.metrics.observe_checkpoint(cid, meta.stats, meta.changelog_bytes)
+        self.metrics.observe_checkpoint(cid, meta.stats, meta.changelog_bytes, meta.timestamp_ms)
         self.savepoints.on_complete(cid, self.coordinator, self.job.store)
         self._collect_committed(cid)
         try:  # in-flight data (unaligned checkpoints) of checkpoints no longer retained

@@ -4,9 +4,12 @@ Read from the :class:`~runtime.cluster.master.JobMaster` when scraped (a ``prome
 collector): checkpoint counts and the newest checkpoint's figures from the metadata it
 published, restarts, and per task (``task="<vertex>.<subtask>"``, ``vertex`` its chain of
 operators) the counters each task reports with its checkpoint acknowledgements: records in
-(sources: records read) and seconds back-pressured. Checkpoint durations and alignment
-times are histograms the master observes when a checkpoint completes. Names and meanings:
-``docs/runtime.md``, *Metrics and health*.
+(sources: records read), records out (sent downstream), seconds back-pressured, the task's
+watermark and its keyed state's size figures. Checkpoint durations and alignment times are
+histograms the master observes when a checkpoint completes. The ``process_*`` figures are the
+master's and its local workers' (``process="master"``, ``"worker-<n>"``). Names shared with a
+consumer loop's metrics (``statelog/loop_metrics.py``) mean the same. Names and meanings:
+``docs/monitoring.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from statelog.loop_metrics import state_families
+from statelog.metrics import ProcessMetrics
 
 PREFIX = "statelog_job_"
 MS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -30,26 +36,40 @@ class JobMetrics(Collector):
         self.master = master
         self.registry = CollectorRegistry()
         self.duration = Histogram(PREFIX + "checkpoint_duration_seconds",
-                                  "end-to-end duration of completed checkpoints", buckets=MS_BUCKETS,
+                                  "end-to-end duration of completed checkpoints", ["job"], buckets=MS_BUCKETS,
                                   registry=self.registry)  # fmt: skip
         self.alignment = Histogram(PREFIX + "checkpoint_alignment_seconds",
-                                   "the longest barrier alignment of each completed checkpoint", buckets=MS_BUCKETS,
-                                   registry=self.registry)  # fmt: skip
+                                   "the longest barrier alignment of each completed checkpoint", ["job"],
+                                   buckets=MS_BUCKETS, registry=self.registry)  # fmt: skip
         self.registry.register(self)
+        self.registry.register(ProcessMetrics({"job": master.name}, self._processes))
         self.last: dict[str, Any] = {}  # the newest completed checkpoint: id, stats, changelog bytes
         self.tasks: dict[str, dict[str, float]] = {}  # task key -> its newest reported counters
+        self.state: dict[str, list[Any]] = {}  # task key -> its backends' (operator, subtask, size figures)
         # channel "<edge>.<upstream subtask>-<downstream subtask>" -> what its two ends reported last
         self.channels: dict[str, dict[str, float]] = {}
 
-    def observe_checkpoint(self, checkpoint_id: int, stats: dict[str, Any], changelog_bytes: int) -> None:
-        self.duration.observe(float(stats.get("duration_ms", 0.0)) / 1000)
-        self.alignment.observe(float(stats.get("alignment_ms", 0.0)) / 1000)
-        self.last = {"id": checkpoint_id, "stats": dict(stats), "changelog_bytes": changelog_bytes}
+    def observe_checkpoint(self, checkpoint_id: int, stats: dict[str, Any], changelog_bytes: int,
+                           timestamp_ms: int | None = None) -> None:  # fmt: skip
+        self.duration.labels(self.master.name).observe(float(stats.get("duration_ms", 0.0)) / 1000)
+        self.alignment.labels(self.master.name).observe(float(stats.get("alignment_ms", 0.0)) / 1000)
+        self.last = {"id": checkpoint_id, "stats": dict(stats), "changelog_bytes": changelog_bytes,
+                     "timestamp_ms": timestamp_ms}  # fmt: skip
 
     def observe_task(self, task: str, stats: dict[str, Any]) -> None:
-        self.tasks[task] = {k: float(stats[k]) for k in ("records_in", "backpressured_s") if k in stats}
+        self.tasks[task] = {k: float(stats[k]) for k in _TASK_KEYS if k in stats}
+        if "state" in stats:
+            self.state[task] = list(stats["state"])
         for label, values in (stats.get("channels") or {}).items():
             self.channels.setdefault(label, {}).update(values)
+
+    def _processes(self) -> dict[str, int | str]:
+        """The master (this process) and the workers it started here (``/proc``)."""
+        out: dict[str, int | str] = {"master": "self"}
+        for i, w in enumerate(list(getattr(self.master, "workers", ()))):
+            if getattr(w, "pid", None) is not None:
+                out[f"worker-{i}"] = w.pid
+        return out
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """``/healthz``: healthy while an attempt runs; restarting or not started is not."""
@@ -96,22 +116,41 @@ class JobMetrics(Collector):
                         float(s.get("inflight_bytes", 0)))  # fmt: skip
             yield gauge("changelog_tail_bytes", "changelog bytes the newest checkpoint references after its "
                         "materialization (what a restore replays)", float(last["changelog_bytes"]))  # fmt: skip
-            yield gauge("records_per_second", "source records per second between the last two checkpoints",
-                        float(s.get("records_per_s", 0.0)))  # fmt: skip
-        names = getattr(m, "vertex_names", {})
-        rin = CounterMetricFamily(PREFIX + "task_records_in", "records a task took in (sources: records read), "
-                                  "as of its newest checkpoint acknowledgement", labels=["job", "task", "vertex"])
-        bp = CounterMetricFamily(PREFIX + "task_backpressured_seconds", "seconds a task waited for room in its "
-                                 "output channels, as of its newest acknowledgement", labels=["job", "task", "vertex"])
-        for task, values in sorted(self.tasks.items()):
-            labels = [m.name, task, names.get(task.split(".", 1)[0], "")]
-            if "records_in" in values:
-                rin.add_metric(labels, values["records_in"])
-            if "backpressured_s" in values:
-                bp.add_metric(labels, values["backpressured_s"])
-        yield rin
-        yield bp
+            if last.get("timestamp_ms") is not None:
+                yield gauge("last_checkpoint_timestamp_seconds", "when the newest completed checkpoint was taken "
+                            "(Unix time)", last["timestamp_ms"] / 1000)  # fmt: skip
+        yield from self._task_metrics()
+        yield from state_families(m.name, (fig for _task, figs in sorted(self.state.items()) for fig in figs))
         yield from self._channel_metrics()
+
+    def _task_metrics(self) -> Iterator[Metric]:
+        """Per task (``task``, ``vertex``), and the job's records read and watermark from them."""
+        m = self.master
+        names = getattr(m, "vertex_names", {})
+        families = {key: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(
+            PREFIX + name, doc, labels=["job", "task", "vertex"]) for key, name, doc, kind in _TASK_METRICS}  # fmt: skip
+        read = 0.0
+        watermarks = []
+        for task, values in sorted(self.tasks.items()):
+            vertex = names.get(task.split(".", 1)[0], "")
+            for key, _name, _doc, _kind in _TASK_METRICS:
+                if key in values:
+                    v = values[key] / 1000 if key == "watermark_ms" else values[key]
+                    families[key].add_metric([m.name, task, vertex], v)
+            if task in getattr(m, "source_task_keys", ()):
+                read += values.get("records_in", 0.0)
+            if "watermark_ms" in values:
+                watermarks.append(values["watermark_ms"])
+        yield from families.values()
+        rin = CounterMetricFamily(PREFIX + "records_in", "records the job's sources read, as of their newest "
+                                  "checkpoint acknowledgements", labels=["job"])  # fmt: skip
+        rin.add_metric([m.name], read)
+        yield rin
+        if watermarks:
+            wm = GaugeMetricFamily(PREFIX + "watermark_seconds", "the job's event-time watermark: the lowest of "
+                                   "its tasks' (Unix time)", labels=["job"])  # fmt: skip
+            wm.add_metric([m.name], min(watermarks) / 1000)
+            yield wm
 
     def _channel_metrics(self) -> Iterator[Metric]:
         """Per channel, as of the newest acknowledgements of its two tasks (sender and receiver)."""
@@ -141,3 +180,16 @@ _CHANNEL_METRICS = (
      "gauge"),
     ("backpressured_s", "channel_backpressured_seconds", "seconds the sender found the channel full", "counter"),
 )  # fmt: skip
+
+# (reported key, metric name, help, type) of the per-task metrics
+_TASK_METRICS = (
+    ("records_in", "task_records_in", "records a task took in (sources: records read), as of its newest checkpoint "
+     "acknowledgement", "counter"),
+    ("records_out", "task_records_out", "records a task sent downstream (sinks: 0), as of its newest "
+     "acknowledgement", "counter"),
+    ("backpressured_s", "task_backpressured_seconds", "seconds a task waited for room in its output channels, as "
+     "of its newest acknowledgement", "counter"),
+    ("watermark_ms", "task_watermark_seconds", "a task's event-time watermark (Unix time), as of its newest "
+     "acknowledgement", "gauge"),
+)  # fmt: skip
+_TASK_KEYS = tuple(t[0] for t in _TASK_METRICS)

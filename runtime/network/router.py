@@ -60,6 +60,7 @@ class EdgeOutput:
         self.key_selector = key_selector
         self.max_parallelism = max_parallelism
         self._route: dict[Any, int] = {}
+        self.sent_records = 0  # records handed to the channels (counted per frame; the metrics)
 
     def emit(self, value: Any, ts: int | None) -> None:
         if self.forward:
@@ -78,17 +79,20 @@ class EdgeOutput:
         buf = self.buffers[i]
         buf.append((value, ts))
         if len(buf) >= self.limits[i]:
+            self.sent_records += len(buf)
             self.channels[i].send((buf, None))
             self.buffers[i] = []
 
     def event(self, event: tuple[str, int]) -> None:
         for i, ch in enumerate(self.channels):
+            self.sent_records += len(self.buffers[i])
             ch.send((self.buffers[i], event))
             self.buffers[i] = []
 
     def flush(self) -> None:
         for i, buf in enumerate(self.buffers):
             if buf:
+                self.sent_records += len(buf)
                 self.channels[i].send((buf, None))
                 self.buffers[i] = []
 

@@ -283,10 +283,7 @@ class Task(UnalignedCheckpointing):
             "sync_ms": (time.monotonic() - t0) * 1000,
             "alignment_ms": alignment_ms,
             "records": self.source.emitted if self.source is not None else 0,
-            # cumulative counters of this task (the master's metrics)
-            "records_in": self.source.emitted if self.source is not None else self.records_in,
-            "backpressured_s": round(self.backpressured_s, 6),
-            "channels": self.channel_stats(),
+            **self.metric_stats(),
         }
         blob = None
         if output:
@@ -296,6 +293,22 @@ class Task(UnalignedCheckpointing):
             blob, inflight_sources = ref
             sources = dict(sources or {}, **inflight_sources)
         self.host.acknowledge_async(checkpoint_id, self.key, pending, sources, stats, blob=blob)
+
+    def metric_stats(self) -> dict[str, Any]:
+        """What this task reports with each acknowledgement for the master's metrics: its
+        cumulative counters (records in, sources: read; records out: sent downstream; seconds
+        back-pressured), its watermark, its keyed backends' size figures and its channels."""
+        stats: dict[str, Any] = {
+            "records_in": self.source.emitted if self.source is not None else self.records_in,
+            "records_out": sum(e.sent_records for e in self.router.edges),
+            "backpressured_s": round(self.backpressured_s, 6),
+            "state": [(b.operator_uid, b.subtask, b.size_figures()) for op in self.ops
+                      if (b := getattr(op, "backend", None)) is not None],  # fmt: skip
+            "channels": self.channel_stats(),
+        }
+        if MIN_WATERMARK < self.wm < MAX_WATERMARK:
+            stats["watermark_ms"] = self.wm
+        return stats
 
     def channel_stats(self) -> dict[str, dict[str, float]]:
         """Per channel (``"<edge>.<upstream subtask>-<downstream subtask>"``) what this task

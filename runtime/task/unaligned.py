@@ -46,6 +46,7 @@ class UnalignedCheckpointing:
     _u_sync: dict[str, Any]
     _snapshot_operators: Callable[[int], tuple[list[Any], dict[str, Any]]]
     channel_stats: Callable[[], dict[str, dict[str, float]]]
+    metric_stats: Callable[[], dict[str, Any]]
 
     def _may_overtake(self) -> bool:
         """Barriers may go out urgent until the final watermark was sent: the final checkpoint
@@ -131,8 +132,7 @@ class UnalignedCheckpointing:
         """Last barrier: the in-flight data is complete; write it, then acknowledge."""
         pending, data_in, data_out = self._u_pending, self._u_input, self._u_output
         self._u_pending, self._u_input, self._u_output = [], [], []
-        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0, records_in=self.records_in,
-                     backpressured_s=round(self.backpressured_s, 6), channels=self.channel_stats())  # fmt: skip
+        stats = dict(self._u_sync, alignment_ms=alignment_ms, records=0, **self.metric_stats())
         blob = sources = None
         if data_in or data_out:
             ref = self._inflight(checkpoint_id, data_in, data_out, pending, stats, held=True)

@@ -162,6 +162,10 @@ class KeyedStateBackend:
         """Whether the keyed state is in the disk-backed working set (``state_store="disk"``)."""
         return self._working_set.on_disk
 
+    def size_figures(self) -> dict[str, int]:
+        """Figures for metrics: :func:`size_figures`."""
+        return size_figures(self)
+
     def prefetch(self, keys: Iterable[Any]) -> int:
         """A hint: records of ``keys`` come next. With the disk-backed working set
         (``state_store="disk"``) the keys not resident are read from its database in one
@@ -347,6 +351,20 @@ class KeyedStateBackend:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)
         self._working_set.close()
+
+
+def size_figures(backend: KeyedStateBackend) -> dict[str, int]:
+    """Figures for metrics, cheap enough for every scrape: ``entries`` (entries of the
+    keyed states in memory: every entry with the memory store, none counted with the disk
+    store, whose entries are in its database), with the disk store ``disk_bytes`` (its
+    database's files) and ``cache_misses`` (reads of its database for keys and entries not
+    in the working set's memory; hits are not counted: they cost no more than a dict)."""
+    if backend._ws is not None:
+        return {"disk_bytes": backend._ws.disk_bytes(), "cache_misses": int(backend._ws.misses)}
+    entries = 0
+    for state in list(backend._states.values()):
+        entries += sum(len(t) for t in list(state._tables.values()))
+    return {"entries": entries}
 
 
 __all__ = ["KeyedStateBackend"]

@@ -38,6 +38,7 @@ def scrape(url: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
+            assert "owner" in s.labels, s  # every series, histograms and process figures included
             out[s.name] = s.value  # one daemon per registry: one sample per name (histograms: _sum, _count)
     return out
 
@@ -120,6 +121,8 @@ def test_daemon_metrics_match_the_root_while_it_runs(tmp_path: Path) -> None:
         assert m["statelog_materializer_lease_held"] == 1 and m["statelog_materializer_lease_generation"] >= 1
         latest = job.latest_checkpoint()
         assert latest is not None and m["statelog_materializer_latest_checkpoint"] == latest.checkpoint_id
+        assert m["statelog_materializer_latest_checkpoint_timestamp_seconds"] == latest.timestamp_ms / 1000
+        assert m["process_resident_memory_bytes"] > 0 and m["process_threads"] >= 2
         assert m["statelog_materializer_lag_checkpoints"] == 0  # the newest checkpoint is materialized
         assert m["statelog_materializer_materialization_duration_seconds_count"] == daemon.published
         assert m["statelog_materializer_rows_written_total"] >= 200

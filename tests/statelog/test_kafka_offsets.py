@@ -209,3 +209,23 @@ def test_records_deleted_before_the_checkpoints_offset_are_reported(
         assert "records 1..2 were deleted (retention)" in caplog.text
     finally:
         consumer.close()
+
+
+def test_checkpoint_reports_each_partitions_lag_to_the_job_metrics(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    topic = kafka_broker.create_topic(partitions=2)
+    _fill(kafka_broker, topic, 10, 2)
+    with statelog.open((tmp_path / "root").as_uri()) as job:
+        job.backend("counter", restore="none")
+        consumer = _consumer(kafka_broker)
+        try:
+            offsets = KafkaOffsets(consumer, [topic])
+            offsets.restore(None)
+            _read(consumer, 7)
+            positions = offsets.positions()[topic]
+            offsets.checkpoint(job)
+        finally:
+            consumer.close()
+        # the high watermark (10) the consumer fetched, minus each partition's position
+        fetched = {p: 10 - positions[p] for p in positions if positions[p] > 0}
+        assert fetched and {p: job.metrics.lag[(topic, p)] for p in fetched} == fetched
+        assert set(job.metrics.lag) <= {(topic, 0), (topic, 1)}

@@ -33,6 +33,8 @@ from tests.support.s3server import RootSpec
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    assert len({s.labels.get("job") for s in samples}) == 1 and "job" in samples[0].labels  # every series has it
     return {
         (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job"))): s.value
         for family in text_string_to_metric_families(text)
@@ -90,6 +92,7 @@ def test_job_metrics_agree_with_the_published_checkpoints(file_root: RootSpec, t
             assert value(s, "statelog_job_last_checkpoint_alignment_seconds") == pytest.approx(meta.stats["alignment_ms"] / 1000)
             assert value(s, "statelog_job_last_checkpoint_incremental_bytes") == meta.stats["incremental_bytes"]
             assert value(s, "statelog_job_changelog_tail_bytes") == meta.changelog_bytes
+            assert value(s, "statelog_job_last_checkpoint_timestamp_seconds") == meta.timestamp_ms / 1000
             # completed so far: the published checkpoints of this run up to this one
             assert value(s, "statelog_job_checkpoints_completed_total") == len(
                 [c for c in result.completed_checkpoints if c <= cid]
@@ -104,6 +107,22 @@ def test_job_metrics_agree_with_the_published_checkpoints(file_root: RootSpec, t
     assert sources and all(records.get(lb, 0) >= first[lb] for lb in first), sorted(first)
     assert any(records[lb] > first[lb] for lb in sources)  # the sources read on between the scrapes
     assert all(("statelog_job_task_backpressured_seconds_total", lb) in last for lb in records)
+    # records sent downstream per task: the sources' and the windows' (the sinks send nothing)
+    out = {k[1]: v for k, v in last.items() if k[0] == "statelog_job_task_records_out_total"}
+    assert set(out) == set(records) and all(out[lb] > 0 for lb in sources)
+    # the job's records read: its sources' counters
+    assert value(last, "statelog_job_records_in_total") == sum(records[lb] for lb in sources)
+    assert ("statelog_job_records_per_second", ()) not in last  # a counter instead of a rate
+    # event time: the windows' watermarks, the job's the lowest of its tasks'
+    wms = {k[1]: v for k, v in last.items() if k[0] == "statelog_job_task_watermark_seconds"}
+    windows = [lb for lb in records if "window" in dict(lb)["vertex"]]
+    assert windows and all(lb in wms for lb in windows), (sorted(wms), windows)
+    assert value(last, "statelog_job_watermark_seconds") == min(wms.values())
+    # the window operator's state, per subtask, and the master's and workers' processes
+    entries = [k for k in last if k[0] == "statelog_job_state_entries"]
+    assert {dict(lb)["subtask"] for _n, lb in entries} == {"0", "1"}
+    assert {dict(lb)["process"] for n, lb in last if n == "process_resident_memory_bytes"} >= {
+        "master", "worker-0", "worker-1"}  # fmt: skip
 
 
 def test_a_taken_metrics_port_fails_the_start(file_root: RootSpec, tmp_path: Path) -> None:

@@ -1,0 +1,211 @@
+"""The metrics of a consumer loop on :func:`statelog.open` (``job.metrics``).
+
+``statelog.open(root, metrics_port=0)`` serves them (``statelog/metrics.py``'s
+:class:`~statelog.metrics.MetricsServer`: ``/metrics`` and ``/healthz``) while the job is open;
+``job.metrics.url`` is where. Without ``metrics_port`` nothing is served and the calls below
+still count (they cost a few attribute updates). The job feeds the checkpoint figures itself
+(every :meth:`StateJob.checkpoint <statelog.job.StateJob.checkpoint>`); the loop tells what only
+it knows::
+
+    job.metrics.records_in(len(batch))                 # records read
+    job.metrics.records_out(n)                         # records written downstream
+    job.metrics.watermark(event_time_ms)               # the loop's event-time progress
+    job.metrics.kafka_lag("clicks", 0, lag)            # KafkaOffsets.checkpoint reports it
+
+The names are the runtime's where they mean the same (``statelog_job_*``, label ``job``);
+every metric and its labels: ``docs/monitoring.md``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
+
+from statelog.metrics import MetricsServer, ProcessMetrics
+
+PREFIX = "statelog_job_"
+# checkpoint durations, seconds (the runtime's buckets)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def job_label(root: str) -> str:
+    """The default ``job`` label of a root: its last path segment (``file:///var/lib/clicks``: ``clicks``)."""
+    return root.rstrip("/").rsplit("/", 1)[-1] or root
+
+
+class LoopMetrics:
+    """The metrics of one opened job (``job.metrics``); thread-safe. Plain counters until
+    served: ``prometheus_client`` objects are made by :meth:`serve` and when collected."""
+
+    def __init__(self, name: str, backends: Callable[[], Iterable[Any]], fenced: Callable[[], Any]) -> None:
+        self.name = name
+        self._backends = backends
+        self._fenced = fenced
+        self._lock = threading.Lock()
+        self.registry: CollectorRegistry | None = None
+        self.server: MetricsServer | None = None
+        # checkpoint durations: counts per bucket of DURATION_BUCKETS (+Inf last), their sum
+        self._buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        self._duration_sum = 0.0
+        self.completed = 0
+        self.failed = 0
+        self.records_in_total = 0
+        self.records_out_total = 0
+        self.watermark_ms: int | None = None
+        self.lag: dict[tuple[str, int], int] = {}
+        self.last: dict[str, float] = {}
+
+    # -- what the loop tells -------------------------------------------------------------------
+
+    def records_in(self, n: int = 1) -> None:
+        """``n`` more records read (``statelog_job_records_in_total``)."""
+        with self._lock:
+            self.records_in_total += int(n)
+
+    def records_out(self, n: int = 1) -> None:
+        """``n`` more records written downstream (``statelog_job_records_out_total``)."""
+        with self._lock:
+            self.records_out_total += int(n)
+
+    def watermark(self, ms: int) -> None:
+        """The loop's event-time watermark, in ms since the epoch (``statelog_job_watermark_seconds``)."""
+        self.watermark_ms = int(ms)
+
+    def kafka_lag(self, topic: str, partition: int, lag: int) -> None:
+        """Records of ``topic[partition]`` not read yet: its high watermark minus the loop's
+        position (``statelog_job_kafka_lag_records``)."""
+        with self._lock:
+            self.lag[(str(topic), int(partition))] = max(0, int(lag))
+
+    # -- what the job tells --------------------------------------------------------------------
+
+    def timed_checkpoint(self, take: Callable[..., Any], *args: Any) -> Any:
+        """``take(*args)`` (a checkpoint: its metadata), counted as completed with its duration or as failed."""
+        t0 = time.monotonic()
+        try:
+            meta = take(*args)
+        except BaseException:
+            self.checkpoint_failed()
+            raise
+        self.checkpoint_completed(meta, time.monotonic() - t0)
+        return meta
+
+    def checkpoint_completed(self, meta: Any, duration_s: float) -> None:
+        with self._lock:
+            self._buckets[bisect.bisect_left(DURATION_BUCKETS, duration_s)] += 1
+            self._duration_sum += duration_s
+            self.completed += 1
+            self.last = {
+                "id": meta.checkpoint_id, "timestamp": meta.timestamp_ms / 1000, "duration": duration_s,
+                "incremental": float(meta.stats.get("incremental_bytes", 0)), "tail": float(meta.changelog_bytes),
+            }  # fmt: skip
+
+    def checkpoint_failed(self) -> None:
+        with self._lock:
+            self.failed += 1
+
+    # -- serving -------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str | None:
+        """``http://host:port`` of ``/metrics`` and ``/healthz``; ``None`` when not served."""
+        return self.server.url if self.server is not None else None
+
+    def serve(self, host: str, port: int) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(self)  # type: ignore[arg-type]  # a collector: collect()
+        self.registry.register(ProcessMetrics({"job": self.name}))
+        self.server = MetricsServer(self.registry, self.health, host, port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """``/healthz``: healthy while this process holds the root."""
+        details = {"job": self.name, "completed_checkpoints": self.completed}
+        fenced = self._fenced()
+        if fenced is not None:
+            return False, {**details, "reason": f"lost the root: {fenced}"}
+        return True, details
+
+    def collect(self) -> Iterator[Metric]:
+        job = [self.name]
+        with self._lock:
+            completed, failed, last = self.completed, self.failed, dict(self.last)
+            rin, rout, lag = self.records_in_total, self.records_out_total, dict(self.lag)
+            buckets, duration_sum = list(self._buckets), self._duration_sum
+        h = HistogramMetricFamily(PREFIX + "checkpoint_duration_seconds", "end-to-end duration of completed "
+                                  "checkpoints", labels=["job"])  # fmt: skip
+        bounds = [*(floatToGoString(b) for b in DURATION_BUCKETS), "+Inf"]
+        h.add_metric(job, list(zip(bounds, itertools.accumulate(buckets), strict=True)), duration_sum)
+        yield h
+
+        def family(kind: type, name: str, doc: str, value: float) -> Metric:
+            f = kind(PREFIX + name, doc, labels=["job"])
+            f.add_metric(job, value)
+            return f
+
+        yield family(CounterMetricFamily, "checkpoints_completed", "checkpoints completed (published) by this job",
+                     completed)  # fmt: skip
+        yield family(CounterMetricFamily, "checkpoints_failed", "checkpoints that failed", failed)
+        yield family(GaugeMetricFamily, "running", "1 while the job runs (here: open and holding its root)",
+                     0 if self._fenced() is not None else 1)  # fmt: skip
+        yield family(CounterMetricFamily, "records_in", "records the job read", rin)
+        yield family(CounterMetricFamily, "records_out", "records the job wrote downstream", rout)
+        if last:
+            yield family(GaugeMetricFamily, "last_checkpoint_id", "id of the newest completed checkpoint", last["id"])
+            yield family(GaugeMetricFamily, "last_checkpoint_timestamp_seconds", "when the newest completed "
+                         "checkpoint was taken (Unix time)", last["timestamp"])  # fmt: skip
+            yield family(GaugeMetricFamily, "last_checkpoint_duration_seconds", "end-to-end duration of the newest "
+                         "checkpoint", last["duration"])  # fmt: skip
+            yield family(GaugeMetricFamily, "last_checkpoint_incremental_bytes", "changelog bytes the newest "
+                         "checkpoint added", last["incremental"])  # fmt: skip
+            yield family(GaugeMetricFamily, "changelog_tail_bytes", "changelog bytes the newest checkpoint "
+                         "references after its materialization (what a restore replays)", last["tail"])  # fmt: skip
+        if self.watermark_ms is not None:
+            yield family(GaugeMetricFamily, "watermark_seconds", "the job's event-time watermark (Unix time)",
+                         self.watermark_ms / 1000)  # fmt: skip
+        g = GaugeMetricFamily(PREFIX + "kafka_lag_records", "records of a Kafka partition not read yet (its high "
+                              "watermark minus the position)", labels=["job", "topic", "partition"])  # fmt: skip
+        for (topic, partition), value in sorted(lag.items()):
+            g.add_metric([self.name, topic, str(partition)], value)
+        yield g
+        yield from state_families(self.name, ((b.operator_uid, b.subtask, b.size_figures())
+                                              for b in list(self._backends())))  # fmt: skip
+
+
+def state_families(job: str, figures: Iterable[tuple[str, int, dict[str, int]]]) -> Iterator[Metric]:
+    """The state metrics of ``(operator, subtask, KeyedStateBackend.size_figures())`` (the
+    runtime's tasks report the same figures)."""
+    labels = ["job", "operator", "subtask"]
+    entries = GaugeMetricFamily(PREFIX + "state_entries", "entries of the keyed state in memory (memory store)",
+                                labels=labels)  # fmt: skip
+    disk = GaugeMetricFamily(PREFIX + "state_disk_bytes", "bytes of the disk store's database", labels=labels)
+    misses = CounterMetricFamily(PREFIX + "state_cache_misses", "reads of the disk store's database for keys or "
+                                 "entries not in the working set's memory", labels=labels)  # fmt: skip
+    for operator, subtask, fig in figures:
+        values = [job, operator, str(subtask)]
+        if "entries" in fig:
+            entries.add_metric(values, fig["entries"])
+        if "disk_bytes" in fig:
+            disk.add_metric(values, fig["disk_bytes"])
+        if "cache_misses" in fig:
+            misses.add_metric(values, fig["cache_misses"])
+    yield entries
+    yield disk
+    yield misses
