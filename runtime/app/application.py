@@ -140,14 +140,14 @@ class Application:
             raise ConfigError(f"Application.run needs a function to call per record, got {type(process).__name__}")
         if self._closed:
             raise ConfigError("this Application has stopped; make a new one to run again")
-        finished = False
-        try:
-            with self._signals():
+        with self._signals():  # also during the final checkpoint: a repeated SIGTERM does not kill it
+            finished = False
+            try:
                 self._start_materializer()
                 self._loop(process, batch)
                 finished = True
-        finally:
-            self._close(final_checkpoint=finished)
+            finally:
+                self._close(final_checkpoint=finished)
         return self.last_checkpoint
 
     def _loop(self, process: Callable[[Any], Any], batch: bool) -> None:
@@ -206,7 +206,8 @@ class Application:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        """SIGTERM and SIGINT stop the loop (a second SIGINT interrupts at once); main thread only."""
+        """SIGTERM and SIGINT stop the loop (a second SIGINT interrupts at once, a second SIGTERM
+        changes nothing); installed in the main thread only."""
         if not self.options.handle_signals or threading.current_thread() is not threading.main_thread():
             yield
             return

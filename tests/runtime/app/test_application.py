@@ -115,6 +115,19 @@ def test_a_signal_stops_with_a_final_checkpoint(kafka_broker, file_root, signum)
     assert counts_at(file_root.url, UID) == counts_before(records, end_offsets(records, 3))
 
 
+def test_a_repeated_sigterm_still_ends_with_the_final_checkpoint(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    records = produce_keys(kafka_broker, topic, 80)
+
+    def twice() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=10_000)
+    final = app.run(stop_after(app, 80, action=twice))
+    assert app.checkpoints == 1 and final.sources[topic] == end_offsets(records, 1)
+
+
 def test_a_second_sigint_aborts_without_a_final_checkpoint(kafka_broker, file_root) -> None:
     topic = kafka_broker.create_topic(partitions=1)
     produce_keys(kafka_broker, topic, 50)
