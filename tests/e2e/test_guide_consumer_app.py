@@ -95,7 +95,7 @@ def test_guide_example_ends_with_a_final_checkpoint_and_continues(kafka_broker, 
         run = Run(code)
         try:
             # every new record is processed (this run started at the last final checkpoint)
-            wait_until(lambda run=run, n=n: run.processed() >= n, 60, f"the example processing {n} records")
+            wait_until(lambda run=run, n=n: run.processed() >= n, 120, f"the example processing {n} records")
             final_id, processed = run.stop(signum)
         finally:
             run.kill()
