@@ -5,7 +5,8 @@ Build a job with :class:`StreamExecutionEnvironment` (sources, map/filter/flat_m
 worker processes with :meth:`~StreamExecutionEnvironment.execute`. Design:
 ``docs/runtime.md``.
 
-The packages: :mod:`runtime.api` (what a job is built of), :mod:`runtime.cluster` (the job
+The packages: :mod:`runtime.api` (what a job is built of), :mod:`runtime.app` (a Kafka
+consumer loop with keyed state in one process, :class:`Application`), :mod:`runtime.cluster` (the job
 master), :mod:`runtime.worker` (a worker process), :mod:`runtime.task` (what a worker
 runs), :mod:`runtime.network` (channels between tasks), :mod:`runtime.connectors` (sources
 and sinks, Kafka); :mod:`runtime.graph` (the stream and job graphs), :mod:`runtime.config`
@@ -22,6 +23,7 @@ from runtime.api.functions import (
     ProcessContext,
 )
 from runtime.api.windows import SlidingEventTimeWindows, TimeWindow, TumblingEventTimeWindows
+from runtime.app import Application, ApplicationOptions
 from runtime.cluster.client import JobClient
 from runtime.cluster.master import JobResult
 from runtime.cluster.restart import (
@@ -57,6 +59,8 @@ from runtime.errors import (
 __all__ = [
     "MAX_WATERMARK",
     "MIN_WATERMARK",
+    "Application",
+    "ApplicationOptions",
     "CheckpointFailureLimitError",
     "CheckpointingMode",
     "CollectSink",

@@ -1,0 +1,255 @@
+"""The consumer loop of a Kafka application with statelog state, owned by one object.
+
+:class:`Application` does what the hand-written loop of ``docs/guide.md`` ("Writing the loop
+yourself") does: it opens the job root (or takes an open :class:`~statelog.job.StateJob`),
+restores one keyed backend and the Kafka offsets from the same checkpoint
+(:class:`statelog.kafka.KafkaOffsets`: ``assign`` at the recorded offsets), runs the
+materializer in a background thread (:func:`materializer.start_background`), and in
+:meth:`Application.run` consumes batches, sets each record's key, calls the user's function
+per record or per batch, checkpoints every ``checkpoint_every`` records or
+``checkpoint_interval_s`` seconds (between batches, with the consumer's positions as the
+checkpoint's sources, then committed to the group for monitoring), and on SIGINT, SIGTERM or
+:meth:`Application.stop` finishes the batch in hand, takes a final checkpoint and closes the
+materializer, the job (its writer lease) and the consumer. A second SIGINT aborts at once
+without a final checkpoint; so does an exception of the user's function (a restart replays
+from the last checkpoint). State is exactly once across restarts; outputs are not
+(``docs/guide.md``).
+
+For monitoring, the application keeps its :attr:`Application.consumer`, the
+:class:`~statelog.kafka.KafkaOffsets` (:attr:`Application.offsets`), the number of records
+processed (:attr:`Application.records`) and of checkpoints taken
+(:attr:`Application.checkpoints`), and the last checkpoint (:attr:`Application.last_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import statelog
+from materializer.background import BackgroundMaterializer, start_background
+from runtime.app.options import KEY_STR, ApplicationOptions
+from statelog.checkpoint.metadata import CheckpointMetadata
+from statelog.descriptors import StateDescriptor
+from statelog.errors import ConfigError
+from statelog.job import StateJob
+from statelog.kafka import KafkaOffsets
+from statelog.state.backend import KeyedStateBackend
+
+try:  # the kafka extra; KafkaOffsets raises MissingDependencyError without it
+    from confluent_kafka import KafkaError, KafkaException
+except ImportError:  # pragma: no cover - exercised only without the extra
+    KafkaError = KafkaException = None  # type: ignore[assignment,misc]
+
+log = logging.getLogger(__name__)
+
+
+class Application:
+    """A Kafka consumer loop with keyed statelog state: ``Application(root, topics=..., kafka=...)``,
+    then :meth:`state` for each state and :meth:`run` with the function to call.
+
+    ``root`` is a job root URL (opened with ``statelog.open(root, **open_options)``) or an open
+    :class:`~statelog.job.StateJob` (the application closes it when it stops). The options are
+    :class:`~runtime.app.options.ApplicationOptions`, as keyword arguments or as ``options``.
+    The constructor restores the state and the offsets, so a bad topic or a held writer lease
+    fails here; if :meth:`run` is never called, call :meth:`close` (or use ``with``).
+    """
+
+    def __init__(
+        self, root: str | StateJob, options: ApplicationOptions | Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        if options is not None and kwargs:
+            raise ConfigError("Application takes its options as keyword arguments or as options=, not both")
+        self.options = ApplicationOptions.from_mapping(options if options is not None else kwargs)
+        if not isinstance(root, str | StateJob):
+            raise ConfigError(f"Application needs a job root URL or a StateJob, got {type(root).__name__}")
+        if isinstance(root, StateJob) and self.options.open_options:
+            raise ConfigError("open_options apply when the Application opens the root; pass them to "
+                              "statelog.open yourself when you give it a StateJob")
+        self.records = 0  # records given to the user's function
+        self.checkpoints = 0  # checkpoints taken by this application (the final one included)
+        self.last_checkpoint: CheckpointMetadata | None = None
+        self.materializer: BackgroundMaterializer | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        opts = self.options
+        self.job = root if isinstance(root, StateJob) else statelog.open(root, **(opts.open_options or {}))
+        try:
+            restored = self.job.resolve_checkpoint(opts.restore)
+            self.restored_from = restored
+            self.backend: KeyedStateBackend = self.job.backend(opts.uid, restore=restored or "none")
+            settings = {"group.id": opts.uid, **(opts.kafka or {})}
+            self.offsets = KafkaOffsets(settings, list(opts.topics or ()), partitions=opts.partitions,
+                                        start=opts.start)
+            self.consumer = self.offsets.consumer
+            try:
+                self.start_offsets = self.offsets.restore(restored)
+            except BaseException:
+                self.consumer.close()
+                raise
+        except BaseException:
+            self.job.close(flush=False)
+            raise
+
+    # -- what the user's function uses -------------------------------------------------------
+
+    def state(self, descriptor: StateDescriptor) -> Any:
+        """The state object of ``descriptor`` (``backend.get_state``), scoped to the current key."""
+        return self.backend.get_state(descriptor)
+
+    def key_of(self, msg: Any) -> Any:
+        """The state key of message ``msg`` by the ``key`` option (``None``: the message key as is)."""
+        how, raw = self.options.key, msg.key()
+        if callable(how):
+            return how(msg)
+        if how == KEY_STR and raw is not None:
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"the key of record {msg.topic()}[{msg.partition()}]@{msg.offset()} is not UTF-8 text "
+                    f"({raw[:32]!r}); use key='bytes' or a key function"
+                ) from None
+        return raw
+
+    def keyed(self, msgs: Iterable[Any]) -> Iterator[Any]:
+        """Yield each message of a batch with its key set as the current key (the ``key`` option)."""
+        for msg in msgs:
+            self.backend.set_current_key(self.key_of(msg))
+            yield msg
+
+    def stop(self) -> None:
+        """Stop :meth:`run` after the batch in hand, with a final checkpoint (any thread)."""
+        self._stop.set()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self, process: Callable[[Any], Any], *, batch: bool = False) -> CheckpointMetadata | None:
+        """Consume and call ``process`` until :meth:`stop`, SIGINT or SIGTERM; return the final checkpoint.
+
+        ``process(msg)`` is called per ``confluent_kafka.Message`` with the current key set (unless
+        ``key=None``); with ``batch=True``, ``process(msgs)`` per list of messages of one
+        ``consume()`` (iterate ``app.keyed(msgs)`` to set each key). Messages with an error are
+        skipped (logged; a fatal consumer error raises ``KafkaException``)."""
+        if not callable(process):
+            raise ConfigError(f"Application.run needs a function to call per record, got {type(process).__name__}")
+        if self._closed:
+            raise ConfigError("this Application has stopped; make a new one to run again")
+        with self._signals():  # also during the final checkpoint: a repeated SIGTERM does not kill it
+            finished = False
+            try:
+                self._start_materializer()
+                self._loop(process, batch)
+                finished = True
+            finally:
+                self._close(final_checkpoint=finished)
+        return self.last_checkpoint
+
+    def _loop(self, process: Callable[[Any], Any], batch: bool) -> None:
+        opts = self.options
+        since, last_time = 0, time.monotonic()
+        log.info("application %s reading %s from %s", opts.uid, list(opts.topics or ()), self.start_offsets)
+        while not self._stop.is_set():
+            msgs = [m for m in self.consumer.consume(opts.batch_size, opts.poll_timeout_s) if self._usable(m)]
+            if msgs:
+                if opts.key is not None:
+                    self.backend.prefetch([self.key_of(m) for m in msgs])
+                if batch:
+                    process(msgs)
+                elif opts.key is None:
+                    for msg in msgs:
+                        process(msg)
+                else:
+                    for msg in self.keyed(msgs):
+                        process(msg)
+                self.records += len(msgs)
+                since += len(msgs)
+                log.debug("%d records processed", self.records)
+            now = time.monotonic()
+            if since and (
+                (opts.checkpoint_every is not None and since >= opts.checkpoint_every)
+                or (opts.checkpoint_interval_s is not None and now - last_time >= opts.checkpoint_interval_s)
+            ):
+                self._checkpoint()
+                since, last_time = 0, time.monotonic()
+
+    def _usable(self, msg: Any) -> bool:
+        err = msg.error()
+        if err is None:
+            return True
+        if err.code() == KafkaError._PARTITION_EOF:
+            return False
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("skipping a consumer error on %s[%s]: %s", msg.topic(), msg.partition(), err)
+        return False
+
+    def _checkpoint(self) -> CheckpointMetadata:
+        opts = self.options
+        meta = self.offsets.checkpoint(self.job, commit_offsets=opts.commit_offsets,
+                                       timeout=opts.checkpoint_timeout_s)
+        self.last_checkpoint = meta
+        self.checkpoints += 1
+        log.debug("checkpoint %d: %s", meta.checkpoint_id, meta.sources)
+        return meta
+
+    def _start_materializer(self) -> None:
+        how = self.options.materializer
+        if how is False or self.materializer is not None:
+            return
+        self.materializer = start_background(self.job, None if how is True else how)
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT stop the loop (a second SIGINT interrupts at once, a second SIGTERM
+        changes nothing); installed in the main thread only."""
+        if not self.options.handle_signals or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, _frame: Any) -> None:
+            if self._stop.is_set() and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            log.info("received %s: stopping after this batch with a final checkpoint", signal.Signals(signum).name)
+            self._stop.set()
+
+        saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, h in saved.items():
+                signal.signal(s, h)
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def _close(self, final_checkpoint: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if final_checkpoint:
+                meta = self._checkpoint()
+                log.info("application %s stopped: final checkpoint %d after %d records",
+                         self.options.uid, meta.checkpoint_id, self.records)
+        finally:
+            try:
+                if self.materializer is not None:
+                    self.materializer.stop()
+                self.job.close(flush=final_checkpoint)
+            finally:
+                self.consumer.close()
+
+    def close(self) -> None:
+        """Close without running: the job (its writer lease) and the consumer; no checkpoint."""
+        self._close(final_checkpoint=False)
+
+    def __enter__(self) -> Application:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,199 @@
+"""runtime.Application against the test broker: per record and per batch, the checkpoint
+cadence, a final checkpoint on stop(), SIGINT and SIGTERM, exactly-once state across restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+
+import pytest
+
+import statelog
+from runtime import Application
+from statelog.errors import ConfigError, LeaseHeldError
+from tests.support.kafka.app_records import (
+    COUNT,
+    counts_at,
+    counts_before,
+    end_offsets,
+    produce_keys,
+)
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.kafka
+
+UID = "click-counter"
+
+
+def make_app(broker, root: str, topic: str, **options) -> Application:
+    options = {"uid": UID, "topics": topic, "kafka": broker.config(), "checkpoint_interval_s": None,
+               "open_options": {"retain_checkpoints": 1000}, **options}
+    return Application(root, **options)
+
+
+def stop_after(app: Application, n: int, state=None, action=None):
+    """A per-record function: +1 on ``state`` (COUNT of the app), stop (or ``action``) at record ``n``."""
+    counts = state or app.state(COUNT)
+    seen = [0]
+
+    def count(msg) -> None:
+        counts.update(counts.value() + 1)
+        seen[0] += 1
+        if seen[0] == n:
+            (action or app.stop)()
+
+    return count
+
+
+def test_per_record_then_per_batch_restart_exactly_once(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=3)
+    first = produce_keys(kafka_broker, topic, 900)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=100)
+    assert app.restored_from is None and app.start_offsets == {topic: {0: 0, 1: 0, 2: 0}}
+    final = app.run(stop_after(app, 900))
+
+    assert final is not None and final.sources[topic] == end_offsets(first, 3)
+    assert app.records == 900 and app.checkpoints >= 3  # every 100 records (per batch) and the final one
+    assert app.materializer is not None and not app.materializer.running
+    assert counts_at(file_root.url, UID) == counts_before(first, end_offsets(first, 3))
+    with statelog.open(file_root.url, create=False) as job:  # every checkpoint is exactly once
+        metas = job.checkpoints()
+    assert len(metas) == app.checkpoints and metas[-1].checkpoint_id == final.checkpoint_id
+    for meta in metas[:-1]:
+        assert counts_at(file_root.url, UID, meta) == counts_before(first, meta.sources[topic])
+
+    second = produce_keys(kafka_broker, topic, 600, first=900)
+    app2 = make_app(kafka_broker, file_root.url, topic, checkpoint_every=250)
+    assert app2.restored_from.checkpoint_id == final.checkpoint_id
+    assert app2.start_offsets == {topic: final.sources[topic]}
+    counts, seen = app2.state(COUNT), [0]
+
+    def per_batch(msgs) -> None:
+        for _msg in app2.keyed(msgs):
+            counts.update(counts.value() + 1)
+            seen[0] += 1
+        if seen[0] >= 600:
+            app2.stop()
+
+    final2 = app2.run(per_batch, batch=True)
+    everything = first + second
+    assert final2.sources[topic] == end_offsets(everything, 3)
+    assert counts_at(file_root.url, UID) == dict(Counter(k for _, _, k in everything))
+
+
+@pytest.mark.parametrize("key", [None, "function"])
+def test_the_function_or_a_key_function_sets_the_key(kafka_broker, file_root, key) -> None:
+    topic = kafka_broker.create_topic(partitions=2)
+    records = produce_keys(kafka_broker, topic, 300)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=50,
+                   key=(lambda msg: int(msg.value()) % 3) if key else None)
+    counts, seen = app.state(COUNT), [0]
+
+    def count(msg) -> None:
+        if key is None:
+            app.backend.set_current_key(int(msg.value()) % 3)
+        counts.update(counts.value() + 1)
+        seen[0] += 1
+        if seen[0] == len(records):
+            app.stop()
+
+    app.run(count)
+    assert counts_at(file_root.url, UID) == {0: 100, 1: 100, 2: 100}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_with_a_final_checkpoint(kafka_broker, file_root, signum) -> None:
+    topic = kafka_broker.create_topic(partitions=3)
+    records = produce_keys(kafka_broker, topic, 500)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=10_000)
+    before = signal.getsignal(signum)
+    final = app.run(stop_after(app, 500, action=lambda: os.kill(os.getpid(), signum)))
+    assert signal.getsignal(signum) is before  # the handlers are put back
+    assert app.checkpoints == 1 and final.sources[topic] == end_offsets(records, 3)  # the final one
+    assert counts_at(file_root.url, UID) == counts_before(records, end_offsets(records, 3))
+
+
+def test_a_repeated_sigterm_still_ends_with_the_final_checkpoint(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    records = produce_keys(kafka_broker, topic, 80)
+
+    def twice() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=10_000)
+    final = app.run(stop_after(app, 80, action=twice))
+    assert app.checkpoints == 1 and final.sources[topic] == end_offsets(records, 1)
+
+
+def test_a_second_sigint_aborts_without_a_final_checkpoint(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    produce_keys(kafka_broker, topic, 50)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=10_000)
+
+    def twice() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        app.run(stop_after(app, 10, action=twice))
+    assert app.checkpoints == 0
+    with statelog.open(file_root.url, create=False) as job:
+        assert job.latest_checkpoint() is None
+
+
+def test_an_error_of_the_function_skips_the_final_checkpoint_and_the_restart_replays(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=3)
+    records = produce_keys(kafka_broker, topic, 600)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=100, batch_size=50)
+
+    def boom() -> None:
+        raise RuntimeError("bad record")
+
+    with pytest.raises(RuntimeError, match="bad record"):
+        app.run(stop_after(app, 420, action=boom))
+    with statelog.open(file_root.url, create=False) as job:
+        last = job.latest_checkpoint()
+    assert last is not None and app.last_checkpoint.checkpoint_id == last.checkpoint_id
+    assert sum(last.sources[topic].values()) < 420  # the periodic ones only
+
+    app2 = make_app(kafka_broker, file_root.url, topic, checkpoint_every=100)  # the lease was released
+    assert app2.start_offsets == {topic: last.sources[topic]}
+    app2.run(stop_after(app2, 600 - sum(last.sources[topic].values())))
+    assert counts_at(file_root.url, UID) == dict(Counter(k for _, _, k in records))
+
+
+def test_checkpoints_by_time(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    produce_keys(kafka_broker, topic, 40)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=None, checkpoint_interval_s=0.2,
+                   materializer={"interval_s": 30.0})
+    def covers_all() -> bool:  # only the clock can have taken it (checkpoint_every=None)
+        return app.last_checkpoint is not None and app.last_checkpoint.sources[topic] == {0: 40}
+
+    watcher = threading.Thread(target=lambda: (wait_until(covers_all, 30, "a periodic checkpoint of all 40"),
+                                               app.stop()))
+    watcher.start()
+    counts = app.state(COUNT)
+    final = app.run(lambda msg: counts.update(counts.value() + 1))
+    watcher.join()
+    assert app.checkpoints >= 2 and final.sources[topic] == {0: 40}
+
+
+def test_a_missing_topic_fails_at_start_and_releases_the_root(kafka_broker, file_root) -> None:
+    with pytest.raises(ConfigError, match="does it exist"):
+        make_app(kafka_broker, file_root.url, "no-such-topic", checkpoint_every=10)
+    topic = kafka_broker.create_topic(partitions=1)
+    with make_app(kafka_broker, file_root.url, topic, checkpoint_every=10) as app:  # not refused by a lease
+        assert app.start_offsets == {topic: {0: 0}}
+    with pytest.raises(ConfigError, match="has stopped; make a new one"):
+        app.run(print)
+
+
+def test_a_second_application_on_the_root_is_refused(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=1)
+    with make_app(kafka_broker, file_root.url, topic, checkpoint_every=10), pytest.raises(LeaseHeldError):
+        make_app(kafka_broker, file_root.url, topic, checkpoint_every=10)
+    make_app(kafka_broker, file_root.url, topic, checkpoint_every=10).close()  # free again once closed
