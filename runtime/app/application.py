@@ -15,7 +15,9 @@ without a final checkpoint; so does an exception of the user's function (a resta
 from the last checkpoint). State is exactly once across restarts; outputs are not
 (``docs/guide.md``).
 
-For monitoring, the application keeps its :attr:`Application.consumer`, the
+With ``metrics_port`` the job serves Prometheus metrics (``docs/monitoring.md``): its
+checkpoints, the records read (``statelog_job_records_in_total``) and each partition's
+consumer lag (reported at every checkpoint). For monitoring in code, the application keeps its :attr:`Application.consumer`, the
 :class:`~statelog.kafka.KafkaOffsets` (:attr:`Application.offsets`), the number of records
 processed (:attr:`Application.records`) and of checkpoints taken
 (:attr:`Application.checkpoints`), and the last checkpoint (:attr:`Application.last_checkpoint`).
@@ -68,9 +70,9 @@ class Application:
         self.options = ApplicationOptions.from_mapping(options if options is not None else kwargs)
         if not isinstance(root, str | StateJob):
             raise ConfigError(f"Application needs a job root URL or a StateJob, got {type(root).__name__}")
-        if isinstance(root, StateJob) and self.options.open_options:
-            raise ConfigError("open_options apply when the Application opens the root; pass them to "
-                              "statelog.open yourself when you give it a StateJob")
+        if isinstance(root, StateJob) and (self.options.open_options or self.options.metrics_port is not None):
+            raise ConfigError("open_options and metrics_port apply when the Application opens the root; pass "
+                              "them to statelog.open yourself when you give it a StateJob")
         self.records = 0  # records given to the user's function
         self.checkpoints = 0  # checkpoints taken by this application (the final one included)
         self.last_checkpoint: CheckpointMetadata | None = None
@@ -78,7 +80,11 @@ class Application:
         self._stop = threading.Event()
         self._closed = False
         opts = self.options
-        self.job = root if isinstance(root, StateJob) else statelog.open(root, **(opts.open_options or {}))
+        if isinstance(root, StateJob):
+            self.job = root
+        else:
+            self.job = statelog.open(root, **(opts.open_options or {}), metrics_port=opts.metrics_port,
+                                     metrics_host=opts.metrics_host)
         try:
             restored = self.job.resolve_checkpoint(opts.restore)
             self.restored_from = restored
@@ -168,6 +174,7 @@ class Application:
                     for msg in self.keyed(msgs):
                         process(msg)
                 self.records += len(msgs)
+                self.job.metrics.records_in(len(msgs))
                 since += len(msgs)
                 log.debug("%d records processed", self.records)
             now = time.monotonic()

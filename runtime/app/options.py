@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from materializer.options import MaterializerOptions
 from statelog.errors import ConfigError
+from statelog.metrics import check_port
 from statelog.options.base import Options, check_bool, option
 from statelog.options.values import DAY, MS, Count, Duration, non_empty_name, parse_checkpoint_ref
 
@@ -112,6 +113,10 @@ def check_open_options(label: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def _check_host(label: str, value: Any) -> str:
+    return non_empty_name(label, value)
+
+
 def _check_uid(label: str, value: Any) -> str:
     return non_empty_name(label, value)
 
@@ -152,6 +157,10 @@ class ApplicationOptions(Options):
                                   check_bool)
     open_options: dict[str, Any] | None = option(None, "keyword arguments of statelog.open when the "
                                                  "application opens the root", check_open_options)
+    metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free one; "
+                                      "None: off); the address is app.job.metrics.url", check_port,
+                                      none_ok=True)
+    metrics_host: str = option("127.0.0.1", "the address the metrics server listens on", _check_host)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -166,6 +175,8 @@ class ApplicationOptions(Options):
                 "checkpoint_every and checkpoint_interval_s are both None: the application would "
                 "checkpoint only when it stops; set at least one of them"
             )
+        if self.open_options and {"metrics_port", "metrics_host"} & self.open_options.keys():
+            raise ConfigError("set metrics_port and metrics_host as options of the Application, not in open_options")
         for topic in self.partitions or {}:
             if topic not in self.topics:
                 raise ConfigError(f"{self.label('partitions')} names topic {topic!r}, which is not in "

@@ -197,3 +197,44 @@ def test_a_second_application_on_the_root_is_refused(kafka_broker, file_root) ->
     with make_app(kafka_broker, file_root.url, topic, checkpoint_every=10), pytest.raises(LeaseHeldError):
         make_app(kafka_broker, file_root.url, topic, checkpoint_every=10)
     make_app(kafka_broker, file_root.url, topic, checkpoint_every=10).close()  # free again once closed
+
+
+def test_metrics_port_serves_the_records_read_and_the_partitions_lag(kafka_broker, file_root) -> None:
+    """With metrics_port the job serves the records the application read and, after a
+    checkpoint, each partition's consumer lag (0 once everything is read)."""
+    import urllib.request
+
+    topic = kafka_broker.create_topic(partitions=2)
+    records = produce_keys(kafka_broker, topic, 300)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=100, metrics_port=0)
+    url = app.job.metrics.url
+    counts = app.state(COUNT)
+    thread = threading.Thread(target=app.run, args=(lambda _msg: counts.update(counts.value() + 1),))
+    thread.start()
+    try:
+        wait_until(lambda: app.last_checkpoint is not None and app.last_checkpoint.sources[topic] == end_offsets(records, 2),
+                   60, "every record read and checkpointed")
+
+        def scrape() -> dict[str, float]:
+            text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+            return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines() if line.startswith("statelog_") and " " in line}
+
+        wait_until(lambda: any(k.startswith("statelog_job_kafka_lag_records") for k in scrape()), 30, "the lag served")
+        served = scrape()
+        assert [v for k, v in served.items() if k.startswith("statelog_job_records_in_total")] == [300.0]
+        lags = {k: v for k, v in served.items() if k.startswith("statelog_job_kafka_lag_records")}
+        assert len(lags) == 2 and set(lags.values()) == {0.0}, lags
+    finally:
+        app.stop()
+        thread.join(60)
+    assert not thread.is_alive()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/metrics", timeout=5)  # the server stops with the application
+
+
+def test_metrics_port_is_refused_with_an_open_job(kafka_broker, file_root) -> None:
+    with statelog.open(file_root.url) as job, pytest.raises(ConfigError, match="metrics_port"):
+        Application(job, topics="t", kafka=kafka_broker.config(), metrics_port=0)
+    with pytest.raises(ConfigError, match="not in open_options"):
+        Application(file_root.url, topics="t", kafka=kafka_broker.config(), open_options={"metrics_port": 0})
