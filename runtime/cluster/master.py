@@ -193,6 +193,9 @@ class JobMaster(WorkerControl):
                 log.info("restore=%r: no checkpoint yet, starting empty", self.restore)
             if meta is not None:
                 check_restore(meta, self.job_graph.stream, self.allow_non_restored_state)
+            for node in self.job_graph.stream.nodes:
+                if node.source is not None:
+                    node.source.check()  # a misconfigured source fails the job now, not through restarts
             ref: int | str | None = restore_ref(self.restore, meta)
             self.next_id = self.job.next_checkpoint_id()
             if meta is not None:

@@ -61,12 +61,12 @@ def _request(index: int, log_level: int | None, secret: bytes) -> dict[str, Any]
     return {"index": index, "log_level": log_level, "secret": secret, "sys_path": list(sys.path), "cwd": os.getcwd()}
 
 
-def _run_worker(request: dict[str, Any], control_fd: int) -> None:
+def _run_worker(request: dict[str, Any], conn: Connection) -> None:
     """In the worker process: take the parent's import path and working directory, then run."""
     sys.path[:] = request["sys_path"]
     with contextlib.suppress(OSError):  # the directory may be gone: paths in the job are absolute then
         os.chdir(request["cwd"])
-    worker_main(request["index"], Connection(control_fd), request["log_level"], request["secret"])
+    worker_main(request["index"], conn, request["log_level"], request["secret"])
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -115,7 +115,7 @@ def serve(fd: int) -> None:
                 os.close(status_fd)
                 os.close(wake_r)
                 os.close(wake_w)
-                _run_worker(pickle.loads(msg), control_fd)
+                _run_worker(pickle.loads(msg), Connection(control_fd))
             finally:
                 os._exit(1)
         os.close(control_fd)
@@ -146,7 +146,7 @@ def spawn_main(fd: int) -> None:
     the control connection."""
     conn = Connection(fd)
     request = conn.recv()
-    _run_worker(request, conn.detach())
+    _run_worker(request, conn)
 
 
 # -- the job master's side -------------------------------------------------------------------------
