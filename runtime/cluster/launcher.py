@@ -1,9 +1,10 @@
 """Launchers: how the job master starts the workers of one attempt and tears them down.
 
-* :class:`LocalLauncher` (the default): ``parallelism`` worker processes on this machine
-  (``multiprocessing``, ``forkserver`` with the runtime preloaded, or ``spawn``); the
-  control connection of each is a ``multiprocessing`` pipe (an unnamed socket pair nobody
-  else can reach); the job secret travels in the process arguments.
+* :class:`LocalLauncher` (the default): ``parallelism`` worker processes on this machine,
+  started from the runtime's own entry point (:mod:`runtime.worker.start`: forked by the
+  runtime's fork server, or ``spawn``: a fresh interpreter each), never from the user's
+  main module; the control connection of each is an unnamed socket pair nobody else can
+  reach, and the job secret travels over a socket, never in the process arguments.
 * :class:`runtime.cluster.spark.SparkLauncher`: the workers run as the tasks of a Spark
   barrier stage; their control connections are authenticated TCP connections.
 
@@ -14,20 +15,19 @@ the protocol of :mod:`runtime.worker.process`, and a worker's ``handle`` tells w
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from runtime.config import JobConfig
-from runtime.worker.process import worker_main
+from runtime.worker.start import ForkServer, spawn_worker
 
 log = logging.getLogger(__name__)
 
 
 class WorkerHandle(Protocol):
-    """A worker's process as far as the job master sees it (a ``multiprocessing.Process``
-    for local workers)."""
+    """A worker's process as far as the job master sees it (for local workers
+    :class:`runtime.worker.start.ForkedWorker` or :class:`runtime.worker.start.SpawnedWorker`)."""
 
     @property
     def exitcode(self) -> int | None: ...
@@ -74,17 +74,17 @@ class Launcher:
         """After the job master stopped (or killed) the workers and closed their connections."""
 
 
+# this process's fork server, shared by its jobs (started on the first forkserver attempt)
+FORK_SERVER = ForkServer()
+
+
 class LocalLauncher(Launcher):
     def start(self, config: JobConfig, secret: bytes, log_level: int | None, attempt: int) -> list[WorkerProc]:
-        ctx = mp.get_context(config.start_method)
-        if config.start_method == "forkserver":
-            ctx.set_forkserver_preload(["runtime.worker.process"])
         workers = []
         for i in range(config.parallelism):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(i, child, log_level, secret), daemon=True,
-                               name=f"statelog-worker-{i}")  # fmt: skip
-            proc.start()
-            child.close()
-            workers.append(WorkerProc(i, proc, parent, sentinel=proc.sentinel))
+            if config.start_method == "forkserver":
+                handle, conn = FORK_SERVER.start(i, log_level, secret)
+            else:
+                handle, conn = spawn_worker(i, log_level, secret)
+            workers.append(WorkerProc(i, handle, conn, sentinel=handle.sentinel))
         return workers

@@ -25,7 +25,6 @@ completed in this run (or the one it was started from).
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 import time
 import uuid
@@ -87,11 +86,9 @@ class JobResult:
 
 
 def serialize_graph(graph: JobGraph) -> bytes:
-    """Pickle the job graph; lambdas and closures go through cloudpickle."""
-    try:
-        return pickle.dumps(graph, protocol=5)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return cloudpickle.dumps(graph, protocol=5)
+    """Pickle the job graph with cloudpickle: what the user's main module defines (functions,
+    lambdas, classes) travels by value, since workers never import that module."""
+    return cloudpickle.dumps(graph, protocol=5)
 
 
 class JobMaster(WorkerControl):
@@ -196,6 +193,9 @@ class JobMaster(WorkerControl):
                 log.info("restore=%r: no checkpoint yet, starting empty", self.restore)
             if meta is not None:
                 check_restore(meta, self.job_graph.stream, self.allow_non_restored_state)
+            for node in self.job_graph.stream.nodes:
+                if node.source is not None:
+                    node.source.check()  # a misconfigured source fails the job now, not through restarts
             ref: int | str | None = restore_ref(self.restore, meta)
             self.next_id = self.job.next_checkpoint_id()
             if meta is not None:

@@ -17,7 +17,12 @@ from runtime.errors import JobGraphError
 
 
 class FileSource(Source):
-    """JSON lines files of a directory, one split per file (matched by ``pattern``).
+    """JSON lines files of a directory, one split per file.
+
+    ``pattern``: a glob that names the files to read within ``directory`` (default
+    ``"*.jsonl"``; e.g. ``"*.json"``, ``"clicks-*.jsonl"``, ``"*"``). A directory in which no
+    file matches is a :class:`~runtime.errors.JobGraphError` when the job starts (naming the
+    directory, the pattern and files that are there), never a source that reads nothing.
 
     Files are append-only: a restore seeks to the recorded byte offset. With
     ``bounded=True`` a split finishes at the end of its file (a last line without newline
@@ -34,6 +39,10 @@ class FileSource(Source):
         parse: Callable[[bytes], Any] | None = None,
         records_per_s: float | None = None,
     ) -> None:
+        if not isinstance(pattern, str) or not pattern:
+            raise JobGraphError(
+                f"FileSource pattern must be a non-empty glob such as '*.jsonl' or '*.json', got {pattern!r}"
+            )
         self.directory = str(directory)
         self.pattern = pattern
         self.bounded = bounded
@@ -44,7 +53,20 @@ class FileSource(Source):
         d = Path(self.directory)
         if not d.is_dir():
             raise JobGraphError(f"FileSource directory {self.directory} does not exist")
-        return sorted(p.name for p in d.glob(self.pattern) if p.is_file())
+        names = sorted(p.name for p in d.glob(self.pattern) if p.is_file())
+        if not names:
+            others = sorted(p.name for p in d.iterdir() if p.is_file())
+            there = f"files there: {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}" if others \
+                else "the directory has no files"
+            raise JobGraphError(
+                f"FileSource: no file in {self.directory} matches the pattern {self.pattern!r} ({there}); "
+                "pass pattern= matching your files (e.g. FileSource(directory, pattern='*.json')) "
+                "or put the input files there before the job starts"
+            )
+        return names
+
+    def check(self) -> None:
+        self.splits()
 
     def reader(self, split: str, position: dict[str, Any] | None) -> SplitReader:
         pos = position or {}

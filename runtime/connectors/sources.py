@@ -59,6 +59,11 @@ class Source:
     def splits(self) -> list[str]:
         raise NotImplementedError
 
+    def check(self) -> None:
+        """Raise a :class:`~runtime.errors.JobGraphError` when the source cannot work as
+        configured (the job master calls it once, before the first attempt, so the job fails
+        at once instead of through its restarts); by default nothing to check."""
+
     def reader(self, split: str, position: dict[str, Any] | None) -> SplitReader:
         raise NotImplementedError
 
