@@ -81,3 +81,25 @@ def test_state_job_in_memory_loads_no_heavy_dependency() -> None:
         "job.close()\n"
     )
     assert _heavy_modules_after(code) == []
+
+
+def test_restore_and_first_record_load_no_pandas(tmp_path: Path) -> None:
+    """A restarted consumer loop: restore a checkpoint of 2000 keys and update a key without
+    importing pandas (pyarrow imports it on the first ``pa.array`` of a process)."""
+    url = (tmp_path / "root").as_uri()
+    make = (
+        "import sys, bench.startup\n"
+        f"bench.startup.make_list_root({url!r}, 2000)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", make], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    code = (
+        "import pyarrow as pa, statelog\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore=job.latest_checkpoint())\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        "b.set_current_key(7); s.update(s.value() + 1)\n"
+        "assert s.value() == 4, s.value()\n"
+        "job.close(flush=False)\n"
+    )
+    assert _heavy_modules_after(code) == []
