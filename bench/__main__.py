@@ -23,6 +23,7 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "scale_materialization": "bench.scale_materialization",
     "spark": "bench.spark",
+    "startup": "bench.startup",
 }
 
 
@@ -33,14 +34,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test, not for results)")
     parser.add_argument("--root", default=None, help="job root URL to use (default: a temp directory)")
     parser.add_argument("--bootstrap", default=None,
-                        help="kafka only: HOST:PORT of a broker to use (default: start the test broker)")
+                        help="kafka and startup: HOST:PORT of a broker to use (default: start the test broker)")
+    parser.add_argument("--rounds", type=int, default=None, help="startup only: fresh processes per figure")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = {}
     if args.bootstrap is not None:
-        if args.name != "kafka":
-            parser.error("--bootstrap applies to the kafka benchmark only")
+        if args.name not in ("kafka", "startup"):
+            parser.error("--bootstrap applies to the kafka and startup benchmarks only")
         extra["bootstrap"] = args.bootstrap
+    if args.rounds is not None:
+        if args.name != "startup":
+            parser.error("--rounds applies to the startup benchmark only")
+        extra["rounds"] = args.rounds
     result = module.run(quick=args.quick, root=args.root, progress=not args.json, **extra)
     if args.json:
         print(json.dumps(result, sort_keys=True))

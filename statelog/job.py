@@ -49,7 +49,7 @@ from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.plan import plan_restored, resolve_checkpoint
 from statelog.restore.start import check_fresh_start, start_restore
 from statelog.state.backend import KeyedStateBackend
-from statelog.state.tables.disk import DiskWorkingSet
+from statelog.state.tables import disk as disk_tables  # DiskWorkingSet (rocksdict) on first use
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.store.fencing import FencedStore
@@ -212,7 +212,7 @@ class StateJob:
             )  # fmt: skip
         ws = None
         if disk:
-            ws = DiskWorkingSet(
+            ws = disk_tables.DiskWorkingSet(
                 self.state_memory, self.state_dir, self.max_parallelism, f"{operator_uid}-{subtask}-",
                 cache_entries=self.state_cache_entries,
             )

@@ -208,7 +208,7 @@ def split_by_key_group(
     return out
 
 
-_IOTA: list[pa.Array] = [pa.array(range(1 << 16), pa.int64())]
+_IOTA: list[pa.Array] = []  # built on first use: pa.array() imports pandas (through pyarrow)
 _NONE_NS = b"\x00"  # the serialized default namespace (None)
 _CONSTANTS: dict[tuple[Any, Any], pa.Array] = {}
 
@@ -276,8 +276,9 @@ def _nbytes_kind(t: pa.DataType) -> int:
 
 def _iota(n: int) -> pa.Array:
     """``[0, 1, ..., n-1]`` as int64 (a zero-copy slice of a cached array)."""
-    if n > len(_IOTA[0]):
-        _IOTA[0] = pa.array(range(max(n, 2 * len(_IOTA[0]))), pa.int64())
+    if not _IOTA or n > len(_IOTA[0]):
+        size = max(n, 2 * len(_IOTA[0]) if _IOTA else 1 << 16)
+        _IOTA[:] = [pa.array(np.arange(size, dtype=np.int64))]
     return _IOTA[0].slice(0, n)
 
 

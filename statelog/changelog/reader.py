@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statelog.arrays import integer_numpy, numpy_integers
 from statelog.changelog import format as fmt
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange
@@ -245,7 +246,8 @@ class SegmentReader:
                 lo, hi = np.searchsorted(kgs, key_groups.start, "left"), np.searchsorted(kgs, key_groups.end, "right")
                 if lo < hi:
                     if lo > 0 or hi < len(kgs):  # a key group's rows are in order; several: sorted back
-                        table = table.take(order[lo:hi] if key_groups.start == key_groups.end else np.sort(order[lo:hi]))
+                        rows = order[lo:hi] if key_groups.start == key_groups.end else np.sort(order[lo:hi])
+                        table = table.take(numpy_integers(rows))
                     yield info, table, True
         finally:
             if not (keep and self._hold(seg.name, seg.size)):
@@ -271,7 +273,7 @@ class SegmentReader:
         if kept is not None:
             return kept
         table = self.block(name, info)
-        kgs = table.column("key_group").to_numpy()
+        kgs = integer_numpy(table.column("key_group"))
         order = np.argsort(kgs, kind="stable")
         kept = (table, order, kgs[order])
         size = table.nbytes + order.nbytes + kgs.nbytes

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statelog.arrays import binary_array
 from statelog.errors import CorruptionError, SerializationError
 from statelog.keys.encoding import (
     INT64_BIAS,
@@ -89,7 +90,7 @@ def first_legacy_key(arr: Any) -> bytes | None:
     if len(arr) == 0:
         return None
     tags = pc.binary_slice(arr, 0, 1)
-    maybe = pc.is_in(tags, pa.array([bytes((t,)) for t in _LEGACY_TAGS], tags.type))
+    maybe = pc.is_in(tags, binary_array([bytes((t,)) for t in _LEGACY_TAGS]).cast(tags.type))
     if not pc.any(maybe).as_py():
         return None
     for kb in arr.filter(maybe).to_pylist():

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from statelog.arrays import binary_array
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.keys.columns import decode_key_array, first_legacy_key
@@ -190,7 +191,7 @@ class StateInstaller:
         known = self._decoded_keys
         new = list({r[0] for r in records if r[0] not in known})
         if new:  # decode the keys in bulk (int and short-string columns decode without a loop)
-            arr = pa.array(new, pa.binary())
+            arr = binary_array(new)
             self.check_keys(state.name, arr)
             known.update(zip(new, decode_key_array(arr), strict=True))
         state.apply_many(records, known)

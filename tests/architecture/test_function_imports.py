@@ -39,6 +39,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools.cli.materializer", "statelog.spark"): "the spark extra: --engine spark only",
     ("tools.cli.materializer", "materializer.spark"): "the spark extra: --engine spark only",
     ("runtime.cluster.spark", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
+    # start-up time: a heavy import only the command that uses it pays
+    ("tools.cli.ui", "tools.dashboard.page"): "start-up time: plotly only for `ui`",
 }
 
 

@@ -4,10 +4,13 @@ import random
 import subprocess
 import sys
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from statelog.arrays import binary_array, integer_numpy, numpy_integers
 from statelog.errors import ConfigError, SerializationError
 from statelog.keys.encoding import decode_key, encode_key, register_key_type
 from statelog.keys.groups import (
@@ -269,3 +272,23 @@ def test_bulk_key_decoding_equals_decode_key(keys: list, skip: int) -> None:
     got = decode_key_array(arr)
     assert got == expected and [type(x) for x in got] == [type(x) for x in expected]
     assert decode_key_array(pa.chunked_array([arr, arr], pa.binary())) == expected + expected
+
+
+@pytest.mark.parametrize("values", [[], [b""], [b"a", b"", b"xyz" * 100, bytes(range(256))]])
+def test_binary_array_equals_pa_array(values: list[bytes]) -> None:
+    arr = binary_array(values)
+    arr.validate(full=True)
+    assert arr.type == pa.binary() and arr.to_pylist() == values
+
+
+def test_integer_numpy_equals_to_numpy() -> None:
+    a = pa.array(range(10), pa.uint16())
+    for col in (a, a.slice(3, 4), pa.chunked_array([a.slice(2, 3), a.slice(7)]), pa.chunked_array([], pa.int64()),
+                pa.array([1, None], pa.int32()), pa.array([0.5, 1.5])):  # fmt: skip
+        assert np.array_equal(integer_numpy(col), col.to_numpy(zero_copy_only=False), equal_nan=True)
+
+
+def test_numpy_integers_equals_pa_array() -> None:
+    x = np.arange(20, dtype=np.int64)
+    for values in (x, x[3:9], x[::3], np.array([], np.int64), np.arange(5, dtype=np.uint16)):
+        assert numpy_integers(values).equals(pa.array(values))

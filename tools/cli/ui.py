@@ -18,7 +18,6 @@ from typing import Any
 
 from statelog.errors import ConfigError
 from tools.dashboard.data import gather
-from tools.dashboard.page import make_server, render_html
 from tools.roots import open_root
 
 log = logging.getLogger("tools.cli")
@@ -54,6 +53,8 @@ def parse_port(text: str) -> int:
 
 
 def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from tools.dashboard.page import make_server, render_html  # plotly: only `ui` pays its import
+
     port = parse_port(args.port)
     with open_root(args.root, options) as root:
         root.require_job()  # a mistyped root fails here, before anything is served or written

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statelog.arrays import integer_numpy
 from statelog.descriptors import StateInfo
 from statelog.restore.changes import base_entries
 from statelog.restore.ondemand.tail import Records, TailReader
@@ -35,7 +36,7 @@ class PreparedKeyGroup:
 def _split(table: pa.Table, kgs: list[int]) -> list[tuple[pa.Table, list[tuple[int, int]]]]:
     """``table`` (the rows of ``kgs``) as ``(rows, [(key group, rows)])`` parts in table order:
     one part when the rows are sorted by key group, as state tables are (docs/format.md 8)."""
-    col = table.column("key_group").to_numpy()
+    col = integer_numpy(table.column("key_group"))
     if len(col) == 0:
         return []
     if bool((np.diff(col) >= 0).all()):

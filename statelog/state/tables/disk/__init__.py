@@ -35,7 +35,28 @@ Modules, one role each:
 * :mod:`.directories`: the local directories (stale ones deleted).
 """
 
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from statelog.state.tables.disk.directories import DIR_PREFIX, default_state_dir
-from statelog.state.tables.disk.working_set import DiskWorkingSet, WorkingSetError
+
+if TYPE_CHECKING:
+    from statelog.state.tables.disk.working_set import DiskWorkingSet, WorkingSetError
+
+_LAZY = ("DiskWorkingSet", "WorkingSetError")
+
+
+def __getattr__(name: str) -> Any:
+    """:mod:`.working_set` (and rocksdict) is imported when a disk working set is first used
+    (PEP 562): a process that keeps its state in memory never loads RocksDB."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module("statelog.state.tables.disk.working_set"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["DIR_PREFIX", "DiskWorkingSet", "WorkingSetError", "default_state_dir"]

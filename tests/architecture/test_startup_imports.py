@@ -1,0 +1,105 @@
+"""Start-up stays light: ``import statelog`` and ``statelog --help`` load none of the heavy
+optional dependencies (docs/performance.md, "Start-up").
+
+Each check runs in a fresh interpreter and reads ``sys.modules`` after the import or the
+``--help``: the package exports its names lazily (PEP 562) and the CLI imports what a
+command needs when that command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# top-level modules a start-up must not import: DataFrames, SQL, charts, RocksDB, S3, Spark
+HEAVY = ("pandas", "duckdb", "plotly", "rocksdict", "minio", "pyspark")
+
+
+def _heavy_modules_after(code: str) -> list[str]:
+    probe = code + (
+        "\nimport json, sys\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_statelog_loads_no_heavy_dependency() -> None:
+    assert _heavy_modules_after("import statelog") == []
+
+
+def test_import_statelog_loads_no_engine_module() -> None:
+    code = "import statelog, sys\nassert 'pyarrow' not in sys.modules and 'statelog.job' not in sys.modules"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_public_names_resolve_on_first_use() -> None:
+    code = (
+        "import statelog\n"
+        "from statelog import ValueStateDescriptor, open\n"
+        "assert open is statelog.open_job and statelog.StateJob.__name__ == 'StateJob'\n"
+        "assert all(hasattr(statelog, name) for name in statelog.__all__)\n"
+        "assert set(statelog.__all__) <= set(dir(statelog))\n"
+        "print(ValueStateDescriptor.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ValueStateDescriptor"]
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    code = "import statelog\ntry:\n    statelog.no_such_name\nexcept AttributeError as e:\n    print(e)\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "no attribute 'no_such_name'" in out.stdout
+
+
+def test_cli_help_loads_no_heavy_dependency() -> None:
+    code = (
+        "import contextlib, io\n"
+        "import tools.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert tools.cli.main(['--help']) == 0\n"
+    )
+    assert _heavy_modules_after(code) == []
+
+
+def test_state_job_in_memory_loads_no_heavy_dependency() -> None:
+    """A consumer loop's imports: statelog.open() and a backend in memory load no RocksDB."""
+    code = (
+        "import tempfile, pyarrow as pa, statelog\n"
+        "root = tempfile.mkdtemp()\n"
+        "job = statelog.open('file://' + root)\n"
+        "b = job.backend('op', restore='none')\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('n', pa.int64(), default=0))\n"
+        "b.set_current_key('k'); s.update(s.value() + 1)\n"
+        "job.close()\n"
+    )
+    assert _heavy_modules_after(code) == []
+
+
+def test_restore_and_first_record_load_no_pandas(tmp_path: Path) -> None:
+    """A restarted consumer loop: restore a checkpoint of 2000 keys and update a key without
+    importing pandas (pyarrow imports it on the first ``pa.array`` of a process)."""
+    url = (tmp_path / "root").as_uri()
+    make = (
+        "import sys, bench.startup\n"
+        f"bench.startup.make_list_root({url!r}, 2000)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", make], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    code = (
+        "import pyarrow as pa, statelog\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore=job.latest_checkpoint())\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        "b.set_current_key(7); s.update(s.value() + 1)\n"
+        "assert s.value() == 4, s.value()\n"
+        "job.close(flush=False)\n"
+    )
+    assert _heavy_modules_after(code) == []
