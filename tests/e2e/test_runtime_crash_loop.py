@@ -126,8 +126,6 @@ def test_twenty_random_worker_kills_in_unaligned_mode(file_root: RootSpec, tmp_p
     the run, plus their in-flight records, is what their source positions imply; the
     in-flight objects of checkpoints no longer retained are deleted. (This loop found that a
     restored task handled a waiting barrier before its replay; test_debloat pins the order.)"""
-    from tests.runtime.test_modes import apply_inflight
-
     env = make_env(
         file_root,
         mode="exactly_once_unaligned",
@@ -168,6 +166,6 @@ def test_twenty_random_worker_kills_in_unaligned_mode(file_root: RootSpec, tmp_p
             j.get_state(jobs.PAID)
             state = ({k: v for k, _ns, v in j.entries("order")}, {k for k, _ns, v in j.entries("paid") if v})
             j.close()
-            orders, paid, _n = apply_inflight(file_root, meta, state)
+            orders, paid, _n = jobs.apply_inflight(file_root, meta, state)
             assert (orders, paid) == jobs.expected_join_state(meta.sources), f"join state of checkpoint {cid}"
     assert took < 60

@@ -39,7 +39,7 @@ from statelog.materialization.manifest import (
 from statelog.options.values import parse_duration, parse_size
 from statelog.store.base import ObjectStore
 from tests.support.s3server import RootSpec
-from tests.support.wait import wait_until
+from tests.support.wait import FakeClock, wait_until
 from tools.cli import main
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -49,19 +49,6 @@ EVENTS = ListStateDescriptor("events", pa.string())
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """A wall clock that only moves when told to (starts at the real time)."""
-
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 class Job:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+import statelog
 from examples.clickstream import CountClicks, window_row
 from runtime import (
     FileSink,
@@ -33,6 +34,7 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
+from runtime.network import inflight
 from statelog import PICKLE, ValueStateDescriptor
 from tests.support.s3server import RootSpec
 
@@ -282,3 +284,30 @@ def window_checkpoint_errors(meta: Any, state: dict[tuple[str, int], int], timer
             errors.append(f"checkpoint {cid}: window {w} holds {state.get(w)}, timer {w in timers}, expected {n}")
     errors += [f"checkpoint {cid}: window {w} has no input yet" for w in state if w not in consumed]
     return errors
+
+
+def apply_inflight(root: RootSpec, meta: Any, state: tuple[dict[str, list[Any]], set[str]]) -> tuple[
+        dict[str, list[Any]], set[str], int]:
+    """The join state a restore of an unaligned checkpoint reaches after replaying its in-flight
+    data: the snapshot plus the overtaken orders and payments (those of the join's inputs and
+    the ones an upstream task still had buffered). Returns the number of records applied."""
+    orders, paid = dict(state[0]), set(state[1])
+    with statelog.open(root.url, store_options=root.options) as job:
+        payloads = inflight.read_all(job.store, meta.sources)
+    n = 0
+    for payload in payloads.values():
+        values = [r[2] for r in payload["input"]] + [r[1] for r in payload["output"]]
+        for v in values:
+            n += 1
+            if len(v) == 4 and not isinstance(v[1], str):
+                continue  # a click (other operators of the job): not the join's
+            if len(v) == 4:  # an order
+                if v[0] in paid:
+                    paid.discard(v[0])
+                else:
+                    orders[v[0]] = list(v)
+            elif v[0] in orders:  # a payment of a stored order
+                del orders[v[0]]
+            else:
+                paid.add(v[0])
+    return orders, paid, n
