@@ -25,7 +25,8 @@ from tests.support.s3server import RootSpec, S3Server, start_seaweedfs
 
 logger = logging.getLogger(__name__)
 
-pytest_plugins = ["tests.support.spark.fixtures"]  # the Spark fixtures, for the Spark tests of every package
+# the Spark fixtures, for the Spark tests of every package; the CLI table-width fixtures
+pytest_plugins = ["tests.support.spark.fixtures", "tests.support.table_widths"]
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """Checking that the CLI's tables fit a terminal's width (``tests/tools/cli/test_table_widths.py``,
 ``tests/tools/cli/test_spark_table_widths.py``): a root whose cells are wide, the cells a command
 adds (recorded at ``rich``'s ``Table.add_row``), the CLI run at a width, and the check that
-every cell value is printed whole."""
+every cell value is printed whole. The fixtures ``widths_root`` and ``table_cells`` are loaded
+for every test by ``tests/conftest.py`` (``pytest_plugins``)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,15 @@ def check_rendering(out: str, cells: list[str], width: int) -> None:
         for t in tokens(c):
             if len(t) > limit - 4:
                 assert t in squeezed, f"{t!r} lost\n{out}"
+
+
+@pytest.fixture(scope="module")
+def widths_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A root built by :func:`build_widths_root` (once per test module)."""
+    return build_widths_root(tmp_path_factory)
+
+
+@pytest.fixture
+def table_cells(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The text of every table cell the command adds (see :func:`record_cells`)."""
+    return record_cells(monkeypatch)

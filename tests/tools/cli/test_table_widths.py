@@ -7,7 +7,7 @@ check covers every table of a command, whatever module builds it; the Spark comm
 (``sql``, ``inspect`` with counts, ``restore``) are checked in ``tests/tools/cli/test_spark_table_widths.py``
 with the same :func:`~tests.support.table_widths.run_at` and
 :func:`~tests.support.table_widths.check_rendering`; the fixtures ``widths_root`` and
-``table_cells`` are in ``tests/tools/cli/conftest.py``.
+``table_cells`` are there too.
 """
 
 from __future__ import annotations
