@@ -454,7 +454,7 @@ def spawn(root: RootSpec, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def terminate(proc: subprocess.Popen[str], timeout: float = 5.0) -> tuple[int, float, str]:
+def terminate(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, float, str]:
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -481,7 +481,9 @@ def test_sigterm_stops_promptly_and_releases_the_lease(file_job: Job, file_root:
             assert current_holder(store)["pid"] == proc.pid
             code, took, err = terminate(proc)
             assert code == 0, err
-            assert took < 5.0, err  # the loop notices within 50 ms; the rest is interpreter exit
+            # generous: the loop notices within 50 ms, the rest is the interpreter's exit (seconds on
+            # a loaded machine); a daemon that ignored SIGTERM would not exit at all
+            assert took < 60.0, err
             assert current_holder(store)["released"] is True
             assert "received SIGTERM" in err and "released generation 1" in err
     finally:
