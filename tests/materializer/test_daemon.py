@@ -477,7 +477,7 @@ def test_sigterm_stops_promptly_and_releases_the_lease(file_job: Job, file_root:
     proc = spawn(file_root)
     try:
         with file_root.open() as store:
-            wait_until(lambda: newest(store) == (1, 1), 20, "the first materialization")
+            wait_until(lambda: newest(store) == (1, 1), 60, "the first materialization")
             assert current_holder(store)["pid"] == proc.pid
             code, took, err = terminate(proc)
             assert code == 0, err
@@ -498,24 +498,24 @@ def test_two_cli_daemons_only_the_holder_publishes(file_job: Job, file_root: Roo
         with file_root.open() as store:
             file_job.write()
             file_job.checkpoint()
-            wait_until(lambda: newest(store) == (1, 1), 20, "the first materialization")
+            wait_until(lambda: newest(store) == (1, 1), 60, "the first materialization")
             first = current_holder(store)
             holder, other = (first["owner"], "two" if first["owner"] == "one" else "one")
             assert first["generation"] == 1 and first["pid"] == procs[holder].pid
             for cid in (2, 3):
                 file_job.write()
                 file_job.checkpoint()
-                wait_until(lambda cid=cid: newest(store) == (cid, 1), 10, f"checkpoint {cid} materialized")
+                wait_until(lambda cid=cid: newest(store) == (cid, 1), 30, f"checkpoint {cid} materialized")
             assert {(m.lease_generation) for m in manifests(store)} == {1}  # the standby published nothing
             code, _, err = terminate(procs[holder])
             assert code == 0, err
             # the standby takes over the released lease at its next cycle
-            wait_until(lambda: (current_holder(store) or {}).get("owner") == other, 10, "the takeover")
+            wait_until(lambda: (current_holder(store) or {}).get("owner") == other, 30, "the takeover")
             second = current_holder(store)
             assert second["generation"] == 2 and second["pid"] == procs[other].pid
             file_job.write()
             file_job.checkpoint()
-            wait_until(lambda: newest(store) == (4, 2), 10, "checkpoint 4 materialized by the new holder")
+            wait_until(lambda: newest(store) == (4, 2), 30, "checkpoint 4 materialized by the new holder")
             code, _, err = terminate(procs[other])
             assert code == 0, err
             assert "standby: lease generation 1" in err and "acquired generation 2" in err
