@@ -26,12 +26,6 @@ import pyarrow as pa
 import statelog
 from materializer.build import materialize
 from statelog import (
-    PICKLE,
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
-    TtlConfig,
     ValueStateDescriptor,
 )
 from statelog.keys.encoding import decode_key, encode_key
@@ -40,35 +34,11 @@ from statelog.materialization.table_reader import read_table_file
 from statelog.spark.restore import FAR_PAST_MS
 from statelog.store.base import ObjectStore
 from tests.support.harness import Clock
+from tests.support.state_kinds import every_state_kind
 
 MAXP = 16
 TTL_MS = 60_000
-AVG_TYPE = pa.struct([("sum", pa.int64()), ("count", pa.int64())])
-
-
-class Avg:
-    def create_accumulator(self) -> dict:
-        return {"sum": 0, "count": 0}
-
-    def add(self, value: int, acc: dict) -> dict:
-        return {"sum": acc["sum"] + value, "count": acc["count"] + 1}
-
-    def get_result(self, acc: dict) -> float:
-        return acc["sum"] / max(1, acc["count"])
-
-
-DESCRIPTORS = [
-    ValueStateDescriptor("count", pa.int64(), default=0),
-    ListStateDescriptor("seen", pa.string()),
-    MapStateDescriptor("attrs", pa.int64(), key_type=pa.string()),
-    ReducingStateDescriptor("total", pa.int64(), reduce_fn=lambda a, b: a + b),
-    AggregatingStateDescriptor("avg", AVG_TYPE, aggregate=Avg()),
-    ValueStateDescriptor("blob", PICKLE),
-    ValueStateDescriptor("ttl_v", pa.int64(), TtlConfig(TTL_MS)),
-    ListStateDescriptor("ttl_l", pa.int64(), TtlConfig(TTL_MS)),
-    MapStateDescriptor("ttl_m", PICKLE, TtlConfig(TTL_MS), key_type=pa.string()),
-    MapStateDescriptor("pmap", pa.string(), key_type=PICKLE),
-]
+DESCRIPTORS = every_state_kind(TTL_MS)  # tests/support/state_kinds.py
 STATES = [d.name for d in DESCRIPTORS] + ["__timers_event"]
 KEYS = [*(f"user-{i}" for i in range(40)), *range(20), ("t", 1), ("t", 2), None]
 NAMESPACES = [None, None, (0, 1000), (1000, 2000)]
