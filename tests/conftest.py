@@ -27,8 +27,9 @@ from tests.support.s3server import RootSpec, S3Server, start_seaweedfs
 
 logger = logging.getLogger(__name__)
 
-# the Spark fixtures, for the Spark tests of every package; the session's Prometheus server
-pytest_plugins = ["tests.support.spark.fixtures", "tests.support.prometheus"]
+# the Spark fixtures, for the Spark tests of every package; the session's Prometheus server;
+# the CLI table-width fixtures
+pytest_plugins = ["tests.support.spark.fixtures", "tests.support.prometheus", "tests.support.table_widths"]
 
 
 @pytest.fixture(scope="session")

@@ -33,9 +33,8 @@ from runtime.config import CHANGELOG, CheckpointingMode, JobConfig, SnapshotStra
 from runtime.connectors.sources import Source, WatermarkStrategy
 from runtime.errors import JobGraphError
 from runtime.graph import FORWARD, StreamGraph
-from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
-from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, check_max_parallelism, check_parallelism
-from statelog.options.engine import DEFAULT_STATE_MEMORY, WriterOptions
+from statelog.keys.groups import check_max_parallelism, check_parallelism
+from statelog.options.engine import WriterOptions
 from statelog.store.options import StoreOptions, resolve_store_options
 
 
@@ -44,32 +43,33 @@ class StreamExecutionEnvironment:
 
     def __init__(
         self,
-        parallelism: int = 1,
-        max_parallelism: int = DEFAULT_MAX_PARALLELISM,
-        checkpoint_interval_s: float | None = 1.0,
-        checkpoint_timeout_s: float = 60.0,
-        mode: str | CheckpointingMode = CheckpointingMode.EXACTLY_ONCE_ALIGNED,
+        parallelism: int = JobConfig.parallelism,
+        max_parallelism: int = JobConfig.max_parallelism,
+        checkpoint_interval_s: float | None = JobConfig.checkpoint_interval_s,
+        checkpoint_timeout_s: float = JobConfig.checkpoint_timeout_s,
+        mode: str | CheckpointingMode = JobConfig.mode,
         state_root: str | None = None,
         restart_strategy: RestartStrategy | None = None,
-        tolerable_failed_checkpoints: int = 0,
+        tolerable_failed_checkpoints: int = JobConfig.tolerable_failed_checkpoints,
         *,
-        retain_checkpoints: int = 5,
+        # the defaults are JobConfig's (one source); None for the objects JobConfig builds itself
+        retain_checkpoints: int = JobConfig.retain_checkpoints,
         store_options: Mapping[str, Any] | None = None,
         writer_options: Mapping[str, Any] | WriterOptions | None = None,
-        batch_size: int = 256,
-        channel_capacity: int = 8,
-        buffer_debloat_target: float | str | None = 1.0,
-        max_inflight_bytes: int | str | None = None,
-        start_method: str = "forkserver",
-        materializer: bool | Mapping[str, Any] | MaterializerOptions | None = None,
-        state_backend: str | SnapshotStrategy = "changelog",
-        on_demand_restore: bool = True,
-        state_store: str = "memory",
-        state_memory: int | str = DEFAULT_STATE_MEMORY,
-        state_dir: str | None = None,
-        metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1",
-        writer_lease_ttl_s: float = DEFAULT_WRITER_LEASE_TTL_S,
+        batch_size: int = JobConfig.batch_size,
+        channel_capacity: int = JobConfig.channel_capacity,
+        buffer_debloat_target: float | str | None = JobConfig.buffer_debloat_target,
+        max_inflight_bytes: int | str | None = JobConfig.max_inflight_bytes,
+        start_method: str = JobConfig.start_method,
+        materializer: bool | Mapping[str, Any] | MaterializerOptions | None = JobConfig.materializer,
+        state_backend: str | SnapshotStrategy = JobConfig.state_backend,
+        on_demand_restore: bool = JobConfig.on_demand_restore,
+        state_store: str = JobConfig.state_store,
+        state_memory: int | str = JobConfig.state_memory,
+        state_dir: str | None = JobConfig.state_dir,
+        metrics_port: int | None = JobConfig.metrics_port,
+        metrics_host: str = JobConfig.metrics_host,
+        writer_lease_ttl_s: float = JobConfig.writer_lease_ttl_s,
     ) -> None:
         check_max_parallelism(max_parallelism)
         check_parallelism(parallelism, max_parallelism)

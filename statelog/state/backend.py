@@ -20,14 +20,9 @@ from typing import TYPE_CHECKING, Any
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.writer import ChangelogWriter
 from statelog.descriptors import (
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
     StateDescriptor,
     StateInfo,
     StateKind,
-    ValueStateDescriptor,
 )
 from statelog.errors import ConfigError, KeyGroupError, SerializationError, StatelogError
 from statelog.keys.encoding import encode_key
@@ -37,10 +32,9 @@ from statelog.restore.changes import RestoredChanges
 from statelog.restore.eager import restore_timers
 from statelog.restore.install import StateInstaller
 from statelog.restore.ondemand.loader import KeyGroupLoader
-from statelog.state.containers import ListState, MapState
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.keyed import KeyedState
-from statelog.state.kinds import STATE_CLASSES, AggregatingState, ReducingState, ValueState
+from statelog.state.kinds import STATE_CLASSES
 from statelog.state.snapshot import CheckpointBase, PendingSnapshot
 from statelog.state.tables import MemoryWorkingSet, WorkingSet
 from statelog.state.timers import TIMER_INFOS, TimerService
@@ -235,21 +229,6 @@ class KeyedStateBackend:
         self._states[descriptor.name] = state
         self._installer.replay(state)
         return state
-
-    def get_value_state(self, descriptor: ValueStateDescriptor) -> ValueState:
-        return self.get_state(descriptor)
-
-    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
-        return self.get_state(descriptor)
-
-    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
-        return self.get_state(descriptor)
-
-    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
-        return self.get_state(descriptor)
-
-    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
-        return self.get_state(descriptor)
 
     def legacy_key_error(self, state: str, kb: bytes) -> SerializationError:
         """The error for a restored key (or namespace) in key encoding version 1 that version 2

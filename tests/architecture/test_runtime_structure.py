@@ -1,7 +1,7 @@
 """The runtime package's structure: imports point down inside the package and
 each name says one thing.
 
-The import graph is tests/architecture/test_layering.py's (every import statement: module level, inside
+The import graph is tests/support/imports.py's (every import statement: module level, inside
 functions and under ``if TYPE_CHECKING:``), so a back edge hidden in a function still fails.
 """
 
@@ -11,7 +11,7 @@ import ast
 import importlib
 from pathlib import Path
 
-from tests.architecture.test_layering import import_graph
+from tests.support.imports import import_graph
 
 REPO = Path(__file__).resolve().parents[2]
 

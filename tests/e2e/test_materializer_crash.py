@@ -15,7 +15,7 @@ materialization), or right after its manifest appeared (during retention, GC and
 After every kill, with the daemon dead:
 
 * every retained checkpoint restores to the model replayed over ops ``[0, offset)``
-  (``tests.e2e.test_crash.CrashChecker.compare_restore``);
+  (``tests.support.crash_check.CrashChecker.compare_restore``);
 * the next run completes and publishes: an in-process daemon takes the lease over from the
   dead one (after its ttl) and materializes the newest checkpoint; the producer's next
   checkpoint adopts that materialization and restores to the model too;
@@ -51,7 +51,7 @@ from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.layout import DATA_PREFIX, MANIFEST_PREFIX, parse_manifest_key
 from statelog.materialization.manifest import latest_manifest_key, list_manifests, load_manifest
 from statelog.store import open_store
-from tests.e2e.test_crash import CrashChecker
+from tests.support.crash_check import CrashChecker
 from tests.support.crash_ops import OPERATOR_UID, CrashDriver
 from tests.support.crash_worker import DISK_CACHE_ENTRIES
 from tests.support.harness import Clock, Model

@@ -39,7 +39,7 @@ from statelog.materialization.manifest import (
 from statelog.options.values import parse_duration, parse_size
 from statelog.store.base import ObjectStore
 from tests.support.s3server import RootSpec
-from tests.support.wait import wait_until
+from tests.support.wait import FakeClock, wait_until
 from tools.cli import main
 
 PROJECT = Path(__file__).resolve().parents[2]
@@ -49,19 +49,6 @@ EVENTS = ListStateDescriptor("events", pa.string())
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    """A wall clock that only moves when told to (starts at the real time)."""
-
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 class Job:
@@ -467,7 +454,7 @@ def spawn(root: RootSpec, *args: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def terminate(proc: subprocess.Popen[str], timeout: float = 5.0) -> tuple[int, float, str]:
+def terminate(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[int, float, str]:
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -490,11 +477,13 @@ def test_sigterm_stops_promptly_and_releases_the_lease(file_job: Job, file_root:
     proc = spawn(file_root)
     try:
         with file_root.open() as store:
-            wait_until(lambda: newest(store) == (1, 1), 20, "the first materialization")
+            wait_until(lambda: newest(store) == (1, 1), 60, "the first materialization")
             assert current_holder(store)["pid"] == proc.pid
             code, took, err = terminate(proc)
             assert code == 0, err
-            assert took < 5.0, err  # the loop notices within 50 ms; the rest is interpreter exit
+            # generous: the loop notices within 50 ms, the rest is the interpreter's exit (seconds on
+            # a loaded machine); a daemon that ignored SIGTERM would not exit at all
+            assert took < 60.0, err
             assert current_holder(store)["released"] is True
             assert "received SIGTERM" in err and "released generation 1" in err
     finally:
@@ -509,24 +498,24 @@ def test_two_cli_daemons_only_the_holder_publishes(file_job: Job, file_root: Roo
         with file_root.open() as store:
             file_job.write()
             file_job.checkpoint()
-            wait_until(lambda: newest(store) == (1, 1), 20, "the first materialization")
+            wait_until(lambda: newest(store) == (1, 1), 60, "the first materialization")
             first = current_holder(store)
             holder, other = (first["owner"], "two" if first["owner"] == "one" else "one")
             assert first["generation"] == 1 and first["pid"] == procs[holder].pid
             for cid in (2, 3):
                 file_job.write()
                 file_job.checkpoint()
-                wait_until(lambda cid=cid: newest(store) == (cid, 1), 10, f"checkpoint {cid} materialized")
+                wait_until(lambda cid=cid: newest(store) == (cid, 1), 30, f"checkpoint {cid} materialized")
             assert {(m.lease_generation) for m in manifests(store)} == {1}  # the standby published nothing
             code, _, err = terminate(procs[holder])
             assert code == 0, err
             # the standby takes over the released lease at its next cycle
-            wait_until(lambda: (current_holder(store) or {}).get("owner") == other, 10, "the takeover")
+            wait_until(lambda: (current_holder(store) or {}).get("owner") == other, 30, "the takeover")
             second = current_holder(store)
             assert second["generation"] == 2 and second["pid"] == procs[other].pid
             file_job.write()
             file_job.checkpoint()
-            wait_until(lambda: newest(store) == (4, 2), 10, "checkpoint 4 materialized by the new holder")
+            wait_until(lambda: newest(store) == (4, 2), 30, "checkpoint 4 materialized by the new holder")
             code, _, err = terminate(procs[other])
             assert code == 0, err
             assert "standby: lease generation 1" in err and "acquired generation 2" in err

@@ -12,9 +12,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -29,23 +27,18 @@ from statelog.keys.groups import KeyGroupRange
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.spark.restore import read_state_changes
-from tests.materializer.test_gc import FAR, MAXP, OPTIONS, Built, build, read_state
+from tests.support.gc_job import (
+    FAR,
+    MAXP,
+    OPTIONS,
+    Built,
+    build,
+    copy_over,
+    overwrite,
+    read_state,
+    swap_table_file,
+)
 from tests.support.s3server import RootSpec
-
-
-def local_path(spec: RootSpec, key: str) -> Path:
-    return Path(unquote(urlsplit(spec.url).path)) / key
-
-
-def overwrite(spec: RootSpec, key: str, data: bytes) -> None:
-    """Replace an object of a file:// root in place (what a careless copy does)."""
-    path = local_path(spec, key)
-    path.unlink()
-    path.write_bytes(data)
-
-
-def copy_over(spec: RootSpec, source: str, target: str) -> None:
-    overwrite(spec, target, local_path(spec, source).read_bytes())
 
 
 def rewrap(data: bytes, edit: Any) -> bytes:
@@ -217,17 +210,6 @@ def test_savepoint_metadata_over_its_checkpoints_fails_load(built: Built) -> Non
 
 
 # -- a table file in the place of another --------------------------------------------------------
-
-
-def swap_table_file(b: Built) -> str:
-    """Copy one valid ``count`` table of M2 over another one of M2; returns the damaged path."""
-    files = b.manifests[4].operators["counter"].files["count"]
-    own = [f for f in files if f.path.startswith(f"materializations/data/{b.manifests[4].mid}/")]
-    assert len(own) >= 1 and len(files) >= 2
-    target = own[0]
-    source = next(f for f in files if f.path != target.path)
-    copy_over(b.spec, source.path, target.path)
-    return target.path
 
 
 def test_table_file_swapped_with_another_of_the_same_state_fails_restore(built: Built) -> None:

@@ -15,7 +15,7 @@ from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFo
 from statelog.layout import savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import load_manifest
 from statelog.testing import FaultInjectingStore
-from tests.materializer.test_gc import (
+from tests.support.gc_job import (
     ATTRS,
     COUNT,
     EVENTS,

@@ -24,9 +24,9 @@ import pytest
 import statelog
 from materializer.build import materialize
 from statelog.materialization.manifest import load_manifest
-from tests.materializer.test_spark_materialize import assert_same_tables
 from tests.support.s3server import S3Server
 from tests.support.spark import cluster, jobs
+from tests.support.spark.jobs import assert_same_tables
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3, pytest.mark.xdist_group("cluster")]
 

@@ -3,7 +3,7 @@
 Both engines materialize the same checkpoints; their manifests must list the same states,
 covered positions and files (key-group ranges, row counts; reused files by the same path) and
 every pair of files must hold the same rows. The property variant runs the materializer's
-property test (``tests/e2e/test_property_materialized.py``) with every completed
+property test (``tests/e2e/test_property_materialized.py``, its scenario in ``tests/support/materialized_scenario.py``) with every completed
 materialization repeated on Spark and compared; the Spark manifest, published last, is the
 one later checkpoints build on, so the restores the scenario checks read Spark's tables.
 """
@@ -22,37 +22,13 @@ import statelog
 from materializer.build import MaterializeOptions, materialize
 from materializer.daemon.loop import MaterializerDaemon
 from materializer.spark import SparkEngine
-from statelog.materialization.manifest import Manifest, list_manifests, load_manifest
-from statelog.materialization.table_reader import read_table_file
-from statelog.store.base import ObjectStore
-from tests.e2e.test_property_materialized import STEPS, Scenario, flatten
-from tests.materializer.test_daemon import FakeClock
+from statelog.materialization.manifest import list_manifests, load_manifest
+from tests.support.materialized_scenario import STEPS, Scenario, flatten
 from tests.support.s3server import S3Server
 from tests.support.spark import jobs
+from tests.support.spark.jobs import assert_same_tables
+from tests.support.wait import FakeClock
 from tools.cli import main as cli_main
-
-
-def assert_same_tables(store: ObjectStore, a: Manifest, b: Manifest) -> int:
-    """``a`` and ``b`` hold the same tables file by file (rows compared); returns the files compared."""
-    assert sorted(a.operators) == sorted(b.operators)
-    compared = 0
-    for uid, opa in a.operators.items():
-        opb = b.operators[uid]
-        assert opa.states == opb.states and opa.covered == opb.covered, uid
-        assert sorted(opa.files) == sorted(opb.files), uid
-        infos = {i.name: i for i in opa.states}
-        for name, fa in opa.files.items():
-            fb = opb.files[name]
-            assert [(f.key_groups, f.rows) for f in fa] == [(f.key_groups, f.rows) for f in fb], (uid, name)
-            for x, y in zip(fa, fb, strict=True):
-                new_a, new_b = f"/{a.mid}/" in x.path, f"/{b.mid}/" in y.path
-                assert new_a == new_b and (new_a or x.path == y.path), (x.path, y.path)  # reused alike
-                ta = read_table_file(store, x, x.key_groups, infos[name])
-                tb = read_table_file(store, y, y.key_groups, infos[name])
-                assert ta.to_pylist() == tb.to_pylist(), (uid, name, x.path, y.path)
-                compared += 1
-    assert a.rows == b.rows and a.checkpoint_id == b.checkpoint_id
-    return compared
 
 
 @pytest.fixture(scope="module")

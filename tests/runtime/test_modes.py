@@ -22,7 +22,7 @@ from runtime import read_committed
 from runtime.network import inflight
 from tests.support import jobs
 from tests.support.chaos import kill_workers
-from tests.support.jobs import make_env
+from tests.support.jobs import apply_inflight, make_env
 from tests.support.s3server import RootSpec
 
 
@@ -34,33 +34,6 @@ def restored_join_state(root: RootSpec, cid: int) -> tuple[dict[str, list[Any]],
         orders = {k: v for k, _ns, v in b.entries("order")}
         paid = {k for k, _ns, v in b.entries("paid") if v}
         return orders, paid
-
-
-def apply_inflight(root: RootSpec, meta: Any, state: tuple[dict[str, list[Any]], set[str]]) -> tuple[
-        dict[str, list[Any]], set[str], int]:
-    """The join state a restore of an unaligned checkpoint reaches after replaying its in-flight
-    data: the snapshot plus the overtaken orders and payments (those of the join's inputs and
-    the ones an upstream task still had buffered). Returns the number of records applied."""
-    orders, paid = dict(state[0]), set(state[1])
-    with statelog.open(root.url, store_options=root.options) as job:
-        payloads = inflight.read_all(job.store, meta.sources)
-    n = 0
-    for payload in payloads.values():
-        values = [r[2] for r in payload["input"]] + [r[1] for r in payload["output"]]
-        for v in values:
-            n += 1
-            if len(v) == 4 and not isinstance(v[1], str):
-                continue  # a click (other operators of the job): not the join's
-            if len(v) == 4:  # an order
-                if v[0] in paid:
-                    paid.discard(v[0])
-                else:
-                    orders[v[0]] = list(v)
-            elif v[0] in orders:  # a payment of a stored order
-                del orders[v[0]]
-            else:
-                paid.add(v[0])
-    return orders, paid, n
 
 
 @pytest.mark.parametrize("mode", ["exactly_once_aligned", "exactly_once_unaligned", "at_least_once"])

@@ -24,7 +24,7 @@ from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import load_manifest
 from statelog.store import open_store
 from statelog.testing import OUTAGES, FaultInjectingStore
-from tests.materializer.test_gc import COUNT, EVENTS, MAXP, OPTIONS, Built, build
+from tests.support.gc_job import COUNT, EVENTS, MAXP, OPTIONS, Built, build
 from tests.support.s3server import RootSpec
 from tools.roots import Root
 from tools.verify import verify_root

@@ -9,17 +9,26 @@ worker processes.
   -> ``[user, window start, count]``.
 * **orders / payments**: two generator sources; every order ``"k-i"`` has exactly one
   payment; a keyed two-input function joins them -> ``[order id, user, amount]``.
+
+The builders take ``rate`` (records/s per source subtask) and ``gate``: with a gate (a file
+path) the sources are paced only while the file does not exist and hold back each split's
+last record until it does, so a crash loop's job cannot end before its kills landed, and
+its input drains at full speed once the test creates the file (:func:`open_gate`).
 """
 
 from __future__ import annotations
 
+import os
+import time
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+import statelog
 from examples.clickstream import CountClicks, window_row
 from runtime import (
     FileSink,
@@ -33,6 +42,8 @@ from runtime import (
     TumblingEventTimeWindows,
     WatermarkStrategy,
 )
+from runtime.connectors.sources import Source, SplitReader
+from runtime.network import inflight
 from statelog import PICKLE, ValueStateDescriptor
 from tests.support.s3server import RootSpec
 
@@ -47,6 +58,64 @@ ORDER_SPLITS = 2
 
 def _h(*parts: Any) -> int:
     return zlib.crc32(":".join(map(str, parts)).encode())
+
+
+# -- a generator paced until a gate opens -------------------------------------------------------
+
+
+class GatedGeneratorSource(GeneratorSource):
+    """:class:`GeneratorSource` whose splits are paced at ``rate`` records/s per source subtask
+    while the file ``gate`` does not exist, and hold back their last record until it does;
+    once it exists they read at full speed. Positions are the generator's."""
+
+    def __init__(self, fn: Callable[[int, int], Any], count: int, splits: int, rate: float,
+                 gate: Path, parallelism: int) -> None:
+        super().__init__(fn, count, splits=splits)
+        self.gate = str(gate)
+        self.split_rate = rate / max(1, -(-splits // parallelism))  # the subtask's rate over its splits
+
+    def reader(self, split: str, position: dict[str, Any] | None) -> SplitReader:
+        return _GatedReader(self.fn, int(split), self.count or 0, int((position or {}).get("next", 0)),
+                            self.split_rate, self.gate)
+
+
+class _GatedReader(SplitReader):
+    def __init__(self, fn: Callable[[int, int], Any], split: int, count: int, start: int, rate: float,
+                 gate: str) -> None:
+        self.fn, self.split, self.count, self.next, self.start = fn, split, count, start, start
+        self.rate, self.gate, self.open = rate, gate, False
+        self.t0: float | None = None  # the pace counts from the first read (after the restore)
+        self.finished = start >= count
+
+    def read(self, max_records: int) -> list[Any]:
+        if not self.open:
+            self.open = os.path.exists(self.gate)
+        stop = min(self.next + max_records, self.count)
+        if not self.open:
+            if self.t0 is None:
+                self.t0 = time.monotonic()
+            paced = self.start + int(self.rate * (time.monotonic() - self.t0))
+            stop = min(stop, paced, self.count - 1)
+        out = [self.fn(self.split, i) for i in range(self.next, stop)] if stop > self.next else []
+        self.next = max(self.next, stop)
+        self.finished = self.next >= self.count
+        return out
+
+    def position(self) -> dict[str, Any]:
+        return {"next": self.next}
+
+
+def open_gate(gate: Path) -> None:
+    """Let the gated sources of a job read the rest of their input at full speed."""
+    gate.touch()
+
+
+def _source(fn: Callable[[int, int], Any], count: int, splits: int, rate: float | None,
+            gate: Path | None, parallelism: int) -> Source:
+    if gate is None:
+        return GeneratorSource(fn, count, splits=splits, records_per_s=rate)
+    assert rate, "a gated source is paced: give its rate"
+    return GatedGeneratorSource(fn, count, splits, rate, gate, parallelism)
 
 
 # -- clicks and windows --------------------------------------------------------------------------
@@ -175,9 +244,10 @@ def build_clicks(
     rate: float | None = None,
     sliding: bool = False,
     uid: str = "window-count",
+    gate: Path | None = None,
 ) -> None:
     clicks = env.from_source(
-        GeneratorSource(make_click, per_split, splits=CLICK_SPLITS, records_per_s=rate),
+        _source(make_click, per_split, CLICK_SPLITS, rate, gate, env.config.parallelism),
         uid="clicks",
         watermarks=WatermarkStrategy(click_ts, OOO_MS),
     )
@@ -197,15 +267,17 @@ def build_join(
     order_rate: float | None = None,
     payment_rate: float | None = None,
     slow_payments: bool = False,
+    gate: Path | None = None,
 ) -> None:
     """The orders/payments join; ``slow_payments`` puts a slow map task on the payments path."""
+    p = env.config.parallelism
     orders = env.from_source(
-        GeneratorSource(make_order, per_split, splits=ORDER_SPLITS, records_per_s=order_rate),
+        _source(make_order, per_split, ORDER_SPLITS, order_rate, gate, p),
         uid="orders",
         watermarks=WatermarkStrategy(order_ts, 0),
     )
     payments = env.from_source(
-        GeneratorSource(make_payment, payments_count(per_split), splits=ORDER_SPLITS, records_per_s=payment_rate),
+        _source(make_payment, payments_count(per_split), ORDER_SPLITS, payment_rate, gate, p),
         uid="payments",
         watermarks=WatermarkStrategy(order_ts, 30),
     )
@@ -282,3 +354,30 @@ def window_checkpoint_errors(meta: Any, state: dict[tuple[str, int], int], timer
             errors.append(f"checkpoint {cid}: window {w} holds {state.get(w)}, timer {w in timers}, expected {n}")
     errors += [f"checkpoint {cid}: window {w} has no input yet" for w in state if w not in consumed]
     return errors
+
+
+def apply_inflight(root: RootSpec, meta: Any, state: tuple[dict[str, list[Any]], set[str]]) -> tuple[
+        dict[str, list[Any]], set[str], int]:
+    """The join state a restore of an unaligned checkpoint reaches after replaying its in-flight
+    data: the snapshot plus the overtaken orders and payments (those of the join's inputs and
+    the ones an upstream task still had buffered). Returns the number of records applied."""
+    orders, paid = dict(state[0]), set(state[1])
+    with statelog.open(root.url, store_options=root.options) as job:
+        payloads = inflight.read_all(job.store, meta.sources)
+    n = 0
+    for payload in payloads.values():
+        values = [r[2] for r in payload["input"]] + [r[1] for r in payload["output"]]
+        for v in values:
+            n += 1
+            if len(v) == 4 and not isinstance(v[1], str):
+                continue  # a click (other operators of the job): not the join's
+            if len(v) == 4:  # an order
+                if v[0] in paid:
+                    paid.discard(v[0])
+                else:
+                    orders[v[0]] = list(v)
+            elif v[0] in orders:  # a payment of a stored order
+                del orders[v[0]]
+            else:
+                paid.add(v[0])
+    return orders, paid, n

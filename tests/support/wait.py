@@ -1,5 +1,6 @@
 """Waiting in tests for something another thread or process does: poll a predicate until
-it holds (its value is returned) and fail naming what did not happen in time."""
+it holds (its value is returned) and fail naming what did not happen in time; and a
+clock that only moves when a test moves it."""
 
 from __future__ import annotations
 
@@ -19,3 +20,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout}s")
         time.sleep(interval)
+
+
+class FakeClock:
+    """A wall clock that only moves when told to (starts at the real time)."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds

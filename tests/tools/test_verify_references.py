@@ -9,8 +9,7 @@ import pytest
 
 from materializer.savepoint import create_savepoint
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
-from tests.materializer.test_gc import OPTIONS, Built, build
-from tests.materializer.test_references import copy_over, swap_table_file
+from tests.support.gc_job import OPTIONS, Built, build, copy_over, swap_table_file
 from tests.support.s3server import RootSpec
 from tools.cli import main
 

@@ -20,26 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import statelog
 from runtime import FixedDelay
 from statelog.errors import ConfigError
 from tests.support import jobs
 from tests.support.jobs import make_env
+from tests.support.metrics import scrape
 from tests.support.s3server import RootSpec
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
-    assert len({s.labels.get("job") for s in samples}) == 1 and "job" in samples[0].labels  # every series has it
-    return {
-        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job"))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def value(m: dict, name: str) -> float:

@@ -26,28 +26,8 @@ from runtime.connectors.sources import SourceSplits
 from tests.support import jobs
 from tests.support.chaos import kill_workers
 from tests.support.jobs import make_env
+from tests.support.parquet_clicks import COLUMNS, PER_SPLIT, ROW_GROUP, read_all, write_clicks
 from tests.support.s3server import RootSpec
-
-COLUMNS = ["user", "ts", "split", "i"]
-
-
-def write_clicks(directory: Path, per_split: int, row_group_size: int, splits: int = jobs.CLICK_SPLITS) -> None:
-    """``clicks-<k>.parquet``: the rows ``jobs.make_click(k, i)`` in row groups of ``row_group_size``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for k in range(splits):
-        rows = [jobs.make_click(k, i) for i in range(per_split)]
-        table = pa.table({name: [r[j] for r in rows] for j, name in enumerate(COLUMNS)})
-        pq.write_table(table, directory / f"clicks-{k}.parquet", row_group_size=row_group_size)
-
-
-def read_all(reader: Any, batch: int) -> list[Any]:
-    out: list[Any] = []
-    while not reader.finished:
-        got = reader.read(batch)
-        assert len(got) <= batch
-        out += got
-    return out
-
 
 # -- unit ----------------------------------------------------------------------------------------
 
@@ -159,8 +139,6 @@ def test_arguments_are_validated(tmp_path: Path) -> None:
 
 # -- end to end ----------------------------------------------------------------------------------
 
-PER_SPLIT = 1500
-ROW_GROUP = 300
 
 
 def dict_ts(row: dict[str, Any]) -> int:

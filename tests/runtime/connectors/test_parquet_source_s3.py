@@ -19,15 +19,15 @@ from runtime import (
     read_committed,
 )
 from statelog.store import open_store
-from tests.runtime.connectors.test_parquet_source import (
+from tests.support import jobs
+from tests.support.chaos import kill_workers
+from tests.support.jobs import make_env
+from tests.support.parquet_clicks import (
     PER_SPLIT,
     ROW_GROUP,
     read_all,
     write_clicks,
 )
-from tests.support import jobs
-from tests.support.chaos import kill_workers
-from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec, S3Server
 
 pytestmark = pytest.mark.s3

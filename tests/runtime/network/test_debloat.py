@@ -31,6 +31,7 @@ from runtime.network.server import ChannelServer
 from runtime.task.operators import StreamOperator
 from runtime.task.task import Task
 from statelog.errors import ConfigError
+from tests.support.metrics import scrape
 from tests.support.s3server import RootSpec
 
 SECRET = new_secret()  # the channels' job secret (runtime.network.auth)
@@ -596,7 +597,6 @@ class _SlowCount(KeyedProcessFunction):
 
 @pytest.mark.slow
 def test_channel_metrics_of_a_back_pressured_job(file_root: RootSpec, tmp_path: Path) -> None:
-    from tests.runtime.cluster.test_metrics import scrape
 
     env = StreamExecutionEnvironment(
         parallelism=2, checkpoint_interval_s=0.3, state_root=file_root.url, metrics_port=0,

@@ -4,7 +4,6 @@ restore, on ``file://`` and ``s3://``; typed keys, TTL expiry, partitions, clear
 from __future__ import annotations
 
 import pickle
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -12,25 +11,12 @@ import pytest
 
 import statelog
 from statelog.keys.encoding import decode_key, encode_key
-from statelog.spark.options import to_spark_options
 from tests.support.spark import jobs
-
-
-def reader(spark: Any, b: jobs.Built, **options: Any) -> Any:
-    r = spark.read.format("statelog").option("root", b.root)
-    for k, v in {**to_spark_options(b.options), **options}.items():
-        r = r.option(k, str(v))
-    return r
+from tests.support.spark.reading import collect_all, reader
 
 
 def read(spark: Any, b: jobs.Built, state: str, checkpoint: Any, operator: str = "op", **options: Any) -> Any:
     return reader(spark, b, operator=operator, state=state, checkpoint=checkpoint, **options).load()
-
-
-def collect_all(dfs: list[Any]) -> list[list[Any]]:
-    """Collect several DataFrames concurrently (Spark runs the jobs side by side)."""
-    with ThreadPoolExecutor(3) as pool:
-        return list(pool.map(lambda df: df.collect(), dfs))
 
 
 def _kinds_of(meta: Any) -> tuple[bool, bool]:

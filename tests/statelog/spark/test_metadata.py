@@ -8,8 +8,8 @@ import pytest
 
 import statelog
 from statelog.spark.metadata import TABLES
-from tests.statelog.spark.test_datasource import collect_all
 from tests.support.spark import jobs
+from tests.support.spark.reading import collect_all
 
 
 def meta(spark: Any, b: jobs.Built, table: str, **options: Any) -> Any:

@@ -19,13 +19,6 @@ import pytest
 
 import statelog
 from statelog import (
-    AggregateFunction,
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
-    TtlConfig,
-    ValueStateDescriptor,
     _ext,
 )
 from statelog.errors import ConfigError
@@ -34,35 +27,17 @@ from statelog.keys.groups import key_group_of
 from statelog.state.tables.disk import DIR_PREFIX, WorkingSetError, codec
 from statelog.state.tables.disk import miss_path as paths
 from tests.support.harness import Clock
+from tests.support.state_kinds import every_state_kind
 
-
-class Avg(AggregateFunction):
-    def create_accumulator(self) -> Any:
-        return [0, 0]
-
-    def add(self, value: Any, acc: Any) -> Any:
-        return [acc[0] + value, acc[1] + 1]
-
-    def get_result(self, acc: Any) -> Any:
-        return acc[0] / acc[1]
-
-
-DESCRIPTORS = [
-    ValueStateDescriptor("count", pa.int64(), default=0),
-    ListStateDescriptor("seen", pa.string()),
-    MapStateDescriptor("last", key_type=pa.string(), value_type=pa.int64()),
-    ReducingStateDescriptor("max", pa.int64(), reduce_fn=max),
-    AggregatingStateDescriptor("avg", pa.list_(pa.int64()), aggregate=Avg()),
-    ValueStateDescriptor("ttl", pa.int64(), ttl=TtlConfig(ttl_ms=50)),
-]
+DESCRIPTORS = every_state_kind(ttl_ms=50)  # count, seen, attrs, total, avg, blob, TTL states, pmap
 
 
 def workload(b: Any, clock: Clock, seed: int, n: int = 3000, prefetch: bool = False) -> None:
     """Every state kind, namespaces, clears and TTL expiry over 300 keys; with ``prefetch``,
     every 50 records a prefetch of 64 keys, most of them of the records to come (as a
     consumer loop does with its next batch), with unhashable and other keys among them."""
-    states = [b.get_state(d) for d in DESCRIPTORS]
-    count, seen, last, mx, avg, ttl = states
+    states = {d.name: b.get_state(d) for d in DESCRIPTORS}
+    count, seen, last, total, avg, ttl = (states[n] for n in ("count", "seen", "attrs", "total", "avg", "ttl_v"))
     rnd = random.Random(seed)
     other = random.Random(seed + 99)
     for i in range(n):
@@ -80,7 +55,7 @@ def workload(b: Any, clock: Clock, seed: int, n: int = 3000, prefetch: bool = Fa
         last.put(f"k{i % 4}", i)
         if i % 5 == 0:
             last.remove("k1")
-        mx.add(rnd.randrange(1000))
+        total.add(rnd.randrange(1000))
         avg.add(rnd.randrange(10))
         if i % 3 == 0:
             ttl.update(i)
@@ -498,7 +473,7 @@ def test_states_registered_late_keep_their_restored_entries(tmp_path: Path) -> N
     assert b._ws.evictions > 10, b._ws.stats()
     b.set_current_key(next(iter(keys)))
     last = b.get_state(DESCRIPTORS[2])  # registered while a key is current
-    stored = {k: v for k, ns, v in want["last"] if ns == repr(None)}
+    stored = {k: v for k, ns, v in want["attrs"] if ns == repr(None)}
     assert repr(dict(last.items())) == stored.get(repr(b.current_key), "{}")
     assert view(b) == want
     job.close()

@@ -153,9 +153,8 @@ def test_latency(store: FaultInjectingStore) -> None:
     store.put("k", b"v")
     store.add_latency("get", 0.05)
     started = time.monotonic()
-    store.get("k")
-    store.head("k")
-    assert 0.05 <= time.monotonic() - started < 30.0  # the latency was added (once: get only)
+    assert store.get("k") == b"v"
+    assert time.monotonic() - started >= 0.05  # the injected latency was added to the get
 
 
 def test_reset_and_validation(store: FaultInjectingStore) -> None:

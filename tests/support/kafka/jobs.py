@@ -1,13 +1,23 @@
 """The clickstream test job on Kafka: clicks in a topic (partition k holds split k of
-``tests/support/jobs.py``'s clicks), per-user tumbling window counts out to a topic."""
+``tests/support/jobs.py``'s clicks), per-user tumbling window counts out to a topic.
+
+With a ``gate`` (a file path) the source is paced at ``rate`` only while the file does not
+exist and holds back each subtask's last record until it does (as the gated generator of
+``tests/support/jobs.py``): a crash loop's job cannot end before its kills landed, and the
+rest of its input is read at full speed once the test opens the gate."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 from runtime import StreamExecutionEnvironment, TumblingEventTimeWindows, WatermarkStrategy
 from runtime.connectors.kafka import KafkaSink, KafkaSource
+from runtime.connectors.kafka.reader import KafkaSourceSplits
+from runtime.connectors.sources import SourceSplits
 from tests.support import jobs
 
 
@@ -70,6 +80,41 @@ def clicks_env(root_url: str, **kw: Any) -> StreamExecutionEnvironment:
     return StreamExecutionEnvironment(**opts)
 
 
+class GatedKafkaSource(KafkaSource):
+    """:class:`KafkaSource` of bounded partitions, paced at ``rate`` records/s per subtask while
+    the file ``gate`` does not exist, its last record held back until it does."""
+
+    def __init__(self, *args: Any, rate: float, gate: Path, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.rate, self.gate = rate, str(gate)
+
+    def open_splits(self, assigned: dict[str, dict[str, Any] | None], watermarks: WatermarkStrategy | None, *,
+                    subtask: int = 0, parallelism: int = 1, restored: bool = False) -> SourceSplits:
+        return _GatedKafkaSplits(self, assigned, watermarks, subtask, parallelism, restored)
+
+
+class _GatedKafkaSplits(KafkaSourceSplits):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.t0: float | None = None  # the pace counts from the first read (after the restore)
+        self.taken, self.open = 0, False
+
+    def read(self, max_records: int) -> list[tuple[Any, int | None]]:
+        if not self.open:
+            self.open = os.path.exists(self.source.gate)
+        if not self.open:
+            if self.t0 is None:
+                self.t0 = time.monotonic()
+            left = sum(p.stop - p.next for p in self.parts.values() if p.stop is not None and p.next is not None)
+            allowed = int(self.source.rate * (time.monotonic() - self.t0)) - self.taken
+            max_records = min(max_records, allowed, left - 1)
+            if max_records <= 0:
+                return []
+        out = super().read(max_records)
+        self.taken += len(out)
+        return out
+
+
 def build_kafka_clicks(
     env: StreamExecutionEnvironment,
     bootstrap: str,
@@ -79,10 +124,16 @@ def build_kafka_clicks(
     delivery: str = "exactly-once",
     prefix: str = "clicks",
     rate: float | None = None,
+    gate: Path | None = None,
 ) -> None:
-    clicks = env.from_source(
+    source = (
         KafkaSource(bootstrap, topic_in, bounded=True, value_deserializer=json.loads, records_per_s=rate,
-                    discovery_interval_s=None),  # fmt: skip
+                    discovery_interval_s=None) if gate is None else
+        GatedKafkaSource(bootstrap, topic_in, bounded=True, value_deserializer=json.loads, discovery_interval_s=None,
+                         rate=rate or 0.0, gate=gate)
+    )  # fmt: skip
+    clicks = env.from_source(
+        source,
         uid="clicks",
         watermarks=WatermarkStrategy(jobs.click_ts, jobs.OOO_MS),
     )

@@ -10,6 +10,7 @@ timers, and takes four checkpoints:
 * ``c4``: more changes, deletes included: ``m1`` plus a longer tail.
 
 It also writes operator ``words`` (parallelism 1, string keys only) for ``keyType`` tests.
+``assert_same_tables`` compares two materializations of one checkpoint file by file.
 """
 
 from __future__ import annotations
@@ -25,46 +26,19 @@ import pyarrow as pa
 import statelog
 from materializer.build import materialize
 from statelog import (
-    PICKLE,
-    AggregatingStateDescriptor,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ReducingStateDescriptor,
-    TtlConfig,
     ValueStateDescriptor,
 )
 from statelog.keys.encoding import decode_key, encode_key
+from statelog.materialization.manifest import Manifest
+from statelog.materialization.table_reader import read_table_file
 from statelog.spark.restore import FAR_PAST_MS
+from statelog.store.base import ObjectStore
 from tests.support.harness import Clock
+from tests.support.state_kinds import every_state_kind
 
 MAXP = 16
 TTL_MS = 60_000
-AVG_TYPE = pa.struct([("sum", pa.int64()), ("count", pa.int64())])
-
-
-class Avg:
-    def create_accumulator(self) -> dict:
-        return {"sum": 0, "count": 0}
-
-    def add(self, value: int, acc: dict) -> dict:
-        return {"sum": acc["sum"] + value, "count": acc["count"] + 1}
-
-    def get_result(self, acc: dict) -> float:
-        return acc["sum"] / max(1, acc["count"])
-
-
-DESCRIPTORS = [
-    ValueStateDescriptor("count", pa.int64(), default=0),
-    ListStateDescriptor("seen", pa.string()),
-    MapStateDescriptor("attrs", pa.int64(), key_type=pa.string()),
-    ReducingStateDescriptor("total", pa.int64(), reduce_fn=lambda a, b: a + b),
-    AggregatingStateDescriptor("avg", AVG_TYPE, aggregate=Avg()),
-    ValueStateDescriptor("blob", PICKLE),
-    ValueStateDescriptor("ttl_v", pa.int64(), TtlConfig(TTL_MS)),
-    ListStateDescriptor("ttl_l", pa.int64(), TtlConfig(TTL_MS)),
-    MapStateDescriptor("ttl_m", PICKLE, TtlConfig(TTL_MS), key_type=pa.string()),
-    MapStateDescriptor("pmap", pa.string(), key_type=PICKLE),
-]
+DESCRIPTORS = every_state_kind(TTL_MS)  # tests/support/state_kinds.py
 STATES = [d.name for d in DESCRIPTORS] + ["__timers_event"]
 KEYS = [*(f"user-{i}" for i in range(40)), *range(20), ("t", 1), ("t", 2), None]
 NAMESPACES = [None, None, (0, 1000), (1000, 2000)]
@@ -229,3 +203,26 @@ def spark_rows(df: Any, state: str) -> set[tuple]:
 
 def decode_row_key(r: Any) -> tuple[Any, Any]:
     return decode_key(bytes(r["key_bytes"])), decode_key(bytes(r["namespace_bytes"]))
+
+
+def assert_same_tables(store: ObjectStore, a: Manifest, b: Manifest) -> int:
+    """``a`` and ``b`` hold the same tables file by file (rows compared); returns the files compared."""
+    assert sorted(a.operators) == sorted(b.operators)
+    compared = 0
+    for uid, opa in a.operators.items():
+        opb = b.operators[uid]
+        assert opa.states == opb.states and opa.covered == opb.covered, uid
+        assert sorted(opa.files) == sorted(opb.files), uid
+        infos = {i.name: i for i in opa.states}
+        for name, fa in opa.files.items():
+            fb = opb.files[name]
+            assert [(f.key_groups, f.rows) for f in fa] == [(f.key_groups, f.rows) for f in fb], (uid, name)
+            for x, y in zip(fa, fb, strict=True):
+                new_a, new_b = f"/{a.mid}/" in x.path, f"/{b.mid}/" in y.path
+                assert new_a == new_b and (new_a or x.path == y.path), (x.path, y.path)  # reused alike
+                ta = read_table_file(store, x, x.key_groups, infos[name])
+                tb = read_table_file(store, y, y.key_groups, infos[name])
+                assert ta.to_pylist() == tb.to_pylist(), (uid, name, x.path, y.path)
+                compared += 1
+    assert a.rows == b.rows and a.checkpoint_id == b.checkpoint_id
+    return compared

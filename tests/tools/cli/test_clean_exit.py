@@ -35,9 +35,9 @@ import statelog
 from materializer.background import start_background
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
 from statelog.materialization.table_reader import read_table_file
+from tests.support.cli_job import EVENTS, build_job, s3_args
 from tests.support.dashboard_root import DemoRoot, build_demo_root
 from tests.support.s3server import RootSpec, S3Server
-from tests.tools.cli.test_cli import EVENTS, build_job, s3_args
 from tools.cli import main
 from tools.roots import open_root
 from tools.verify import verify_root

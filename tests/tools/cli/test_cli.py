@@ -15,61 +15,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import pyarrow as pa
 import pytest
 
 import statelog
 from statelog import (
-    PICKLE,
     CheckpointMetadata,
-    ListStateDescriptor,
-    MapStateDescriptor,
-    ValueStateDescriptor,
 )
 from statelog.changelog import format as fmt
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import OperatorState
 from statelog.keys.groups import KeyGroupRange
 from statelog.layout import checkpoint_key
+from tests.support.cli_job import COUNT, build_job, s3_args
 from tests.support.s3server import RootSpec, S3Server
 from tools.cli import main, parse_store_options
 
 REPO = Path(__file__).resolve().parents[3]
-COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
-EVENTS = ListStateDescriptor("events", pa.string())
-ATTRS = MapStateDescriptor("attrs", PICKLE, key_type=pa.string())
-
-
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def build_job(
-    spec: RootSpec, checkpoints: int = 3, restore: str | None = None, **job_options: Any
-) -> list[CheckpointMetadata]:
-    """Operators ``counter`` (parallelism 2) and ``sessions`` (1); one checkpoint per round."""
-    job = statelog.open(spec.url, store_options=dict(spec.options), **job_options)
-    metas = []
-    try:
-        counters = [
-            job.backend("counter", subtask=i, parallelism=2, restore=restore) for i in range(2)
-        ]
-        sessions = job.backend("sessions", restore=restore)
-        for round_ in range(checkpoints):
-            for i in range(40):
-                key = f"user-{i}"
-                counter = counters[
-                    statelog.subtask_for_key_group(128, 2, statelog.key_group_of(key, 128))
-                ]
-                counter.set_current_key(key)
-                count = counter.get_state(COUNT)
-                count.update(count.value() + 1)
-                sessions.set_current_key(key)
-                sessions.get_state(EVENTS).add(f"event-{round_}")
-                sessions.get_state(ATTRS).put("round", {"n": round_})
-            metas.append(job.checkpoint(sources={"events": {"p0": (round_ + 1) * 40}}))
-    finally:
-        job.close()
-    return metas
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -102,17 +64,6 @@ def flip_byte(data: bytes, offset: int = fmt.HEADER_SIZE + 10) -> bytes:
     out = bytearray(data)
     out[offset] ^= 0x01
     return bytes(out)
-
-
-def s3_args(server: S3Server, secret: str | None = None) -> list[str]:
-    return [
-        "--store-option",
-        f"endpoint={server.endpoint}",
-        "--store-option",
-        f"access_key={server.access_key}",
-        "--store-option",
-        f"secret_key={secret or server.secret_key}",
-    ]
 
 
 def only_line(err: str) -> str:

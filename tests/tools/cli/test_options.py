@@ -26,7 +26,7 @@ from statelog.errors import ConfigError
 from statelog.options.engine import WriterOptions
 from statelog.options.values import parse_checkpoint_ref
 from statelog.store import open_store
-from tests.materializer.test_gc import OPTIONS, build
+from tests.support.gc_job import OPTIONS, build
 from tests.support.s3server import RootSpec
 from tools.cli import main
 

@@ -1,6 +1,6 @@
 """The tables of ``sql``, ``inspect`` (with row counts) and ``restore`` fit 40, 80 and 120
 columns and a pipe without cutting a value (the checks are those of
-``tests/tools/cli/test_table_widths.py``)."""
+``tests/tools/cli/test_table_widths.py``, in ``tests/support/table_widths.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.tools.cli.test_table_widths import WIDTHS, cells, check_rendering, root, run_at, width_id  # noqa: F401
+from tests.support.table_widths import WIDTHS, check_rendering, run_at, width_id
 
 pytestmark = pytest.mark.slow  # a Spark session (shared by the module's tests)
 
@@ -18,15 +18,15 @@ QUERY = ("SELECT key, value, value * 1000003 AS big, CONCAT('sessionizer output 
 
 @pytest.mark.parametrize("width", WIDTHS, ids=width_id)
 @pytest.mark.parametrize("name", ["sql", "sql-metadata", "inspect", "restore"])
-def test_spark_command_tables_fit(spark: Any, root: str, name: str, width: int, cells: list[str],  # noqa: F811
+def test_spark_command_tables_fit(spark: Any, widths_root: str, name: str, width: int, table_cells: list[str],
                                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     argv = {
-        "sql": ["sql", root, QUERY, "--key-type", "string"],
-        "sql-metadata": ["sql", root, "SELECT * FROM statelog_checkpoints"],
-        "inspect": ["inspect", root],
-        "restore": ["restore", root, "--checkpoint", "latest", "--parallelism", "2",
+        "sql": ["sql", widths_root, QUERY, "--key-type", "string"],
+        "sql-metadata": ["sql", widths_root, "SELECT * FROM statelog_checkpoints"],
+        "inspect": ["inspect", widths_root],
+        "restore": ["restore", widths_root, "--checkpoint", "latest", "--parallelism", "2",
                     "--savepoint", f"widths-{width_id(width)}"],
     }[name]
     out = run_at(width, monkeypatch, capsys, argv)
-    assert cells, "the command printed no table"
-    check_rendering(out, cells, width)
+    assert table_cells, "the command printed no table"
+    check_rendering(out, table_cells, width)

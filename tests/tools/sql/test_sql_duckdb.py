@@ -25,9 +25,9 @@ from materializer.savepoint import create_savepoint
 from statelog.keys.encoding import decode_key
 from statelog.spark.datasource import state_schema
 from statelog.spark.restore import stream_state
-from tests.statelog.spark.test_changes import apply_feed, state_at
 from tests.support.s3server import RootSpec
 from tests.support.spark import jobs
+from tests.support.spark.reading import apply_feed, state_at
 from tools.cli import main
 from tools.sql.duckdb import ArrowViews, connect, run_query
 from tools.sql.views import check_read_only, plan_views, referenced
