@@ -75,7 +75,7 @@ def duration_figure(data: dict[str, Any]) -> go.Figure | None:
                       ("alignment_ms", "alignment (max over tasks)")):  # fmt: skip
         ys = [r.get(key) for r in rows]
         if any(y is not None for y in ys):
-            fig.add_scatter(x=times, y=ys, name=name, mode="lines", line={"dash": "dot"})
+            fig.add_scatter(x=times, y=ys, name=name, mode="lines+markers", line={"width": 2})
     if failed:
         fig.add_scatter(x=[f["time"] for f in failed], y=[f.get("duration_ms", 0) for f in failed], name="failed",
                         mode="markers", marker={"symbol": "x", "size": 12, "color": "#d62728"},
@@ -94,7 +94,7 @@ def throughput_figure(data: dict[str, Any]) -> go.Figure | None:
                         mode="lines+markers")  # fmt: skip
     if any("delta_changes" in r for r in rows):
         fig.add_bar(x=times, y=[r.get("delta_changes") for r in rows], name="state changes in the checkpoint",
-                    yaxis="y2", opacity=0.5)  # fmt: skip
+                    yaxis="y2", opacity=0.8)  # fmt: skip
     if not fig.data:
         return None
     for r in data["timeline"]["restarts"]:

@@ -140,13 +140,16 @@ def _savepoints(data: dict[str, Any]) -> str:
 STYLE = """
 html { -webkit-text-size-adjust: 100%; }
 body { font-family: system-ui, sans-serif; margin: 0 auto; padding: .8em; color: #222; background: #fff;
-       max-width: 1600px; box-sizing: border-box; overflow-wrap: anywhere; }
+       max-width: 1600px; box-sizing: border-box; overflow-wrap: break-word; }
 h1 { font-size: 1.3em; } h2 { font-size: 1.05em; margin-top: 1.4em; }
-.scroll { display: inline-block; max-width: 100%; overflow-x: auto; vertical-align: top; margin: .4em 1.2em .4em 0; }
+.scroll { display: inline-block; max-width: 100%; overflow-x: auto; vertical-align: top; margin: .4em 0;
+          padding-right: 1.2em; box-sizing: border-box; }
 table { border-collapse: collapse; font-size: .85em; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+table.overview td, table.live td, table.daemon td { overflow-wrap: anywhere; }
+table.summary, table.history, table.materializations, table.savepoints { white-space: nowrap; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
-.panel { display: inline-block; vertical-align: top; max-width: 100%; margin-right: 1.5em; }
+.panel { display: inline-block; vertical-align: top; max-width: 100%; padding-right: 1.5em; box-sizing: border-box; }
 .panel td:last-child { text-align: left; max-width: 40em; }
 section.chart { margin: 1em 0; max-width: 100%; } .plotly-graph-div { max-width: 100%; }
 .no-data { color: #777; font-style: italic; }
