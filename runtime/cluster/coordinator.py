@@ -175,7 +175,7 @@ class CheckpointCoordinator:
         self.failed_in_row += 1
         self.failed_total += 1
         log.warning("checkpoint %d failed: %s", p.checkpoint_id, reason)
-        if self.publish:  # the history of the root: failed checkpoints too (never raises)
+        if self.publish and self.job is not None:  # the root's history: failed ones too (never raises)
             self.job.checkpoint_history.record_failure(
                 p.checkpoint_id, reason, attempt=self.attempt,
                 duration_ms=round((time.monotonic() - p.started) * 1000, 3),

@@ -193,6 +193,22 @@ def operator_sizes(meta: CheckpointMetadata, manifests: _Manifests) -> list[dict
     return out
 
 
+# rows per key group of table files already read: (store URL, file path) -> counts; table files
+# are immutable, so the live page (gathering every few seconds) reads each file once
+_COUNTS: dict[tuple[str, str], list[tuple[int, int]]] = {}
+_COUNTS_MAX = 4096
+
+
+def _key_group_counts(root: Root, f: TableFile) -> list[tuple[int, int]]:
+    key = (root.url, f.path)
+    if key not in _COUNTS:
+        kg = read_table_file(root.catalog.store, f, f.key_groups).column("key_group")
+        if len(_COUNTS) >= _COUNTS_MAX:
+            _COUNTS.clear()
+        _COUNTS[key] = [(int(e["values"]), int(e["counts"])) for e in pc.value_counts(kg).to_pylist()]
+    return _COUNTS[key]
+
+
 def key_group_skew(
     root: Root, meta: CheckpointMetadata, manifests: _Manifests, scan_bytes: int = SKEW_SCAN_BYTES
 ) -> dict[str, Any]:
@@ -205,9 +221,8 @@ def key_group_skew(
     for _, (uid, state, f) in sorted(files.items()):
         counts = rows.setdefault((uid, state), [0] * m)
         if exact:
-            kg = read_table_file(root.catalog.store, f, f.key_groups).column("key_group")
-            for entry in pc.value_counts(kg).to_pylist():
-                counts[int(entry["values"])] += int(entry["counts"])
+            for group, n in _key_group_counts(root, f):
+                counts[group] += n
         else:
             share = f.rows / len(f.key_groups)
             for g in range(f.key_groups.start, f.key_groups.end + 1):
