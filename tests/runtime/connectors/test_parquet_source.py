@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 
 import statelog
-from statelog.checkpoint.history import read_history
 from runtime import (
     FileSink,
     JobGraphError,
@@ -24,6 +23,7 @@ from runtime import (
     read_committed,
 )
 from runtime.connectors.sources import SourceSplits
+from statelog.checkpoint.history import read_history
 from tests.support import jobs
 from tests.support.chaos import kill_workers
 from tests.support.jobs import make_env
