@@ -9,6 +9,7 @@ traces, the page's layout boxes, and the pixels of full-page screenshots.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -43,9 +44,8 @@ def _chromium() -> str:
     return chromium
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    demo = build_demo_root(tmp_path_factory.mktemp("browser") / "root")
+def _root(base: Path) -> str:
+    demo = build_demo_root(base / "root")
     with statelog.open(demo.url) as job:
         daemon = MaterializerDaemon(job.store, owner="dashboard-test", run_gc=False)
         assert daemon.run_once(force=True)["action"] == "materialized"
@@ -53,8 +53,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return demo.url
 
 
-@pytest.fixture(scope="module")
-def served(root: str) -> Iterator[str]:
+@contextlib.contextmanager
+def _serve(root: str) -> Iterator[str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "tools", "ui", root, "--port", "0", "--refresh", "1"],
         cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -67,6 +67,25 @@ def served(root: str) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The root the live test checkpoints into."""
+    return _root(tmp_path_factory.mktemp("live"))
+
+
+@pytest.fixture(scope="module")
+def served(root: str) -> Iterator[str]:
+    with _serve(root) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def served_unchanged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A root no test writes to: every chart has data."""
+    with _serve(_root(tmp_path_factory.mktemp("layout"))) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +148,12 @@ def _saturated_share(img: Image.Image) -> float:
 
 
 @pytest.mark.parametrize("width", [400, 1400])
-def test_the_page_fits_the_window(served: str, browser: Any, width: int) -> None:
+def test_the_page_fits_the_window(served_unchanged: str, browser: Any, width: int) -> None:
     page = browser.new_page(viewport={"width": width, "height": 900})
-    page.goto(served, wait_until="load", timeout=60_000)
+    page.goto(served_unchanged, wait_until="load", timeout=60_000)
+    assert page.locator(".no-data").count() == 0
     for name in CHARTS:
-        if page.locator(f"#slot-{name} .no-data").count() == 0:
-            page.wait_for_selector(f"#plot-{name} .main-svg", timeout=30_000)
+        page.wait_for_selector(f"#plot-{name} .main-svg", timeout=30_000)
     # nothing wider than the window: the document does not scroll sideways, no box sticks out
     layout = page.evaluate(
         """() => ({doc: document.documentElement.scrollWidth, inner: window.innerWidth,
@@ -157,8 +176,7 @@ def test_the_page_fits_the_window(served: str, browser: Any, width: int) -> None
     drawn = {}
     for name in CHARTS:
         box = page.locator(f"#plot-{name}").bounding_box()
-        if box is None:
-            continue
+        assert box is not None, name
         assert box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5, (name, box)
         crop = shot.crop((int(box["x"]), int(box["y"]), int(box["x"] + box["width"]), int(box["y"] + box["height"])))
         drawn[name] = _saturated_share(crop)
