@@ -23,6 +23,7 @@ from typing import Any
 
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
+from statelog.checkpoint.history import CheckpointHistory
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
 from statelog.checkpoint.publish import CheckpointPublisher
 from statelog.checkpoint.root_lease import RootLease
@@ -329,6 +330,11 @@ class StateJob:
 
     def checkpoints(self) -> list[CheckpointMetadata]:
         return [self.catalog.load(i) for i in self.catalog.checkpoint_ids()]
+
+    @property
+    def checkpoint_history(self) -> CheckpointHistory:
+        """The root's checkpoint history (:mod:`statelog.checkpoint.history`), appended by this process."""
+        return self._checkpoints.history
 
     def load_checkpoint(self, checkpoint_id: int | str) -> CheckpointMetadata:
         return self.catalog.load(parse_checkpoint_id(checkpoint_id))

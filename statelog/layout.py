@@ -13,10 +13,12 @@ After LevelDB's ``db/filename.h``: every writer builds its object keys here and 
     savepoints/<name>/manifest.json                           savepoint manifest
     savepoints/<name>/data/<materialization id>/<file>.parquet savepoint state table
     materializer/lease/<lease object>                         the materializer's leader lease
+    materializer/status/<owner hash %08x>.json                a materializer daemon's status
     writer/lease/<lease object>                               the writer lease
     runtime/inflight/chk-<id>/<vertex>.<subtask>.bin          in-flight data (runtime)
     full-snapshots/<uid>/<subtask %05d>/<id %012d>.snapshot   state dump (the runtime baseline of bench/)
     full-snapshots/<label>.snapshot                           state dump (benchmarks)
+    history/checkpoints/seg-<n %012d>-<entries %05d>.jsonl    checkpoint history segment
 
 with ``<materialization id>`` = ``m-<checkpoint id %012d>-<lease generation %06d>-<8 hex>``,
 ``<writer id>`` = ``<ms since epoch %013d>-<12 hex>``, ``<lease object>`` one of
@@ -27,6 +29,8 @@ key group %05d>-<last %05d>``.
 :func:`parse_key` classifies any key (``None``: not a statelog object); the ``parse_*``
 functions of one kind return ``None`` for keys of other kinds.
 """
+
+# size: the one module of every key pattern (docs/format.md section 1); splitting it would spread them
 
 from __future__ import annotations
 
@@ -53,19 +57,25 @@ __all__ = [
     "SAVEPOINT_PREFIX",
     "STATE_DUMP_PREFIX",
     "WRITER_LEASE_PREFIX",
+    "HISTORY_PREFIX",
+    "MATERIALIZER_STATUS_PREFIX",
     "ObjectKey",
     "ObjectKind",
     "bench_state_dump_key",
     "check_savepoint_name",
     "checkpoint_key",
+    "history_segment_key",
     "inflight_key",
+    "is_materializer_status_key",
     "lease_generation_key",
     "lease_released_key",
     "lease_renewal_key",
+    "materializer_status_key",
     "manifest_key",
     "new_materialization_id",
     "new_writer_id",
     "parse_checkpoint_key",
+    "parse_history_segment_key",
     "parse_inflight_key",
     "parse_key",
     "parse_lease_name",
@@ -97,6 +107,8 @@ MATERIALIZER_LEASE_PREFIX = "materializer/lease/"
 WRITER_LEASE_PREFIX = "writer/lease/"
 INFLIGHT_PREFIX = "runtime/inflight/"
 STATE_DUMP_PREFIX = "full-snapshots/"  # state dumps of the benchmarks (bench/baselines/)
+HISTORY_PREFIX = "history/checkpoints/"
+MATERIALIZER_STATUS_PREFIX = "materializer/status/"
 
 _MID = r"m-\d{12,}-\d{6,}-[0-9a-f]{8}"
 _SAVEPOINT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
@@ -116,6 +128,8 @@ _LEASE_RELEASED_RE = re.compile(r"^gen-(\d{12,})\.released$")
 _INFLIGHT_RE = re.compile(r"^runtime/inflight/chk-(\d+)/((\d+)\.(\d+))\.bin$")
 _STATE_DUMP_RE = re.compile(r"^full-snapshots/(.+)/(\d{5,})/(\d{12,})\.snapshot$")  # a uid may hold "/"
 _BENCH_DUMP_RE = re.compile(r"^full-snapshots/([^/]+)\.snapshot$")
+_HISTORY_RE = re.compile(r"^history/checkpoints/seg-(\d{12,})-(\d{5,})\.jsonl$")
+_STATUS_RE = re.compile(r"^materializer/status/([0-9a-f]{8})\.json$")
 
 
 class ObjectKind(enum.Enum):
@@ -132,6 +146,8 @@ class ObjectKind(enum.Enum):
     LEASE = "lease object"
     INFLIGHT = "in-flight data"
     STATE_DUMP = "state dump"
+    HISTORY = "checkpoint history segment"
+    MATERIALIZER_STATUS = "materializer status"
 
 
 @dataclass(frozen=True)
@@ -153,6 +169,8 @@ class ObjectKey:
     task: str | None = None  # in-flight data: "<vertex>.<subtask>"
     operator_uid: str | None = None  # state dump of the runtime baseline
     subtask: int | None = None  # in-flight data, state dump
+    segment_no: int | None = None  # checkpoint history segment: its number and entries
+    entries: int | None = None
 
 
 # -- job descriptor and checkpoints -----------------------------------------------------------
@@ -329,6 +347,29 @@ def parse_state_dump_key(key: str) -> tuple[str, int, int] | None:
     return None if m is None else (m.group(1), int(m.group(2)), int(m.group(3)))
 
 
+# -- checkpoint history and daemon status (docs/format.md sections 12 and 13) ------------------
+
+
+def history_segment_key(n: int, entries: int) -> str:
+    """Segment ``n`` of the checkpoint history holding its first ``entries`` entries."""
+    return f"{HISTORY_PREFIX}seg-{n:012d}-{entries:05d}.jsonl"
+
+
+def parse_history_segment_key(key: str) -> tuple[int, int] | None:
+    """``(segment number, entries)`` of a checkpoint history key, else ``None``."""
+    m = _HISTORY_RE.match(key)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
+
+
+def materializer_status_key(owner: str) -> str:
+    """The status object of the daemon named ``owner`` (a hash of the name: any text is safe)."""
+    return f"{MATERIALIZER_STATUS_PREFIX}{zlib.crc32(owner.encode()):08x}.json"
+
+
+def is_materializer_status_key(key: str) -> bool:
+    return _STATUS_RE.match(key) is not None
+
+
 # -- any key ------------------------------------------------------------------------------------
 
 
@@ -375,6 +416,10 @@ def parse_key(key: str) -> ObjectKey | None:
             return None
         return ObjectKey(ObjectKind.INFLIGHT, key, checkpoint_id=int(m.group(1)), task=m.group(2),
                          subtask=int(m.group(4)))
+    if (seg := parse_history_segment_key(key)) is not None:
+        return ObjectKey(ObjectKind.HISTORY, key, segment_no=seg[0], entries=seg[1])
+    if m := _STATUS_RE.match(key):
+        return ObjectKey(ObjectKind.MATERIALIZER_STATUS, key, file=m.group(1))
     if head == "full-snapshots":
         if dump := parse_state_dump_key(key):
             return ObjectKey(ObjectKind.STATE_DUMP, key, checkpoint_id=dump[2], operator_uid=dump[0],

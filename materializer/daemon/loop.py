@@ -26,6 +26,7 @@ from materializer.daemon.fencing import LeaseHolding
 from materializer.daemon.gc_schedule import GcSchedule
 from materializer.daemon.metrics import DaemonMetrics
 from materializer.daemon.publish import Progress, Publisher, Stopped
+from materializer.daemon.status import StatusWriter
 from materializer.lease import LeaderLease
 from materializer.options import ENGINE_SPARK, MaterializerOptions, default_owner
 from statelog.checkpoint.catalog import JobCatalog
@@ -147,6 +148,7 @@ class MaterializerDaemon:
         self.on_cycle: Callable[[dict[str, Any]], None] | None = None  # called by run() after each cycle
         self.last_summary: dict[str, Any] | None = None
         self.last_error: BaseException | None = None
+        self.status = StatusWriter(self.store, self.owner)  # materializer/status/: last cycle, last error
         self.cycles = 0
         self.metrics = DaemonMetrics(self)  # served by run() when metrics_port is set
         self.metrics_server: MetricsServer | None = None
@@ -199,12 +201,17 @@ class MaterializerDaemon:
             "gc": None,
             "duration_s": 0.0,
         }
+        error: BaseException | None = None
         try:
             self._cycle(summary, force)
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
             summary["duration_s"] = round(time.monotonic() - t0, 3)
             self.cycles += 1
             self.last_summary = summary
+            self.status.cycle_done(self.cycles, summary, error)  # never raises
         return summary
 
     def _cycle(self, summary: dict[str, Any], force: bool) -> None:

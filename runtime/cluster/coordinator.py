@@ -175,6 +175,11 @@ class CheckpointCoordinator:
         self.failed_in_row += 1
         self.failed_total += 1
         log.warning("checkpoint %d failed: %s", p.checkpoint_id, reason)
+        if self.publish and self.job is not None:  # the root's history: failed ones too (never raises)
+            self.job.checkpoint_history.record_failure(
+                p.checkpoint_id, reason, attempt=self.attempt,
+                duration_ms=round((time.monotonic() - p.started) * 1000, 3),
+            )  # fmt: skip
         self.broadcast(("abort", p.checkpoint_id))
         if p.final:
             self.want_final = True  # try the final checkpoint again

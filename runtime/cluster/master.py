@@ -224,6 +224,7 @@ class JobMaster(WorkerControl):
                             f"job {self.name!r} failed in attempt {self.attempt} and "
                             f"{self.restart_strategy.describe()} allows no further restart: {reason}"
                         ) from exc
+                    self.job.checkpoint_history.record_restart(self.attempt, reason)  # never raises
                     log.warning(
                         "attempt %d failed (%s); restarting in %.2fs (teardown took %.2fs)",
                         self.attempt, reason, delay, time.monotonic() - t_fail,

@@ -16,6 +16,7 @@ from typing import Any
 
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog
+from statelog.checkpoint.history import CheckpointHistory
 from statelog.checkpoint.metadata import (
     CheckpointMetadata,
     OperatorState,
@@ -41,6 +42,8 @@ class CheckpointPublisher:
         self.lease = lease
         self.last_id: int | None = None  # the newest checkpoint this process published
         self._last_bytes_uploaded = 0
+        self.history = CheckpointHistory(catalog.store)  # every checkpoint's stats, failed ones too
+        self._stream_ends: dict[str, int] = {}  # per changelog stream: its end at the last publish
 
     def next_id(self) -> int:
         """One more than the newest checkpoint of the root or of this process."""
@@ -67,9 +70,14 @@ class CheckpointPublisher:
         if self.lease is not None:
             self.lease.acquire()  # a lost lease fails here, before anything is sealed
         cid = self.next_id()
-        before_snapshot()
-        handles, stats = self.snapshot(backends, cid, timeout, t0, writer)
-        return self.publish(cid, handles, dict(sources), stats, backends, retain)
+        try:
+            before_snapshot()
+            handles, stats = self.snapshot(backends, cid, timeout, t0, writer)
+            return self.publish(cid, handles, dict(sources), stats, backends, retain)
+        except StatelogError as e:
+            if self.last_id != cid:  # failed before its metadata was published
+                self.history.record_failure(cid, f"{type(e).__name__}: {e}")
+            raise
 
     def snapshot(
         self,
@@ -151,5 +159,17 @@ class CheckpointPublisher:
         log.info(
             "checkpoint %d published (%d operators, %d bytes of metadata)", checkpoint_id, len(operators), size
         )
+        self.history.record_checkpoint(
+            checkpoint_id, meta.stats, timestamp_ms=meta.timestamp_ms, delta_changes=self._delta_changes(handles)
+        )
         self.catalog.apply_retention(retain)
         return meta
+
+    def _delta_changes(self, handles: list[SubtaskStateHandle]) -> int | None:
+        """The changelog records (state changes) written since this process's previous checkpoint
+        (``None`` for its first: a stream's earlier records may come from before a restart)."""
+        ends = {r.stream: r.end for h in handles for r in h.changelog}
+        known = all(s in self._stream_ends for s in ends) and bool(self._stream_ends)
+        delta = sum(max(0, end - self._stream_ends[s]) for s, end in ends.items()) if known else None
+        self._stream_ends.update(ends)
+        return delta

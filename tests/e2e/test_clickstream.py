@@ -122,8 +122,9 @@ def test_the_dashboard_draws_every_chart_on_the_demo_root(demo: dict[str, Any]) 
                     assert points and all(n > 0 for n in points), (name, points)
                     shot = page.locator(plot).screenshot()
                     drawn[name] = _saturated_share(shot)
-                # every chart has coloured marks on it (an empty plotly chart, axes only, measured 0.0003)
-                assert all(share > 0.02 for share in drawn.values()), drawn
+                # every chart has coloured marks on it (an empty plotly chart, axes only, measured 0.0003;
+                # the history's line charts over time 0.015-0.03, bars and areas more)
+                assert all(share > 0.004 for share in drawn.values()), drawn
                 assert page.locator("#chart-savepoints").inner_text().count("after-demo") >= 1
                 assert not errors, errors
                 assert all(u.startswith(url) or u.startswith("data:") for u in requested), requested

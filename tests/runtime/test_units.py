@@ -286,9 +286,21 @@ def test_file_sink_two_phase_commit_and_recovery(tmp_path: Path) -> None:
 # -- coordinator ---------------------------------------------------------------------------------
 
 
+class _StubHistory:
+    """The job's checkpoint history, as the coordinator calls it: the failures it records."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[int | None, str, dict[str, Any]]] = []
+
+    def record_failure(self, checkpoint_id: int | None, reason: str, **extra: Any) -> bool:
+        self.failed.append((checkpoint_id, reason, extra))
+        return True
+
+
 class _StubJob:
     def __init__(self) -> None:
         self.published: list[int] = []
+        self.checkpoint_history = _StubHistory()
 
     def publish_checkpoint(self, cid: int, handles: Any, sources: Any, stats: Any) -> Any:
         from statelog.checkpoint.metadata import CheckpointMetadata
@@ -328,8 +340,9 @@ def test_coordinator_fails_the_job_after_too_many_failed_checkpoints() -> None:
     from runtime.errors import CheckpointFailureLimitError
 
     sent: list[Any] = []
+    job = _StubJob()
     c = CheckpointCoordinator(
-        _StubJob(), {"0.0"}, interval_s=0.1, timeout_s=10.0, tolerable_failures=1, first_id=1,
+        job, {"0.0"}, interval_s=0.1, timeout_s=10.0, tolerable_failures=1, first_id=1,
         broadcast=sent.append, on_complete=lambda m: None, attempt=1, mode="x",
     )
     c.tick(c.next_trigger)
@@ -342,6 +355,10 @@ def test_coordinator_fails_the_job_after_too_many_failed_checkpoints() -> None:
     c.tick(c.next_trigger + 1)
     with pytest.raises(CheckpointFailureLimitError, match="2 checkpoints failed in a row"):
         c.tick(c.pending.started + 11)  # type: ignore[union-attr]  # checkpoint 4 times out
+    # every failed checkpoint is in the root's checkpoint history, with its reason and attempt
+    failed = job.checkpoint_history.failed
+    assert [f[0] for f in failed] == [1, 3, 4]
+    assert failed[0][1] == "declined by task 0.0: disk full" and failed[0][2]["attempt"] == 1
 
 
 # -- unaligned checkpoints -------------------------------------------------------------------------

@@ -56,6 +56,11 @@ def rebuilt(p: ObjectKey) -> str:
     if k is ObjectKind.SAVEPOINT_TABLE:
         assert p.materialization_id is not None
         return layout.table_dir(p.materialization_id, layout.savepoint_data_prefix(str(p.savepoint))) + str(p.file)
+    if k is ObjectKind.HISTORY:
+        assert p.segment_no is not None and p.entries is not None
+        return layout.history_segment_key(p.segment_no, p.entries)
+    if k is ObjectKind.MATERIALIZER_STATUS:  # named by a hash of the daemon's owner name
+        return f"{layout.MATERIALIZER_STATUS_PREFIX}{p.file}.json"
     if k is ObjectKind.LEASE:
         assert p.lease is not None and p.generation is not None
         if p.lease_object == "acquire":
@@ -213,5 +218,5 @@ def test_the_format_doc_lists_every_key_pattern_with_the_layout_functions() -> N
     names = {n for r in rows for cell in r.split("|")[3:5] for n in re.findall(r"`([A-Za-z_]+)", cell)}
     assert names and all(hasattr(layout, n) for n in names), sorted(n for n in names if not hasattr(layout, n))
     # one row per key pattern: every parser of the module is named
-    assert len(rows) == 13
+    assert len(rows) == 15
     assert {n for n in layout.__all__ if n.startswith("parse_")} <= names

@@ -2,8 +2,9 @@
 
 The data comes from :mod:`tools.dashboard.data` (read-only: the root is never written), the
 page from :mod:`tools.dashboard.page`. ``--out FILE`` writes the page once (self-contained,
-plotly.js inlined) and exits, ``--json`` prints the data; without either the page is served
-at ``http://HOST:PORT/`` (data at ``/data.json``) until interrupted. Exit codes: 0 ok, 2 usage
+plotly.js inlined, a static report) and exits, ``--json`` prints the data; without either the
+live page is served at ``http://HOST:PORT/`` (refreshing itself every ``--refresh`` seconds
+from ``/live.json``; data at ``/data.json``) until interrupted. Exit codes: 0 ok, 2 usage
 or library error (one line, e.g. a root without a job, a port that is taken, an unwritable
 ``--out``).
 """
@@ -18,6 +19,7 @@ from typing import Any
 
 from statelog.errors import ConfigError
 from tools.dashboard.data import gather
+from tools.dashboard.live import LIVE_INTERVAL_S
 from tools.roots import open_root
 
 log = logging.getLogger("tools.cli")
@@ -39,6 +41,8 @@ def register(commands: Any, command: Any) -> None:
     p.add_argument("--host", metavar="ADDR", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; the page shows the root's layout to anyone "
                         "who reaches it)")
+    p.add_argument("--refresh", metavar="S", default=f"{LIVE_INTERVAL_S:g}",
+                   help=f"seconds between the served page's refreshes (default {LIVE_INTERVAL_S:g}; 0.5 to 5)")
     p.add_argument("--out", metavar="FILE", help="write the page to FILE (one self-contained HTML file) and exit")
 
 
@@ -52,10 +56,21 @@ def parse_port(text: str) -> int:
     return port
 
 
+def parse_refresh(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0.5 <= seconds <= 5:
+        raise ConfigError(f"--refresh: expected seconds between 0.5 and 5, got {text!r}")
+    return seconds
+
+
 def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from tools.dashboard.page import make_server, render_html  # plotly: only `ui` pays its import
 
     port = parse_port(args.port)
+    refresh = parse_refresh(args.refresh)
     with open_root(args.root, options) as root:
         root.require_job()  # a mistyped root fails here, before anything is served or written
         if args.out or args.json:
@@ -68,7 +83,7 @@ def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
                 print(f"wrote {args.out}")
             return 0
         try:
-            server = make_server(lambda: gather(root), args.host, port)
+            server = make_server(lambda: gather(root), args.host, port, refresh)
         except OSError as e:
             raise ConfigError(
                 f"cannot serve on {args.host}:{port}: {e.strerror or e}; pick another --port (0: any free "

@@ -11,17 +11,22 @@ Everything here is read from what the root already records, nothing is estimated
   a segment counted once) and **materialized bytes** (the state-table files of the
   manifests it builds on that overlap its materialized parts' key groups, each file once);
 * **materializations** from their manifests (section 8): checkpoint, publish time, size,
-  the build ``stats``; the **materialization lag** of a checkpoint is how far its base is
-  behind it (in checkpoints, and in time when the base checkpoint is still retained);
+  the build ``stats``; the **base age** of a checkpoint is how far the materialization it
+  builds on (its base) is behind it (in checkpoints, and in time when the base checkpoint is
+  still retained; the daemon's *materialization lag* is another figure, :mod:`tools.dashboard.live`);
 * **state size per operator** and **key-group skew** from the latest checkpoint: the table
-  files it reaches (rows and bytes per state) plus its changelog tail per operator; the rows
+  files of its base that it reaches (rows and bytes per state, as of the base checkpoint) plus
+  its changelog tail per operator (the changes since, not counted in those rows); the rows
   per key group come from the ``key_group`` column of those files (read and verified like a
   restore reads them) when they hold at most ``skew_scan_bytes`` together, else from the
   files' row counts spread over their key-group ranges (the page says which);
 * **savepoints** from their metadata (``materializer.savepoint.list_savepoints``).
 
-What a root does not record (failed or aborted checkpoints, which only the running job
-knows; durations a publisher did not measure) is listed in ``notes`` instead of invented.
+* the **checkpoint history**, the **live figures** and the **materializer daemon's state**
+  from :mod:`tools.dashboard.live`.
+
+What a root does not record (durations a publisher did not measure, a root written before
+the checkpoint history existed) is listed in ``notes`` instead of invented.
 :func:`gather` returns JSON-ready dicts and lists; :mod:`tools.dashboard.page` draws them.
 """
 
@@ -41,6 +46,7 @@ from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import CheckpointNotFoundError, CorruptionError, StoreError
 from statelog.materialization.manifest import Manifest, TableFile, list_manifests, load_manifest
 from statelog.materialization.table_reader import read_table_file
+from tools.dashboard.live import live_figures, materializer_state, timeline
 from tools.roots import Root, load_metadata
 
 log = logging.getLogger(__name__)
@@ -128,8 +134,8 @@ def checkpoint_row(
         "materialized_bytes": materialized,
         "full_bytes": changelog + materialized,
         "materialized_checkpoint": base,
-        "lag_checkpoints": None if base is None else meta.checkpoint_id - base,
-        "lag_ms": (
+        "base_age_checkpoints": None if base is None else meta.checkpoint_id - base,
+        "base_age_ms": (
             meta.timestamp_ms - timestamps[base] if base is not None and base in timestamps else None
         ),
         "operators": sorted(meta.operators),
@@ -166,6 +172,7 @@ def operator_sizes(meta: CheckpointMetadata, manifests: _Manifests) -> list[dict
     """State size per operator at ``meta``: materialized rows and bytes per state, changelog tail."""
     files = _reached_files(meta, manifests)
     blocks = _changelog_blocks(meta)
+    base = _base_checkpoint(meta, manifests)
     out = []
     for uid, op in sorted(meta.operators.items()):
         states: dict[str, dict[str, int]] = {name: {"rows": 0, "bytes": 0} for name in op.states}
@@ -177,12 +184,29 @@ def operator_sizes(meta: CheckpointMetadata, manifests: _Manifests) -> list[dict
         out.append({
             "operator": uid,
             "parallelism": op.parallelism,
+            "base_checkpoint": base,
             "states": [{"state": name, **v} for name, v in sorted(states.items())],
             "materialized_rows": sum(v["rows"] for v in states.values()),
             "materialized_bytes": sum(v["bytes"] for v in states.values()),
             "changelog_bytes": sum(blocks.get(uid, {}).values()),
         })  # fmt: skip
     return out
+
+
+# rows per key group of table files already read: (store URL, file path) -> counts; table files
+# are immutable, so the live page (gathering every few seconds) reads each file once
+_COUNTS: dict[tuple[str, str], list[tuple[int, int]]] = {}
+_COUNTS_MAX = 4096
+
+
+def _key_group_counts(root: Root, f: TableFile) -> list[tuple[int, int]]:
+    key = (root.url, f.path)
+    if key not in _COUNTS:
+        kg = read_table_file(root.catalog.store, f, f.key_groups).column("key_group")
+        if len(_COUNTS) >= _COUNTS_MAX:
+            _COUNTS.clear()
+        _COUNTS[key] = [(int(e["values"]), int(e["counts"])) for e in pc.value_counts(kg).to_pylist()]
+    return _COUNTS[key]
 
 
 def key_group_skew(
@@ -197,9 +221,8 @@ def key_group_skew(
     for _, (uid, state, f) in sorted(files.items()):
         counts = rows.setdefault((uid, state), [0] * m)
         if exact:
-            kg = read_table_file(root.catalog.store, f, f.key_groups).column("key_group")
-            for entry in pc.value_counts(kg).to_pylist():
-                counts[int(entry["values"])] += int(entry["counts"])
+            for group, n in _key_group_counts(root, f):
+                counts[group] += n
         else:
             share = f.rows / len(f.key_groups)
             for g in range(f.key_groups.start, f.key_groups.end + 1):
@@ -210,6 +233,7 @@ def key_group_skew(
     ]
     return {
         "checkpoint_id": meta.checkpoint_id,
+        "base_checkpoint": _base_checkpoint(meta, manifests),
         "max_parallelism": m,
         "granularity": "key group" if exact else "table file",
         "table_bytes": total,
@@ -238,6 +262,7 @@ def _ranges(ids: list[int]) -> str:
 def gather(root: Root, *, skew_scan_bytes: int = SKEW_SCAN_BYTES, now_ms: int | None = None) -> dict[str, Any]:
     """Everything the dashboard shows about the job at ``root``, as JSON-ready data."""
     info = root.require_job()
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     store = root.catalog.store
     manifests = _Manifests(root)
     notes: list[str] = []
@@ -277,10 +302,12 @@ def gather(root: Root, *, skew_scan_bytes: int = SKEW_SCAN_BYTES, now_ms: int | 
             "alignment is measured by the runtime's barrier alignment only; checkpoints taken with "
             "StateJob.checkpoint (statelog.open) have no barriers and record no alignment_ms"
         )
-    notes.append(
-        "failed and aborted checkpoints are not recorded under the job root (only completed ones "
-        "publish metadata); the runtime's metrics endpoint counts them while the job runs"
-    )
+    line = timeline(store, notes)
+    if not line["completed"] and metas:
+        notes.append(
+            "the root has no checkpoint history (history/checkpoints/, written by this version's "
+            "publishers): the timeline charts show the retained checkpoints only"
+        )
     if skew is not None and not skew["series"]:
         notes.append(
             f"key-group skew needs a materialization: checkpoint {latest.checkpoint_id if latest else '?'} "
@@ -303,7 +330,6 @@ def gather(root: Root, *, skew_scan_bytes: int = SKEW_SCAN_BYTES, now_ms: int | 
     for row in unreadable:
         notes.append(f"checkpoint {row['checkpoint_id']} could not be read: {row['error']}")
 
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     durations = [
         r["duration_ms"] if r["duration_ms"] is not None else _sum_parts(r) for r in history
     ]
@@ -329,7 +355,7 @@ def gather(root: Root, *, skew_scan_bytes: int = SKEW_SCAN_BYTES, now_ms: int | 
             "duration_ms": _summary(durations),
             "full_bytes": _summary(r["full_bytes"] for r in history),
             "incremental_bytes": _summary(r["incremental_bytes"] for r in history),
-            "lag_checkpoints": _summary(r["lag_checkpoints"] for r in history),
+            "base_age_checkpoints": _summary(r["base_age_checkpoints"] for r in history),
         },
         "checkpoints": history,
         "unreadable_checkpoints": unreadable,
@@ -337,6 +363,15 @@ def gather(root: Root, *, skew_scan_bytes: int = SKEW_SCAN_BYTES, now_ms: int | 
         "operators": operators,
         "skew": skew,
         "savepoints": savepoints,
+        "timeline": line,
+        "live": live_figures(line, latest.timestamp_ms if latest is not None else None, now_ms),
+        "materializer": materializer_state(
+            store,
+            (latest.checkpoint_id, latest.timestamp_ms) if latest is not None else None,
+            max(((m["checkpoint_id"], m["created_ms"]) for m in materializations), default=None),
+            now_ms,
+            notes,
+        ),
         "notes": notes,
     }
 

@@ -23,6 +23,7 @@ from runtime import (
     read_committed,
 )
 from runtime.connectors.sources import SourceSplits
+from statelog.checkpoint.history import read_history
 from tests.support import jobs
 from tests.support.chaos import kill_workers
 from tests.support.jobs import make_env
@@ -173,8 +174,17 @@ def test_parquet_windows_with_a_worker_kill_give_the_golden_output(file_root: Ro
     assert sorted(read_committed(tmp_path / "out")) == jobs.golden_windows(PER_SPLIT)
     with statelog.open(file_root.url) as job:
         final = job.load_checkpoint(result.final_checkpoint)
+        history = read_history(job.store)
     assert {s: p["offset"] for s, p in final.sources["parquet-clicks"].items()} == {
         f"clicks-{k}.parquet": PER_SPLIT for k in range(jobs.CLICK_SPLITS)}
+    # the root's checkpoint history: the restart with its cause, the checkpoints of both attempts
+    assert history.errors == []
+    restarts = [e for e in history.entries if e["status"] == "restart"]
+    assert [(e["attempt"], e["cause"]) for e in restarts] == [(1, result.failures[0][:500])]
+    done = [e for e in history.entries if e["status"] == "completed"]
+    assert {e["attempt"] for e in done} <= {1, 2} and done[-1]["attempt"] == 2
+    assert done[-1]["checkpoint_id"] == result.final_checkpoint
+    assert all(e["duration_ms"] >= max(e["sync_ms"], e["async_ms"], e["alignment_ms"]) for e in done)
 
 
 def test_restore_a_retained_checkpoint_at_another_parallelism(file_root: RootSpec, tmp_path: Path) -> None:
