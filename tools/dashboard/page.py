@@ -30,8 +30,6 @@ from tools.dashboard.live import LIVE_INTERVAL_S
 
 log = logging.getLogger(__name__)
 
-# the live page reloads its data this often (seconds)
-
 # -- tables --------------------------------------------------------------------------------------
 
 
