@@ -216,11 +216,15 @@ def print_inspect(report: Mapping[str, Any], as_json: bool) -> None:
         table = _table(f"Operator {op['uid']} (parallelism {op['parallelism']})", "state", "kind", "value type",
                        "map key type", "ttl (ms)", "rows", "changelog records", "materialized rows", "view",
                        right=("rows", "changelog records", "materialized rows"))
+        unused = [s["view"] for s in op["states"] if s.get("used") is False]  # timer states without timers
         for s in op["states"]:
-            _row(table, s["name"], s["kind"], s["value_type"], s["user_key_type"], s["ttl_ms"], s["rows"],
-                 s["changelog_records"], s["materialized_rows"], s["view"])
+            if s.get("used") is not False:
+                _row(table, s["name"], s["kind"], s["value_type"], s["user_key_type"], s["ttl_ms"], s["rows"],
+                     s["changelog_records"], s["materialized_rows"], s["view"])
         console.print()
         console.print(table)
+        if unused:
+            console.print(f"no timers (empty views): {', '.join(unused)}", soft_wrap=True)
 
 
 def print_result(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int, as_json: bool) -> None:
