@@ -132,6 +132,10 @@ def cmd_sql(args: argparse.Namespace, options: dict[str, Any]) -> int:
 def cmd_inspect(args: argparse.Namespace, options: dict[str, Any]) -> int:
     import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
 
+    if args.no_count and (args.engine is not None or args.master is not None):
+        flag = "--engine" if args.engine is not None else "--master"
+        raise ConfigError(f"{flag} chooses the engine that counts rows, and --no-count counts none; drop {flag}, "
+                          "or drop --no-count")
     engine = engine_of(args)
     spark_session.check_master(args.master)
     if args.no_count:
