@@ -94,7 +94,7 @@ class ViewPlan:
     @property
     def metadata(self) -> dict[str, str]:
         """Metadata view name -> table of ``format("statelog-metadata")``."""
-        from statelog.spark.metadata import TABLES
+        from statelog.readers.metadata import TABLES
 
         return {METADATA_VIEW_PREFIX + t: t for t in TABLES}
 
@@ -116,7 +116,7 @@ def plan_views(root: str, options: Mapping[str, Any], checkpoint: str,
                changes_from: str | None = None) -> ViewPlan:
     """Resolve ``--checkpoint`` once (``latest`` stays that checkpoint for every view) and name
     the views. With ``changes_from``, every state also gets a change feed view."""
-    from statelog.spark import options as opt  # the one resolver of the data sources
+    from statelog.readers import options as opt  # the one resolver of the data sources
 
     job = open_job(root, options)
     try:
@@ -171,7 +171,7 @@ def inspect_report(root: str, options: Mapping[str, Any], checkpoint: str,
                    count: Counter | None) -> dict[str, Any]:
     """Operators and states of a checkpoint, with the row count of each state view when
     ``count`` is given (``count(uid, state, target)``)."""
-    from statelog.spark.metadata import Catalog
+    from statelog.readers.metadata import Catalog
 
     job = open_job(root, options)
     try:

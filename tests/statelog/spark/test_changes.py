@@ -14,7 +14,7 @@ import statelog
 from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.descriptors import StateKind
-from statelog.spark.restore import restored_backend, state_entries, stream_state, timer_entries
+from statelog.readers.restore import restored_backend, state_entries, stream_state, timer_entries
 from tests.statelog.spark.test_datasource import collect_all, reader
 from tests.support.spark import jobs
 

@@ -12,7 +12,7 @@ import pytest
 
 import statelog
 from statelog.keys.encoding import decode_key, encode_key
-from statelog.spark.options import to_spark_options
+from statelog.readers.options import to_spark_options
 from tests.support.spark import jobs
 
 

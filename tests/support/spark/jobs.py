@@ -34,7 +34,7 @@ from statelog import (
     ValueStateDescriptor,
 )
 from statelog.keys.encoding import decode_key, encode_key
-from statelog.spark.restore import FAR_PAST_MS
+from statelog.readers.restore import FAR_PAST_MS
 from tests.support.harness import Clock
 
 MAXP = 16
