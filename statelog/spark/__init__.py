@@ -33,9 +33,9 @@ except ImportError as e:
         "pip install 'statelog[spark]' (Spark also needs Java 17 or newer)"
     ) from None
 
+from statelog.readers.options import to_spark_options  # noqa: E402
 from statelog.spark.datasource import StatelogDataSource  # noqa: E402 - after the PySpark check
 from statelog.spark.metadata import StatelogMetadataDataSource  # noqa: E402
-from statelog.spark.options import to_spark_options  # noqa: E402
 
 STATE_FORMAT = "statelog"
 METADATA_FORMAT = "statelog-metadata"

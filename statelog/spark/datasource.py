@@ -13,8 +13,9 @@ One row per (key, namespace) (per timer for the timer pseudo-states), see docs/s
 the columns. Partitions are key-group ranges (``partitions`` of them, Flink's subtask
 ranges for that many subtasks); each partition restores its key groups like a runtime
 restore (materialized tables overlapping it, then the changelog tail) and turns the restored
-entries into Arrow record batches. With ``changesFrom``/``changesTo`` the source returns
-the change feed instead (:mod:`statelog.spark.changes`).
+entries into Arrow record batches (:mod:`statelog.readers.state`). With
+``changesFrom``/``changesTo`` the source returns the change feed instead
+(:mod:`statelog.readers.changes`, read by :class:`statelog.spark.changes.ChangeFeedReader`).
 
 The checkpoint is resolved once, when the DataFrame is created (``latest`` then stays the
 same checkpoint for every action on that DataFrame).
@@ -22,92 +23,22 @@ same checkpoint for every action on that DataFrame).
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import IntegerType, StructField, StructType
+from pyspark.sql.types import StructType
 
-from statelog.changelog.format import TIMER_STATES
-from statelog.descriptors import StateInfo, StateKind
-from statelog.keys.encoding import encode_key
-from statelog.spark import options as opt
-from statelog.spark.changes import ChangeFeedReader, plan_feed
-from statelog.spark.restore import namespace_tables, restored_backend, split_entries, timer_entries
-from statelog.spark.rows import (
-    BATCH_ROWS,
-    KeyGroupPartition,
-    key_fields,
-    key_group_partitions,
-    key_sources,
-    namespace_fields,
-    to_batch,
-    typed_keys,
-)
-from statelog.spark.schema import (
-    Columns,
-    ValueLayout,
-    parse_key_type,
-    pickle_dump,
-    render,
-)
-from statelog.store.options import StoreOptions
-
-# -- state rows ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StatePlan:
-    """What ``schema()`` resolved (pickled with the data source to the readers).
-
-    ``store`` holds the store options the driver resolved (with its ``AWS_*`` environment):
-    the executors open the store with them, whatever their own environment.
-    """
-
-    root: str
-    store: StoreOptions
-    target: str  # a checkpoint id, or "savepoint:NAME"
-    where: str
-    operator: str
-    info: dict[str, Any]  # StateInfo.to_json() (PICKLE survives only as JSON)
-    key_type: str | None
-    partitions: int
-    max_parallelism: int
-
-    @property
-    def state_info(self) -> StateInfo:
-        return StateInfo.from_json(self.info)
-
-
-def plan_state(options: Mapping[str, str]) -> StatePlan:
-    uid = opt.require(options, "operator", "the uid of the operator whose state to read")
-    name = opt.require(options, "state", "the state name (or __timers_event / __timers_processing)")
-    key_type_name = opt.get(options, "keyType")
-    parse_key_type(key_type_name)
-    root, store = opt.job_store(options)
-    job = opt.open_at(root, store)
-    try:
-        which = opt.get(options, "checkpoint")
-        meta = opt.resolve(job, which)
-        target = which.strip() if which and which.strip().startswith("savepoint:") else str(meta.checkpoint_id)
-        where = opt.describe(meta, target[len("savepoint:"):] if target.startswith("savepoint:") else None)
-        op = opt.operator_of(meta, uid, where)
-        info = opt.state_of(op, name, where)
-        partitions = opt.parse_partitions(options, max(2, op.parallelism), meta.max_parallelism)
-        return StatePlan(root, store, target, where, uid, info.to_json(), key_type_name, partitions,
-                         meta.max_parallelism)
-    finally:
-        job.close()
-
-
-def state_schema(info: StateInfo, key_type: pa.DataType | None) -> StructType:
-    fields = [StructField("key_group", IntegerType(), False), *key_fields(key_type), *namespace_fields()]
-    fields += ValueLayout.of(info).state_fields()
-    return StructType(fields)
+from statelog.readers import options as opt
+from statelog.readers.changes import plan_feed
+from statelog.readers.restore import restored_backend
+from statelog.readers.rows import KeyGroupPartition
+from statelog.readers.schema import Columns, parse_key_type
+from statelog.readers.state import StatePlan, plan_state, state_batches, state_schema
+from statelog.spark.changes import ChangeFeedReader
+from statelog.spark.rows import key_group_partitions
+from statelog.spark.schema import arrow_schema, spark_schema
 
 
 class StateReader(DataSourceReader):
@@ -130,115 +61,9 @@ class StateReader(DataSourceReader):
             op = opt.operator_of(meta, plan.operator, plan.where)
             backend = restored_backend(job.store, meta, op, plan.state_info.name, partition.index, partition.count)
             yield from state_batches(backend, plan.state_info, parse_key_type(plan.key_type),
-                                     meta.max_parallelism, Columns(self.schema))
+                                     meta.max_parallelism, Columns(arrow_schema(self.schema)))
         finally:
             job.close()
-
-
-def state_batches(backend: Any, info: StateInfo, key_type: pa.DataType | None, maxp: int,
-                  columns: Columns, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of the state rows of a restored backend.
-
-    Column-wise per namespace: the keys and entries of a namespace table are taken as lists,
-    keys are encoded with ``encode_key`` and their key groups computed in Arrow.
-    """
-    layout = ValueLayout.of(info)
-    sources = key_sources(key_type)
-    if layout.timers:
-        rows = list(timer_entries(backend, info.name))
-        for s in range(0, len(rows), batch_rows):
-            chunk = rows[s:s + batch_rows]
-            ks, nss, nsbs, tss = (list(c) for c in zip(*chunk, strict=True))
-            cols = _key_cells(ks, key_type, maxp)
-            cols.update({"namespace": [render(ns) for ns in nss], "namespace_bytes": nsbs, "timestamp": tss})
-            yield to_batch(columns, cols, sources, key_type)
-        return
-    v, uk = layout.value, layout.user_key
-    kind = info.kind
-    if kind is StateKind.LIST:
-        sources["value"] = pa.list_(v.arrow)
-    elif kind is StateKind.MAP:
-        assert uk is not None
-        sources["value"] = pa.map_(uk.arrow, v.arrow)
-        sources["expires_ms"] = pa.map_(uk.arrow, pa.int64())
-    else:
-        sources["value"] = v.arrow
-    for nsb, ns, table in namespace_tables(backend, info):
-        keys = list(table)
-        entries = list(table.values())
-        shown = render(ns)
-        for s in range(0, len(keys), batch_rows):
-            ks = keys[s:s + batch_rows]
-            values, exps = split_entries(info, entries[s:s + batch_rows])
-            n = len(ks)
-            cols = _key_cells(ks, key_type, maxp)
-            cols["namespace"] = [shown] * n
-            cols["namespace_bytes"] = [nsb] * n
-            _value_cells(layout, values, exps, n, cols)
-            yield to_batch(columns, cols, sources, key_type)
-
-
-def _key_cells(ks: list[Any], key_type: pa.DataType | None, maxp: int) -> dict[str, Any]:
-    kbs = list(map(encode_key, ks))
-    cols: dict[str, Any] = {"key_group": key_groups(kbs, maxp)}
-    if key_type is not None:
-        cols["key"] = typed_keys(ks, key_type)
-    else:
-        cols["key"] = render_all(ks)
-        cols["key_bytes"] = kbs
-    return cols
-
-
-def render_all(ks: list[Any]) -> list[Any]:
-    """:func:`render` of every key (int and str keys in bulk)."""
-    if all(type(k) is str for k in ks):
-        return ks
-    if all(type(k) is int for k in ks):
-        try:
-            return pa.array(ks, pa.int64()).cast(pa.string()).to_pylist()
-        except (pa.ArrowInvalid, OverflowError):
-            pass
-    return [render(k) for k in ks]
-
-
-_U32 = {n: pa.scalar(n, pa.uint32()) for n in (13, 16, 0x85EBCA6B, 0xC2B2AE35)}
-
-
-def key_groups(kbs: list[bytes], maxp: int) -> pa.Array:
-    """``key_group_of_bytes`` of every encoded key, in Arrow (format.md 3.2: fmix32(crc32) mod M)."""
-    u = _U32
-    h = pa.array(list(map(zlib.crc32, kbs)), pa.uint32())
-    h = pc.bit_wise_xor(h, pc.shift_right(h, u[16]))
-    h = pc.multiply(h, u[0x85EBCA6B])
-    h = pc.bit_wise_xor(h, pc.shift_right(h, u[13]))
-    h = pc.multiply(h, u[0xC2B2AE35])
-    h = pc.bit_wise_xor(h, pc.shift_right(h, u[16]))
-    m = pa.scalar(maxp, pa.uint32())
-    return pc.subtract(h, pc.multiply(pc.divide(h, m), m)).cast(pa.int32())
-
-
-def _value_cells(layout: ValueLayout, values: list[Any], exps: list[Any] | None, n: int,
-                 cols: dict[str, Any]) -> None:
-    kind = layout.info.kind
-    v, uk = layout.value, layout.user_key
-    if kind is StateKind.LIST:
-        cols["value"] = values if v.typed else [[v.item(x) for x in e] for e in values]
-    elif kind is StateKind.MAP:
-        assert uk is not None
-        if v.typed and uk.typed:
-            cols["value"] = values
-        else:
-            cols["value"] = [{uk.item(k): v.item(x) for k, x in e.items()} for e in values]
-        if exps is not None and not uk.typed:
-            exps = [{uk.item(k): x for k, x in e.items()} for e in exps]
-    else:
-        cols["value"] = values if v.typed else [render(x) for x in values]
-    if layout.pickled:
-        cols["value_pickle"] = [pickle_dump(x) for x in values]
-    cols["expires_ms"] = exps if exps is not None else [None] * n
-
-
-# -- the data source -----------------------------------------------------------------------------
 
 
 class StatelogDataSource(DataSource):
@@ -261,8 +86,8 @@ class StatelogDataSource(DataSource):
     def schema(self) -> StructType:
         plan = self._plan()
         if isinstance(plan, StatePlan):
-            return state_schema(plan.state_info, parse_key_type(plan.key_type))
-        return plan.schema()
+            return spark_schema(state_schema(plan.state_info, parse_key_type(plan.key_type)))
+        return spark_schema(plan.schema())
 
     def reader(self, schema: StructType) -> DataSourceReader:
         plan = self._plan()
@@ -271,4 +96,4 @@ class StatelogDataSource(DataSource):
         return ChangeFeedReader(plan, schema)
 
 
-__all__ = ["TIMER_STATES", "StatelogDataSource", "state_schema"]
+__all__ = ["StatelogDataSource"]

@@ -20,14 +20,14 @@ PACKAGES = ("statelog", "materializer", "runtime", "tools")
 ALLOWED: dict[tuple[str, str], str] = {
     # optional dependencies: the spark extra, pandas
     ("tools.cli.spark", "statelog.spark"): "the spark extra: the other commands work without PySpark",
-    ("tools.cli.spark", "tools.sql.duckdb"): "the DuckDB engine reads through statelog.spark (the spark extra)",
+    ("tools.cli.spark", "tools.sql.duckdb"): "DuckDB and the readers load when sql or inspect runs, not at start-up",
+    ("tools.cli.spark", "statelog.readers"): "the readers load when sql or inspect runs, not at start-up",
     ("tools.cli.spark_session", "statelog.spark"): "the spark extra: the other commands work without PySpark",
     ("tools.cli.spark_session", "pyspark"): "the spark extra",
     ("tools.sql.spark", "statelog.spark"): "the spark extra: the Spark engine reads the statelog data sources",
     ("tools.sql.spark", "pyspark"): "the spark extra",
-    ("tools.sql.views", "statelog.spark"): "the spark extra: tools.cli imports the view names without PySpark",
-    ("tools.sql.duckdb", "statelog.spark"): "the spark extra: the DuckDB engine uses the data sources' readers",
-    ("tools.sql.duckdb", "pyspark"): "the spark extra (the metadata schemas are Spark DDL)",
+    ("tools.sql.spark", "statelog.readers"): "the readers load when the Spark engine runs, not at start-up",
+    ("tools.sql.views", "statelog.readers"): "the readers load when sql or inspect runs, not at start-up",
     ("statelog.spark.schema", "pyspark.sql.pandas"): "needs pandas, which the spark extra does not install",
     # minio is imported for s3:// roots only
     # the store package chooses its implementation when a root is opened

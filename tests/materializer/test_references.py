@@ -26,7 +26,7 @@ from statelog.errors import CorruptionError
 from statelog.keys.groups import KeyGroupRange
 from statelog.layout import checkpoint_key, savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import Manifest, load_manifest
-from statelog.spark.restore import read_state_changes
+from statelog.readers.restore import read_state_changes
 from tests.support.gc_job import (
     FAR,
     MAXP,

@@ -151,7 +151,7 @@ def test_spark_state_reader_raises_store_errors(
     built: Built, faulty: FaultInjectingStore, outage: str, prefix: str
 ) -> None:
     pytest.importorskip("pyspark")
-    from statelog.spark.restore import read_state_changes
+    from statelog.readers.restore import read_state_changes
 
     meta = built.metas[3]
     name = "events" if prefix != "changelog/" else EVENTS.name

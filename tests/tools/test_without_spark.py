@@ -100,13 +100,12 @@ def test_import_statelog_spark_names_the_extra() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["sql", "SELECT 1"],
-        ["inspect"],
-        ["inspect", "--no-count"],
+        ["sql", "SELECT 1", "--engine", "spark"],
+        ["inspect", "--engine", "spark"],
         ["restore", "--checkpoint", "latest"],
         ["materializer", "run", "ROOT", "--once", "--engine", "spark"],
     ],
-    ids=["sql", "inspect", "inspect-no-count", "restore", "materializer-spark"],
+    ids=["sql-spark", "inspect-spark", "restore", "materializer-spark"],
 )
 def test_spark_commands_without_pyspark_exit_2_with_one_line(tmp_path: Path, args: list[str]) -> None:
     root = tmp_path.as_uri()

@@ -152,33 +152,39 @@ def checkpoint_list(checkpoints: Sequence[CheckpointMetadata], root: str, *, as_
     if not rows:
         console.print(f"no retained checkpoints in {root}")
         return
+    # the operators and their states are listed below the table, once per layout shared by
+    # checkpoints: a column of them would be too wide for a table at 80 columns
     table = _table(
         f"Checkpoints in {root}",
         "id",
         "time (UTC)",
         "kind",
-        "operators",
         "changelog",
-        "materialization",
+        "materialized",
         "stats",
         right=("id", "changelog"),
     )
+    layouts: dict[tuple[str, ...], list[int]] = {}
     for r in rows:
-        ops = "\n".join(
-            f"{op['uid']} (p={op['parallelism']}): {', '.join(op['states']) or NONE}"
-            for op in r["operators"]
+        ops = tuple(
+            f"{op['uid']} (p={op['parallelism']}): {', '.join(op['states']) or NONE}" for op in r["operators"]
         )
+        layouts.setdefault(ops, []).append(r["id"])
         _row(
             table,
             r["id"],
             r["timestamp"].replace("T", " ")[:19],
             r["kind"],
-            ops or NONE,
             human_bytes(r["changelog_bytes"]),
             _mat_text(r["materialization"]),
             stats_text(r["stats"]),
         )
     console.print(table)
+    for ops, ids in layouts.items():
+        which = f"checkpoint {ids[0]}" if len(ids) == 1 else f"checkpoints {', '.join(map(str, ids))}"
+        console.print(f"operators of {which}:" if ops else f"operators of {which}: {NONE}", soft_wrap=True)
+        for line in ops:
+            console.print(f"  {line}", soft_wrap=True)
 
 
 def render_checkpoint(meta: CheckpointMetadata, root: str, *, as_json: bool) -> None:

@@ -44,9 +44,33 @@ EXIT_OK = 0
 # library and the CLI); a bad value is a ConfigError, printed as one line with exit code 2.
 
 
+# flags that apply only together with another: field -> (what it applies with, how to add that,
+# whether the parsed arguments have it). These fields have no argparse default (None: not given;
+# MaterializerOptions supplies the default), so that a flag given in vain is refused.
+_GC = ("garbage collection, which --no-gc turns off", "drop --no-gc", lambda a: a.run_gc)
+_APPLIES_ONLY_WITH: dict[str, tuple[str, str, Any]] = {
+    "spark_master": ("--engine spark", "add --engine spark", lambda a: a.engine == ENGINE_SPARK),
+    "metrics_host": ("--metrics-port", "add --metrics-port PORT", lambda a: a.metrics_port is not None),
+    "gc_grace_s": _GC,
+    "gc_interval_s": _GC,
+    "retain_checkpoints": _GC,
+}
+
+
+def _check_combinations(args: argparse.Namespace) -> None:
+    """A flag that has no effect without another is refused (it was likely meant to have one)."""
+    fields = MaterializerOptions.field_map()
+    for name, (what, fix, present) in _APPLIES_ONLY_WITH.items():
+        if getattr(args, name) is not None and not present(args):
+            flag = fields[name].metadata["flag"]
+            raise ConfigError(f"{flag} applies only with {what}; drop {flag}, or {fix}")
+
+
 def _check_run_options(args: argparse.Namespace) -> MaterializerOptions:
     """The ``materializer run`` options (one flag per :class:`MaterializerOptions` field),
-    each checked against its range and named by its flag in errors."""
+    each checked against its range and named by its flag in errors; a flag that applies only
+    with another is refused without it (:data:`_APPLIES_ONLY_WITH`)."""
+    _check_combinations(args)
     values: dict[str, Any] = {}
     for name, f in MaterializerOptions.field_map().items():
         value = getattr(args, name)
@@ -75,7 +99,8 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
         if hasattr(check, "range"):
             extra.append(check.range)
         doc = f.metadata["doc"] + (f" ({'; '.join(extra)})" if extra else "")
-        run.add_argument(flag, dest=name, default=cli_default, metavar=metavar, help=doc)
+        default = None if name in _APPLIES_ONLY_WITH else cli_default  # None: not given (the field's default)
+        run.add_argument(flag, dest=name, default=default, metavar=metavar, help=doc)
 
 
 # -- commands ------------------------------------------------------------------------------------

@@ -12,15 +12,17 @@
 in-process, :mod:`tools.sql.duckdb`) or ``spark`` (:mod:`tools.sql.spark` in a SparkSession
 of :mod:`tools.cli.spark_session`, ``--master``, default ``$STATELOG_SPARK_MASTER`` or
 ``local[*]``, with the ``statelog`` data sources registered; ``--master`` alone selects it).
-Both read through the data sources' readers, so a view has the same rows and columns on
-both. ``restore`` always runs on Spark.
+Both read through the data sources' readers (:mod:`statelog.readers`), so a view has the
+same rows and columns on both. ``restore`` always runs on Spark.
 
 ``sql`` and ``inspect`` only read; ``restore`` writes one savepoint. Exit codes: 0 ok,
 2 usage or library error, one line on stderr (also errors raised inside Spark by the data
-source, SQL errors of either engine, a statement that is not a query, and PySpark missing:
-it is the ``spark`` extra, ``pip install 'statelog[spark]'``). This module imports
-:mod:`statelog.spark` and DuckDB only inside the commands, so the other commands work
-without PySpark (and start without importing DuckDB).
+source, SQL errors of either engine, a statement that is not a query, and PySpark missing
+for ``--engine spark`` or ``restore``: it is the ``spark`` extra, ``pip install
+'statelog[spark]'``). The DuckDB engine reads through :mod:`statelog.readers` (pyarrow only),
+so ``sql`` and ``inspect`` work without PySpark and Java. This module imports
+:mod:`statelog.spark`, the readers and DuckDB only inside the commands, so the other commands
+start without them.
 """
 
 from __future__ import annotations
@@ -107,12 +109,13 @@ def engine_of(args: argparse.Namespace) -> str:
         raise ConfigError("--master applies to --engine spark only; drop it, or use --engine spark")
     return str(args.engine)
 def cmd_sql(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
-    from statelog.spark.schema import parse_key_type
+    from statelog.readers.schema import parse_key_type
 
+    engine = engine_of(args)
+    if engine == "spark":
+        import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
     parse_key_type(args.key_type)
     check_read_only(args.query)
-    engine = engine_of(args)
     spark_session.check_master(args.master)
     # the root, the checkpoint and --changes-from are checked before an engine starts
     plan = plan_views(args.root, options, args.checkpoint, args.changes_from)
@@ -130,9 +133,13 @@ def cmd_sql(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
-
+    if args.no_count and (args.engine is not None or args.master is not None):
+        flag = "--engine" if args.engine is not None else "--master"
+        raise ConfigError(f"{flag} chooses the engine that counts rows, and --no-count counts none; drop {flag}, "
+                          "or drop --no-count")
     engine = engine_of(args)
+    if engine == "spark":
+        import statelog.spark  # noqa: F401 - without PySpark: the MissingDependencyError naming the extra
     spark_session.check_master(args.master)
     if args.no_count:
         report = inspect_report(args.root, options, args.checkpoint, None)
@@ -216,11 +223,15 @@ def print_inspect(report: Mapping[str, Any], as_json: bool) -> None:
         table = _table(f"Operator {op['uid']} (parallelism {op['parallelism']})", "state", "kind", "value type",
                        "map key type", "ttl (ms)", "rows", "changelog records", "materialized rows", "view",
                        right=("rows", "changelog records", "materialized rows"))
+        unused = [s["view"] for s in op["states"] if s.get("used") is False]  # timer states without timers
         for s in op["states"]:
-            _row(table, s["name"], s["kind"], s["value_type"], s["user_key_type"], s["ttl_ms"], s["rows"],
-                 s["changelog_records"], s["materialized_rows"], s["view"])
+            if s.get("used") is not False:
+                _row(table, s["name"], s["kind"], s["value_type"], s["user_key_type"], s["ttl_ms"], s["rows"],
+                     s["changelog_records"], s["materialized_rows"], s["view"])
         console.print()
         console.print(table)
+        if unused:
+            console.print(f"no timers (empty views): {', '.join(unused)}", soft_wrap=True)
 
 
 def print_result(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int, as_json: bool) -> None:

@@ -25,6 +25,7 @@ from tools.roots import open_root
 log = logging.getLogger("tools.cli")
 
 DEFAULT_PORT = 8086
+DEFAULT_HOST = "127.0.0.1"
 
 
 def register(commands: Any, command: Any) -> None:
@@ -36,17 +37,17 @@ def register(commands: Any, command: Any) -> None:
         "serve a dashboard of the checkpoints, materializations, state sizes, key-group skew and "
         "savepoints (or write it to one HTML file with --out)",
     )
-    p.add_argument("--port", metavar="N", default=str(DEFAULT_PORT),
+    p.add_argument("--port", metavar="N", default=None,
                    help=f"TCP port to serve on (default {DEFAULT_PORT}; 0: any free port, printed)")
-    p.add_argument("--host", metavar="ADDR", default="127.0.0.1",
+    p.add_argument("--host", metavar="ADDR", default=None,
                    help="address to listen on (default 127.0.0.1; the page shows the root's layout to anyone "
                         "who reaches it)")
-    p.add_argument("--refresh", metavar="S", default=f"{LIVE_INTERVAL_S:g}",
+    p.add_argument("--refresh", metavar="S", default=None,
                    help=f"seconds between the served page's refreshes (default {LIVE_INTERVAL_S:g}; 0.5 to 5)")
     p.add_argument("--out", metavar="FILE", help="write the page to FILE (one self-contained HTML file) and exit")
 
 
-def parse_port(text: str) -> int:
+def parse_port(text: str | int) -> int:
     try:
         port = int(text)
     except ValueError:
@@ -56,7 +57,9 @@ def parse_port(text: str) -> int:
     return port
 
 
-def parse_refresh(text: str) -> float:
+def parse_refresh(text: str | None) -> float:
+    if text is None:
+        return LIVE_INTERVAL_S
     try:
         seconds = float(text)
     except ValueError:
@@ -66,10 +69,26 @@ def parse_refresh(text: str) -> float:
     return seconds
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """``--out`` and ``--json`` are two ways not to serve: one at a time, and without the
+    serving options (``--port``, ``--host``, ``--refresh``); ``--out`` names a file."""
+    if args.out is not None and not args.out.strip():
+        raise ConfigError("--out: expected a file name for the page, got an empty one; give a file, or leave "
+                          "--out out to serve the page")
+    if args.out is not None and args.json:
+        raise ConfigError("--json prints the data and --out writes the page: give one of them")
+    for flag, value in (("--port", args.port), ("--host", args.host), ("--refresh", args.refresh)):
+        if value is not None and (args.out is not None or args.json):
+            raise ConfigError(f"{flag} applies when the page is served; drop {flag}, or drop "
+                              f"{'--out' if args.out is not None else '--json'}")
+
+
 def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from tools.dashboard.page import make_server, render_html  # plotly: only `ui` pays its import
 
-    port = parse_port(args.port)
+    check_options(args)
+    port = parse_port(DEFAULT_PORT if args.port is None else args.port)
+    host = DEFAULT_HOST if args.host is None else args.host
     refresh = parse_refresh(args.refresh)
     with open_root(args.root, options) as root:
         root.require_job()  # a mistyped root fails here, before anything is served or written
@@ -83,10 +102,10 @@ def cmd_ui(args: argparse.Namespace, options: dict[str, Any]) -> int:
                 print(f"wrote {args.out}")
             return 0
         try:
-            server = make_server(lambda: gather(root), args.host, port, refresh)
+            server = make_server(lambda: gather(root), host, port, refresh)
         except OSError as e:
             raise ConfigError(
-                f"cannot serve on {args.host}:{port}: {e.strerror or e}; pick another --port (0: any free "
+                f"cannot serve on {host}:{port}: {e.strerror or e}; pick another --port (0: any free "
                 "port) or --host"
             ) from None
         host, bound = server.server_address[:2]

@@ -4,13 +4,13 @@ Each view the query names becomes an Arrow table made by the readers of the ``st
 data sources (docs/spark.md), run here in one process instead of Spark's Python workers:
 
 * a state view ``<operator>__<state>``: the state restored like one Spark partition
-  covering every key group (:func:`statelog.spark.restore.restored_backend`: the table
+  covering every key group (:func:`statelog.readers.restore.restored_backend`: the table
   files the checkpoint's handles reference, then their changelog tail), turned into record
-  batches by :func:`statelog.spark.datasource.state_batches` in the data source's schema;
+  batches by :func:`statelog.readers.state.state_batches` in the data source's schema;
 * a change feed view ``<view>__changes`` (with ``--changes-from``):
-  :func:`statelog.spark.changes.plan_feed` and ``feed_batches`` for each of the partitions
+  :func:`statelog.readers.changes.plan_feed` and ``feed_batches`` for each of the partitions
   Spark would read (``replay_order`` counts within one);
-* a metadata view ``statelog_<table>``: the rows of :class:`statelog.spark.metadata.Catalog`
+* a metadata view ``statelog_<table>``: the rows of :class:`statelog.readers.metadata.Catalog`
   in the schema of ``format("statelog-metadata")``.
 
 The batches have Spark's own Arrow form of the data source's schema (``long`` as ``int64``,
@@ -24,9 +24,8 @@ extension installs and Python variable scans are off and the configuration is lo
 the query runs, so a query reads the registered views and nothing else, and writes nowhere.
 Every DuckDB error becomes one :class:`StatelogError` line.
 
-The readers live in :mod:`statelog.spark`, which imports PySpark's type classes (no JVM is
-started): the ``spark`` extra must be installed for this engine too (without it the first
-view raises the MissingDependencyError that names the extra; the commands check first).
+The readers live in :mod:`statelog.readers`, which needs pyarrow only: this engine runs
+without PySpark (and without Java).
 """
 
 from __future__ import annotations
@@ -41,6 +40,13 @@ import pyarrow as pa
 from statelog.errors import StatelogError
 from statelog.job import StateJob
 from statelog.keys.groups import KeyGroupRange
+from statelog.readers import options as opt
+from statelog.readers.changes import feed_batches, plan_feed
+from statelog.readers.metadata import Catalog, arrow_schema
+from statelog.readers.restore import restored_backend
+from statelog.readers.rows import key_group_partitions
+from statelog.readers.schema import Columns, parse_key_type
+from statelog.readers.state import state_batches, state_schema
 from tools.sql.views import ViewPlan, open_job, plan_views, unknown_view
 
 _CONFIG = {
@@ -55,8 +61,6 @@ class ArrowViews:
     """The Arrow table of each view of a :class:`ViewPlan`, built on first use."""
 
     def __init__(self, plan: ViewPlan, options: Mapping[str, Any], key_type: str | None) -> None:
-        from statelog.spark.schema import parse_key_type
-
         self.plan = plan
         self.options = dict(options)
         self.key_type = key_type
@@ -86,11 +90,6 @@ class ArrowViews:
 
     def state_table(self, uid: str, state: str) -> pa.Table:
         """The rows of ``format("statelog")`` for one state at the plan's checkpoint."""
-        from statelog.spark import options as opt
-        from statelog.spark.datasource import state_batches, state_schema
-        from statelog.spark.restore import restored_backend
-        from statelog.spark.schema import Columns
-
         meta = self.plan.meta
         op = opt.operator_of(meta, uid, self.plan.where)
         info = opt.state_of(op, state, self.plan.where)
@@ -101,11 +100,6 @@ class ArrowViews:
 
     def change_table(self, uid: str, state: str) -> pa.Table:
         """The change feed of one state from ``--changes-from`` to the plan's checkpoint."""
-        from statelog.spark import options as opt
-        from statelog.spark.changes import feed_batches, plan_feed
-        from statelog.spark.rows import key_group_partitions
-        from statelog.spark.schema import Columns
-
         assert self.plan.changes_from is not None
         feed_options = {"root": self.plan.root, **opt.to_spark_options(self.options), "operator": uid, "state": state,
                         "changesFrom": self.plan.changes_from, "changesTo": self.plan.target}
@@ -121,12 +115,9 @@ class ArrowViews:
 
     def metadata_table(self, table: str) -> pa.Table:
         """The rows of ``format("statelog-metadata")`` (every retained checkpoint and savepoint)."""
-        from statelog.spark.metadata import SCHEMAS, Catalog
-        from statelog.spark.schema import arrow_schema
-
         if self.catalog is None:
             self.catalog = Catalog(self.job)
-        schema = arrow_schema(parse_ddl(SCHEMAS[table]))
+        schema = arrow_schema(table)
         rows = list(self.catalog.rows(table))
         arrays = [pa.array([r[i] for r in rows], type=f.type) for i, f in enumerate(schema)]
         return pa.Table.from_arrays(arrays, schema=schema)
@@ -134,75 +125,6 @@ class ArrowViews:
 
 def _table(batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_batches(list(batches), schema=schema)
-
-
-# -- Spark DDL (the metadata schemas) ------------------------------------------------------------
-
-_TOKEN = re.compile(r"\s*(?:([A-Za-z_][A-Za-z0-9_]*)|([<>,:()]))")
-
-
-def parse_ddl(ddl: str) -> Any:
-    """A Spark DDL schema (``"a long, b array<struct<c:string>>"``) as a StructType, without a JVM
-    (PySpark's own parser needs one). Knows the types of statelog/spark/metadata.py's schemas."""
-    from pyspark.sql.types import (
-        ArrayType,
-        BooleanType,
-        DoubleType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-        TimestampType,
-    )
-
-    simple: dict[str, Any] = {"long": LongType, "bigint": LongType, "int": IntegerType, "integer": IntegerType,
-              "string": StringType, "timestamp": TimestampType, "boolean": BooleanType, "double": DoubleType}
-    tokens: list[str] = []
-    pos = 0
-    while pos < len(ddl.rstrip()):
-        m = _TOKEN.match(ddl, pos)
-        if m is None:
-            raise ValueError(f"cannot parse DDL at {ddl[pos:pos + 20]!r}")
-        tokens.append(m.group(1) or m.group(2))
-        pos = m.end()
-    at = 0
-
-    def take(expected: str | None = None) -> str:
-        nonlocal at
-        tok = tokens[at]
-        if expected is not None and tok != expected:
-            raise ValueError(f"DDL {ddl!r}: expected {expected!r}, found {tok!r}")
-        at += 1
-        return tok
-
-    def data_type() -> Any:
-        name = take().lower()
-        if name == "array":
-            take("<")
-            elem = data_type()
-            take(">")
-            return ArrayType(elem, True)
-        if name == "struct":
-            take("<")
-            fields = []
-            while True:
-                fname = take()
-                take(":")
-                fields.append(StructField(fname, data_type(), True))
-                if take() == ">":
-                    return StructType(fields)
-        if name not in simple:
-            raise ValueError(f"DDL {ddl!r}: unknown type {name!r}")
-        return simple[name]()
-
-    fields = []
-    while at < len(tokens):
-        fname = take()
-        fields.append(StructField(fname, data_type(), True))
-        if at < len(tokens):
-            take(",")
-    return StructType(fields)
 
 
 # -- running a query -----------------------------------------------------------------------------

@@ -20,8 +20,8 @@ from tools.sql.views import ViewPlan
 def register_views(spark: Any, plan: ViewPlan, options: dict[str, Any], key_type: str | None,
                    only: Sequence[str] | None = None) -> None:
     """Create the temporary views of ``plan`` in ``spark`` (``only``: just these names)."""
+    from statelog.readers import options as opt
     from statelog.spark import METADATA_FORMAT, STATE_FORMAT
-    from statelog.spark import options as opt
 
     spark_opts = {"root": plan.root, **opt.to_spark_options(options)}
     if key_type:
@@ -77,8 +77,8 @@ def _utc(value: Any, spark_type: Any) -> Any:
 
 def row_counter(spark: Any, root: str, options: dict[str, Any]) -> Any:
     """Rows of a state view on Spark (one count job per state)."""
+    from statelog.readers import options as opt
     from statelog.spark import STATE_FORMAT
-    from statelog.spark import options as opt
 
     def count(uid: str, state: str, target: str) -> int:
         return int(spark.read.format(STATE_FORMAT).options(root=root, **opt.to_spark_options(options))

@@ -21,11 +21,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from statelog.changelog.format import TIMER_STATES
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError
 from statelog.job import StateJob
 
 METADATA_VIEW_PREFIX = "statelog_"
+# the kind ``inspect`` gives each timer pseudo-state
+TIMER_KINDS = {TIMER_STATES[0]: "event-time timers", TIMER_STATES[1]: "processing-time timers"}
 CHANGES_SUFFIX = "__changes"
 
 
@@ -91,7 +94,7 @@ class ViewPlan:
     @property
     def metadata(self) -> dict[str, str]:
         """Metadata view name -> table of ``format("statelog-metadata")``."""
-        from statelog.spark.metadata import TABLES
+        from statelog.readers.metadata import TABLES
 
         return {METADATA_VIEW_PREFIX + t: t for t in TABLES}
 
@@ -113,7 +116,7 @@ def plan_views(root: str, options: Mapping[str, Any], checkpoint: str,
                changes_from: str | None = None) -> ViewPlan:
     """Resolve ``--checkpoint`` once (``latest`` stays that checkpoint for every view) and name
     the views. With ``changes_from``, every state also gets a change feed view."""
-    from statelog.spark import options as opt  # the one resolver of the data sources
+    from statelog.readers import options as opt  # the one resolver of the data sources
 
     job = open_job(root, options)
     try:
@@ -168,7 +171,7 @@ def inspect_report(root: str, options: Mapping[str, Any], checkpoint: str,
                    count: Counter | None) -> dict[str, Any]:
     """Operators and states of a checkpoint, with the row count of each state view when
     ``count`` is given (``count(uid, state, target)``)."""
-    from statelog.spark.metadata import Catalog
+    from statelog.readers.metadata import Catalog
 
     job = open_job(root, options)
     try:
@@ -196,12 +199,18 @@ def inspect_report(root: str, options: Mapping[str, Any], checkpoint: str,
             if row[3] != uid:
                 continue
             name = row[4]
-            entry["states"].append({
+            state = {
                 "name": name, "kind": row[5], "value_type": row[6], "user_key_type": row[7], "ttl_ms": row[8],
                 "internal": row[10], "view": views[(uid, name)],
                 "rows": None if count is None else count(uid, name, target),
                 "changelog_records": row[12], "changelog_bytes": row[13], "materialized_files": row[14],
                 "materialized_rows": row[15], "materialized_bytes": row[16],
-            })
+            }
+            if name in TIMER_KINDS:
+                # a timer pseudo-state: its rows are timers (timestamps in ms), not values;
+                # "used": it holds timers, or held some (changes in the tail)
+                state.update(kind=TIMER_KINDS[name], value_type="timestamp (ms)", used=bool(
+                    state["rows"] or state["changelog_records"] or state["materialized_rows"]))
+            entry["states"].append(state)
         out["operators"].append(entry)
     return out

@@ -14,7 +14,7 @@ from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import StatelogError
 from statelog.job import StateJob
 from statelog.layout import check_savepoint_name, savepoint_prefix
-from statelog.spark import options as opt
+from statelog.readers import options as opt
 from statelog.spark.rescale.checks import check_name_free, check_writable, default_name
 from statelog.spark.rescale.plan import RestoreTask, plan_restore
 from statelog.spark.rescale.publish import RestoreResult, publish_savepoint

@@ -20,7 +20,7 @@ from statelog.checkpoint.metadata import (
 from statelog.descriptors import StateInfo
 from statelog.errors import ConfigError
 from statelog.keys.groups import KeyGroupRange, key_group_range_for_subtask
-from statelog.spark import options as opt
+from statelog.readers import options as opt
 
 
 @dataclass(frozen=True)

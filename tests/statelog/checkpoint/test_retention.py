@@ -43,7 +43,7 @@ def test_an_expired_checkpoint_says_retention_removed_it(file_root: RootSpec) ->
 
 def test_the_change_feed_from_an_expired_checkpoint_says_retention_removed_it(file_root: RootSpec) -> None:
     pytest.importorskip("pyspark")
-    from statelog.spark.changes import plan_feed
+    from statelog.readers.changes import plan_feed
 
     ids = _job_with_checkpoints(file_root, 6)
     with pytest.raises(CheckpointNotFoundError, match=r"retention removed it.*retain_checkpoints"):

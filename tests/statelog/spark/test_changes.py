@@ -12,7 +12,7 @@ import pytest
 import statelog
 from materializer.build import materialize
 from statelog import ValueStateDescriptor
-from statelog.spark.restore import stream_state
+from statelog.readers.restore import stream_state
 from tests.support.spark import jobs
 from tests.support.spark.reading import apply_feed, collect_all, reader, state_at
 

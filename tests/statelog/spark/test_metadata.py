@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import statelog
-from statelog.spark.metadata import TABLES
+from statelog.readers.metadata import TABLES
 from tests.support.spark import jobs
 from tests.support.spark.reading import collect_all
 

@@ -222,10 +222,13 @@ def test_cli_arguments_logs_and_errors_never_show_the_secret(s3_server: S3Server
 def test_spark_plans_and_readers_never_render_the_secret(s3_server: S3Server,
                                                          debug_logs: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("pyspark")
-    from statelog.spark.changes import ChangeFeedReader, plan_feed
-    from statelog.spark.datasource import StateReader, plan_state, state_schema
+    from statelog.readers.changes import plan_feed
+    from statelog.readers.options import to_spark_options
+    from statelog.readers.state import plan_state, state_schema
+    from statelog.spark.changes import ChangeFeedReader
+    from statelog.spark.datasource import StateReader
     from statelog.spark.metadata import StatelogMetadataDataSource
-    from statelog.spark.options import to_spark_options
+    from statelog.spark.schema import spark_schema
 
     secret = s3_server.secret_key
     root = f"s3://{s3_server.bucket}/secrets-{uuid.uuid4().hex}"
@@ -241,7 +244,7 @@ def test_spark_plans_and_readers_never_render_the_secret(s3_server: S3Server,
     options = {"root": root, "operator": "op", "state": "count", **to_spark_options(s3_server.options())}
     plan = plan_state(options)
     assert plan.store["secret_key"] == secret  # shipped to the executors inside the pickled reader
-    reader = StateReader(plan, state_schema(plan.state_info, None))
+    reader = StateReader(plan, spark_schema(state_schema(plan.state_info, None)))
     feed = plan_feed({**options, "changesFrom": str(cid), "changesTo": str(cid)})
     meta_source = StatelogMetadataDataSource(options)
     meta_reader = meta_source.reader(meta_source.schema())

@@ -31,7 +31,7 @@ from statelog import (
 from statelog.keys.encoding import decode_key, encode_key
 from statelog.materialization.manifest import Manifest
 from statelog.materialization.table_reader import read_table_file
-from statelog.spark.restore import FAR_PAST_MS
+from statelog.readers.restore import FAR_PAST_MS
 from statelog.store.base import ObjectStore
 from tests.support.harness import Clock
 from tests.support.state_kinds import every_state_kind

@@ -11,8 +11,8 @@ from typing import Any
 import statelog
 from statelog.descriptors import StateKind
 from statelog.keys.encoding import encode_key
-from statelog.spark.options import to_spark_options
-from statelog.spark.restore import restored_backend, state_entries, timer_entries
+from statelog.readers.options import to_spark_options
+from statelog.readers.restore import restored_backend, state_entries, timer_entries
 from tests.support.spark import jobs
 
 

@@ -121,7 +121,7 @@ def test_one_parser_of_checkpoint_references() -> None:
 
 def test_restore_and_spark_resolve_accept_the_same_references(root: RootSpec) -> None:
     pytest.importorskip("pyspark")
-    from statelog.spark import options as spark_opt
+    from statelog.readers import options as spark_opt
 
     job = statelog.open(root.url, create=False, writer_lease=False)
     try:

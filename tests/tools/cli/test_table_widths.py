@@ -94,3 +94,22 @@ def test_a_real_pipe_gets_the_pipe_layout(widths_root: str, monkeypatch: pytest.
                           timeout=120, cwd=REPO, env=env, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == run_at(PIPE, monkeypatch, capsys, argv)
+
+
+@pytest.mark.parametrize("width", [80, 90, 100])
+def test_checkpoints_list_stays_a_table_at_80_to_100_columns(
+    root: str, width: int, cells: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run_at(width, monkeypatch, capsys, ["checkpoints", "list", root])
+    check_rendering(out, cells, width)
+    lines = out.splitlines()
+    assert all(len(line) <= width for line in lines), out
+    header = next(line for line in lines if "\u2503" in line)  # the heavy rule between the headers
+    assert [h.strip() for h in header.split("\u2503")] == ["id", "time (UTC)", "kind", "changelog", "materialized",
+                                                           "stats"]
+    rows = [line.split("\u2502")[0].strip() for line in lines if "\u2502" in line]
+    assert [r for r in rows if r] == ["1", "2", "3"], out  # one table row per checkpoint
+    # the operators and states are listed whole below the table, once for the three checkpoints
+    assert "operators of checkpoints 1, 2, 3:" in out
+    for uid in ("sessionizer_with_a_long_name", "enrichment", "per_user_counter"):
+        assert out.count(uid) == 1, out

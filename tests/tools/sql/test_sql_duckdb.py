@@ -23,8 +23,8 @@ import statelog
 from materializer.build import materialize
 from materializer.savepoint import create_savepoint
 from statelog.keys.encoding import decode_key
-from statelog.spark.datasource import state_schema
-from statelog.spark.restore import stream_state
+from statelog.readers.restore import stream_state
+from statelog.readers.state import state_schema
 from tests.support.s3server import RootSpec
 from tests.support.spark import jobs
 from tests.support.spark.reading import apply_feed, state_at
@@ -86,7 +86,7 @@ def test_state_views_equal_a_backend_restore(built: jobs.Built, which: str) -> N
         for state in jobs.STATES:
             cols, rows = duck(built, f"SELECT * FROM {view(state)}", cid)
             info = meta.operators["op"].states[state]
-            assert cols == state_schema(info, None).fieldNames(), state
+            assert cols == state_schema(info, None).names, state
             got = {_triple(r, state) for r in rows}
             assert len(got) == len(rows), (which, state, "duplicate rows")
             assert got == jobs.restored_rows(job, cid, state), (which, state)
