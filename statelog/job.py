@@ -57,6 +57,21 @@ from statelog.store.fencing import FencedStore
 
 log = logging.getLogger(__name__)
 
+def _check_arguments(
+    metrics_port: Any, metrics_job: Any, writer_lease: bool, writer_lease_ttl_s: Any, writer_owner: Any
+) -> int | None:
+    """Check the arguments of :class:`StateJob` that it keeps no checked copy of (a clear error
+    for a bad one); returns the metrics port (``None``: no server)."""
+    port = check_port("metrics_port", metrics_port)
+    if metrics_job is not None:
+        non_empty_name("metrics_job", metrics_job)
+    if writer_lease:
+        check_writer_lease_ttl(writer_lease_ttl_s)
+        if writer_owner is not None:
+            non_empty_name("writer_owner", writer_owner)
+    return port
+
+
 class StateJob:
     """State storage of one job root, as seen from one process."""
 
@@ -83,17 +98,12 @@ class StateJob:
         metrics_host: str = "127.0.0.1",
         metrics_job: str | None = None,
     ) -> None:
-        metrics_port = check_port("metrics_port", metrics_port)
-        metrics_job = None if metrics_job is None else non_empty_name("metrics_job", metrics_job)
+        metrics_port = _check_arguments(metrics_port, metrics_job, writer_lease, writer_lease_ttl_s, writer_owner)
         self.state_store = check_state_store("state_store", state_store)
         self.state_memory = STATE_MEMORY.check(state_memory)
         self.state_dir = check_state_dir("state_dir", state_dir)
         retain_checkpoints = RETAIN.check(retain_checkpoints)  # ranges: statelog/options/engine.py
         self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
-        if writer_lease:
-            check_writer_lease_ttl(writer_lease_ttl_s)
-            if writer_owner is not None:
-                non_empty_name("writer_owner", writer_owner)
         own_store = store is None
         inner = store if store is not None else open_store(root, store_options)
         # one checkpoint publisher per root: the lease is taken by the first backend or publish

@@ -175,7 +175,10 @@ def test_the_cli_builds_the_options_object(tmp_path: Path, monkeypatch: pytest.M
         seen.append(self.settings)
 
     monkeypatch.setattr(MaterializerDaemon, "__init__", spy)
-    code = main(["materializer", "run", "--once", root, "--interval", "2m", "--gc-interval", "3h", "--no-gc",
+    code = main(["materializer", "run", "--once", root, "--interval", "2m", "--gc-interval", "3h",
                  "--owner", "cli-test"])
     assert code == 0
-    assert seen == [MaterializerOptions(interval_s=120.0, gc_interval_s=3 * 3600.0, run_gc=False, owner="cli-test")]
+    code = main(["materializer", "run", "--once", root, "--interval", "90s", "--no-gc", "--owner", "cli-test"])
+    assert code == 0
+    assert seen == [MaterializerOptions(interval_s=120.0, gc_interval_s=3 * 3600.0, owner="cli-test"),
+                    MaterializerOptions(interval_s=90.0, run_gc=False, owner="cli-test")]

@@ -98,10 +98,11 @@ def test_a_real_pipe_gets_the_pipe_layout(widths_root: str, monkeypatch: pytest.
 
 @pytest.mark.parametrize("width", [80, 90, 100])
 def test_checkpoints_list_stays_a_table_at_80_to_100_columns(
-    root: str, width: int, cells: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    widths_root: str, width: int, table_cells: list[str], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    out = run_at(width, monkeypatch, capsys, ["checkpoints", "list", root])
-    check_rendering(out, cells, width)
+    out = run_at(width, monkeypatch, capsys, ["checkpoints", "list", widths_root])
+    check_rendering(out, table_cells, width)
     lines = out.splitlines()
     assert all(len(line) <= width for line in lines), out
     header = next(line for line in lines if "\u2503" in line)  # the heavy rule between the headers
