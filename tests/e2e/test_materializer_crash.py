@@ -438,7 +438,9 @@ def test_materializer_sigkill_loop_file(tmp_path: Path, store: str, kills: int, 
     stats = run_loop((tmp_path / "root").as_uri(), {}, tmp_path, kills, seed=seed, disk=store == "disk")
     check_stats(stats, kills)
     if store == "memory":
-        assert stats.kills_after_publish >= 1 and stats.partial_materializations >= 2, stats
+        # which phases the kills hit depends on timing: the short loop needs one partial
+        # materialization, the long one two
+        assert stats.kills_after_publish >= 1 and stats.partial_materializations >= (2 if LONG_LOOPS else 1), stats
 
 
 @pytest.mark.slow

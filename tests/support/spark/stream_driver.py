@@ -22,6 +22,14 @@ from typing import Any
 EXECUTORS_TIMEOUT_S = 120.0
 
 
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (a zombie, exited but not reaped yet, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
 def _wait_for_executors(sc: Any, n: int) -> None:
     """Barrier stages need all their slots at once: wait until ``n`` executors registered."""
     deadline = time.monotonic() + EXECUTORS_TIMEOUT_S
@@ -125,7 +133,11 @@ def _fence(client: Any, spark: Any, args: dict[str, Any], out: dict[str, Any]) -
         out["attempts"] = client.attempt
         tracker = spark.sparkContext.statusTracker()
         out["active_jobs"] = list(tracker.getActiveJobsIds())
-        out["workers_alive"] = [p for p in out["pids"][1] if Path(f"/proc/{p}").exists()]
+        # the barrier stage's workers exit once the stage is cancelled: wait for it (an event, not a bound)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(_running(p) for p in out["pids"][1]):
+            time.sleep(0.1)
+        out["workers_alive"] = [p for p in out["pids"][1] if _running(p)]
         out["holder"] = current_holder(store, WRITER_LEASE_PREFIX)
         other.release()
     finally:
