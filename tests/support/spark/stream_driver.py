@@ -22,13 +22,13 @@ from typing import Any
 EXECUTORS_TIMEOUT_S = 120.0
 
 
-
 def _running(pid: int) -> bool:
     """Whether process ``pid`` is alive (a zombie, exited but not reaped yet, is not)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
 
 def _wait_for_executors(sc: Any, n: int) -> None:
     """Barrier stages need all their slots at once: wait until ``n`` executors registered."""
