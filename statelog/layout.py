@@ -80,6 +80,7 @@ __all__ = [
     "parse_key",
     "parse_lease_name",
     "parse_manifest_key",
+    "parse_materializer_status_key",
     "parse_savepoint_manifest_key",
     "parse_savepoint_metadata_key",
     "parse_segment_key",
@@ -129,7 +130,7 @@ _INFLIGHT_RE = re.compile(r"^runtime/inflight/chk-(\d+)/((\d+)\.(\d+))\.bin$")
 _STATE_DUMP_RE = re.compile(r"^full-snapshots/(.+)/(\d{5,})/(\d{12,})\.snapshot$")  # a uid may hold "/"
 _BENCH_DUMP_RE = re.compile(r"^full-snapshots/([^/]+)\.snapshot$")
 _HISTORY_RE = re.compile(r"^history/checkpoints/seg-(\d{12,})-(\d{5,})\.jsonl$")
-_STATUS_RE = re.compile(r"^materializer/status/([0-9a-f]{8})\.json$")
+_STATUS_RE = re.compile(r"^materializer/status/([0-9a-f]{8})-(\d{13,})\.json$")
 
 
 class ObjectKind(enum.Enum):
@@ -361,9 +362,16 @@ def parse_history_segment_key(key: str) -> tuple[int, int] | None:
     return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
-def materializer_status_key(owner: str) -> str:
-    """The status object of the daemon named ``owner`` (a hash of the name: any text is safe)."""
-    return f"{MATERIALIZER_STATUS_PREFIX}{zlib.crc32(owner.encode()):08x}.json"
+def materializer_status_key(owner: str, time_ms: int) -> str:
+    """The status object the daemon named ``owner`` wrote at ``time_ms`` (a hash of the name:
+    any text is safe; objects are write-once, so each write has its own key)."""
+    return f"{MATERIALIZER_STATUS_PREFIX}{zlib.crc32(owner.encode()):08x}-{time_ms:013d}.json"
+
+
+def parse_materializer_status_key(key: str) -> tuple[str, int] | None:
+    """``(owner hash, time_ms)`` of a status object's key, ``None`` for any other key."""
+    m = _STATUS_RE.match(key)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def is_materializer_status_key(key: str) -> bool:
@@ -419,7 +427,7 @@ def parse_key(key: str) -> ObjectKey | None:
     if (seg := parse_history_segment_key(key)) is not None:
         return ObjectKey(ObjectKind.HISTORY, key, segment_no=seg[0], entries=seg[1])
     if m := _STATUS_RE.match(key):
-        return ObjectKey(ObjectKind.MATERIALIZER_STATUS, key, file=m.group(1))
+        return ObjectKey(ObjectKind.MATERIALIZER_STATUS, key, file=f"{m.group(1)}-{m.group(2)}")
     if head == "full-snapshots":
         if dump := parse_state_dump_key(key):
             return ObjectKey(ObjectKind.STATE_DUMP, key, checkpoint_id=dump[2], operator_uid=dump[0],

@@ -25,11 +25,13 @@ import statelog
 from materializer.background import start_background
 from materializer.build import MaterializeOptions
 from materializer.daemon.loop import MaterializerDaemon
+from materializer.daemon.status import StatusWriter, read_statuses
 from materializer.lease import current_holder, generation_key
 from materializer.options import due
 from statelog import ListStateDescriptor, StateJob, ValueStateDescriptor
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
+from statelog.layout import MATERIALIZER_STATUS_PREFIX
 from statelog.materialization.manifest import (
     Manifest,
     latest_manifest_key,
@@ -606,3 +608,18 @@ def test_a_daemon_whose_lease_was_taken_over_stops_for_good(file_job: Job, file_
         assert [m.checkpoint_id for m in manifests(sa)] == published
         assert a.lease.generation is None
         b.release()
+
+
+def test_the_status_object_follows_every_cycle_and_one_per_daemon_remains(file_job: Job) -> None:
+    """Objects are write-once: each cycle's status is a new object, the previous one deleted, so
+    the newest status is always readable and a long-running daemon leaves one object."""
+    store = file_job.job.store
+    leftover = StatusWriter(store, "daemon-a")  # an earlier process of the same name
+    leftover.cycle_done(1, {"action": "none"}, None)
+    writer = StatusWriter(store, "daemon-a")
+    for cycle in range(1, 4):
+        writer.cycle_done(cycle, {"action": "materialized" if cycle == 3 else "none"}, None)
+        statuses, errors = read_statuses(store)
+        assert errors == [] and [s["cycles"] for s in statuses] == [cycle]
+    assert statuses[0]["last_cycle"]["action"] == "materialized"
+    assert [o.key for o in store.list(MATERIALIZER_STATUS_PREFIX)] == [writer.key]
