@@ -65,6 +65,7 @@ COMPLETION_TTL_S = 3.0  # the in-process run's own lease: long, so that a busy m
 GRACE_S = 600.0
 CHECKPOINT_EVERY = 250  # producer operations between checkpoints
 CHUNK = 10  # producer operations between looks at the daemon (every 10 ms: about 1000 ops/s)
+PARTIAL_EVERY = 5  # daemons 1, 6, 11, ... are killed between their table files and their manifest
 
 
 @dataclass
@@ -163,11 +164,12 @@ class Daemon:
         for line in self.proc.stderr:
             self.lines.append((time.monotonic(), line.rstrip("\n")))
 
-    def go(self) -> None:
+    def go(self, hold_tables: bool = False) -> None:
+        """Release the worker; ``hold_tables``: it stops after writing the table files."""
         assert self.ready.wait(60), "the crash worker did not start within 60s"
         assert self.proc.poll() is None, f"the crash worker exited early:\n{self.stderr()}"
         assert self.proc.stdin is not None
-        self.proc.stdin.write("go\n")
+        self.proc.stdin.write("go hold-tables\n" if hold_tables else "go\n")
         self.proc.stdin.flush()
         self.started = time.monotonic()
 
@@ -247,8 +249,9 @@ class CrashLoop:
                 self.producer.step(CHECKPOINT_EVERY // 2)
                 self.producer.checkpoint()  # the newest checkpoint has a tail: it is due
                 before = manifest_keys(self.store)
-                daemon.go()
-                phase = self.drive(daemon, before)
+                mode, delay = self.pick(n)
+                daemon.go(hold_tables=mode == "partial")
+                phase = self.drive(daemon, before, mode, delay)
                 self.stats.kill_phases.append(phase)
             finally:
                 daemon.finish()
@@ -259,8 +262,12 @@ class CrashLoop:
         self.stats.seconds = time.monotonic() - t0
         return self.stats
 
-    def drive(self, daemon: Daemon, before: set[str]) -> str:
-        """Let the producer work while the daemon runs; kill it at a random point."""
+    def pick(self, n: int) -> tuple[str, float]:
+        """When to kill daemon ``n``: at a random point, except that every ``PARTIAL_EVERY``-th
+        one stops between its table files and its manifest (``partial``) and is killed there,
+        so that partial materializations are left behind whatever the machine's timing."""
+        if n % PARTIAL_EVERY == 1:
+            return "partial", 0.0
         r = self.rng.random()
         mode = "startup" if r < 0.12 else "published" if r < 0.32 else "materializing"
         delay = (
@@ -268,6 +275,10 @@ class CrashLoop:
             else self.rng.uniform(0.0, 0.03) if mode == "published"
             else self.rng.uniform(0.0, 0.8 * self.mat_seconds)
         )
+        return mode, delay
+
+    def drive(self, daemon: Daemon, before: set[str], mode: str, delay: float) -> str:
+        """Let the producer work while the daemon runs; kill it as ``mode`` and ``delay`` say."""
         assert daemon.started is not None
         killer = threading.Thread(target=self.killer, args=(daemon, mode, delay, before), daemon=True)
         killer.start()
@@ -295,7 +306,7 @@ class CrashLoop:
             return "after-publish"
         if daemon.seen("materializing checkpoint") is not None:
             st.kills_materializing += 1
-            return "materializing"
+            return "partial" if daemon.seen("TABLES WRITTEN") is not None else "materializing"
         if daemon.seen("acquired generation") is not None:
             st.kills_with_lease += 1
             return "with-lease"
@@ -311,6 +322,8 @@ class CrashLoop:
             while start is None and daemon.alive():
                 if mode == "materializing":
                     start = daemon.seen("materializing checkpoint")
+                elif mode == "partial":
+                    start = daemon.seen("TABLES WRITTEN")
                 elif store is not None and manifest_keys(store) - before:
                     start = time.monotonic()
                 time.sleep(0.002)
@@ -438,9 +451,11 @@ def test_materializer_sigkill_loop_file(tmp_path: Path, store: str, kills: int, 
     stats = run_loop((tmp_path / "root").as_uri(), {}, tmp_path, kills, seed=seed, disk=store == "disk")
     check_stats(stats, kills)
     if store == "memory":
-        # which phases the kills hit depends on timing: the short loop needs one partial
-        # materialization, the long one two
-        assert stats.kills_after_publish >= 1 and stats.partial_materializations >= (2 if LONG_LOOPS else 1), stats
+        # every PARTIAL_EVERY-th daemon is killed between its tables and its manifest
+        partial_kills = stats.kill_phases.count("partial")
+        assert partial_kills >= len(range(1, kills, PARTIAL_EVERY)), stats
+        assert stats.partial_materializations >= partial_kills, stats
+        assert stats.kills_after_publish >= 1, stats
 
 
 @pytest.mark.slow
