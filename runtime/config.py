@@ -203,6 +203,10 @@ class JobConfig(Options):
                                           _check_log_level)
     materializer: MaterializerOptions | None = option(None, "options of a background materializer run by the "
                                                       "job master (None: none runs)", _check_materializer)
+    materialize_before_final: bool = option(True, "with a materializer: once every source finished, materialize "
+                                            "the state before the final checkpoint, so that it builds on "
+                                            "Parquet tables (runtime/cluster/final_materialization.py)",
+                                            check_bool)
     state_backend: str = option(CHANGELOG, '"changelog" (statelog) or the name of snapshot_strategy '
                                 '(docs/runtime.md, "State backends")', check_state_backend)
     snapshot_strategy: SnapshotStrategy | None = option(None, "how keyed state is checkpointed without the "

@@ -89,6 +89,9 @@ class CheckpointCoordinator:
         self.failed_in_row = 0
         self.failed_total = 0
         self.want_final = False
+        # asked (while none is pending) before the final checkpoint is triggered; until it says
+        # yes, checkpoints go on as usual (runtime/cluster/final_materialization.py)
+        self.final_gate: Callable[[], bool] | None = None
         self.suspended = False  # no new checkpoints (stop with savepoint)
         self.final_completed: int | None = None
         now = time.monotonic()
@@ -110,8 +113,11 @@ class CheckpointCoordinator:
         p = self.pending
         if p is not None and now - p.started > self.timeout_s:
             self._fail(p, f"not completed within {self.timeout_s}s (waiting for tasks {sorted(p.waiting)})")
-        if self.pending is None and not self.suspended and (self.want_final or now >= self.next_trigger):
-            self._trigger(now, final=self.want_final)
+        if self.pending is None and not self.suspended:
+            due = self.next_trigger
+            final = self.want_final and (self.final_gate is None or self.final_gate())
+            if final or now >= self.next_trigger or self.next_trigger < due:  # the gate may ask for one
+                self._trigger(now, final=final)
 
     def trigger_soon(self) -> None:
         """Trigger the next checkpoint as soon as none is in flight (e.g. for a savepoint)."""
@@ -122,7 +128,7 @@ class CheckpointCoordinator:
         if self.pending is not None:
             t = min(t, self.pending.started + self.timeout_s)
         if self.want_final and self.pending is None:
-            t = now
+            t = now if self.final_gate is None else min(t, now + 0.05)
         return max(0.0, t - now)
 
     def _trigger(self, now: float, final: bool) -> None:

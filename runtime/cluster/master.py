@@ -37,6 +37,7 @@ import cloudpickle
 from materializer import BackgroundMaterializer, start_background
 from runtime.cluster.control import WorkerControl
 from runtime.cluster.coordinator import CheckpointCoordinator
+from runtime.cluster.final_materialization import FinalMaterialization
 from runtime.cluster.launcher import Launcher, LocalLauncher, WorkerProc
 from runtime.cluster.metrics import JobMetrics
 from runtime.cluster.restart import RestartStrategy
@@ -349,6 +350,11 @@ class JobMaster(WorkerControl):
             previous=meta,
             max_inflight_bytes=cfg.max_inflight_bytes,
         )
+        if self._materializer is not None and cfg.materialize_before_final:
+            self.coordinator.final_gate = FinalMaterialization(
+                self._materializer, self.coordinator, self._latest_completed, self._broadcast,
+                timeout_s=cfg.checkpoint_timeout_s,
+            ).ready
         if self._finished >= self.source_task_keys:
             self.coordinator.request_final()
         if self.savepoints.stopping():

@@ -96,6 +96,7 @@ class Worker:
         self._async: dict[int, list[PendingSnapshot]] = {}
         self._async_lock = threading.Lock()
         self._inflight = 0  # asynchronous parts not finished (pending.result() may still run)
+        self._adopt_now = False  # adopt the newest materialization at the next chance ("adopt")
         self.strategy_bytes = 0  # written by the job's snapshot strategy (JobConfig.snapshot_strategy)
         self.pool = cf.ThreadPoolExecutor(2, thread_name_prefix="snapshot")
         self._errors: deque[str] = deque()
@@ -218,11 +219,12 @@ class Worker:
                 now_ms = int(time.time() * 1000)
                 for t in self.tasks:
                     t.on_processing_time(now_ms)
-            if now >= next_adopt and not self._inflight:
+            if (now >= next_adopt or self._adopt_now) and not self._inflight:
                 # never while an asynchronous part runs: adoption forgets the changelog segments
                 # the new base covers, which a pending snapshot's handle may still list
                 next_adopt = now + ADOPT_EVERY_S
-                self.job.adopt_latest_materialization()
+                self.job.adopt_latest_materialization(max_age_s=0.0 if self._adopt_now else None)
+                self._adopt_now = False
             if not progressed:
                 wake.wait(IDLE_WAIT_S)
 
@@ -236,6 +238,11 @@ class Worker:
             for t in self.tasks:
                 if t.source is not None:
                     t.checkpoint(cid)
+        elif kind == "adopt":  # before the final checkpoint: build on the newest materialization now
+            if self._inflight:
+                self._adopt_now = True
+            else:
+                self.job.adopt_latest_materialization(max_age_s=0.0)
         elif kind == "complete":
             cid = msg[1]
             for t in self.tasks:

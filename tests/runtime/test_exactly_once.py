@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import statelog
 from runtime import (
     CollectSink,
@@ -22,6 +24,7 @@ from runtime import (
 )
 from runtime.network import inflight
 from statelog import layout
+from statelog.layout import parse_manifest_key
 from tests.support import jobs
 from tests.support.chaos import kill_workers
 from tests.support.jobs import make_env
@@ -138,6 +141,29 @@ def test_union_and_chained_stateless_operators(file_root: RootSpec, tmp_path: Pa
         for u, s, cnt in jobs.golden_windows(n, splits=splits):
             c[(u, s)] += 2 * cnt
     assert sorted(read_committed(tmp_path / "out")) == sorted([u, s, n] for (u, s), n in c.items())
+
+
+@pytest.mark.parametrize("before_final", [True, False], ids=["before-final", "off"])
+def test_a_finished_job_ends_on_a_materialization_of_all_its_input(
+    file_root: RootSpec, tmp_path: Path, before_final: bool
+) -> None:
+    """The master's materializer (which would not run again for an hour on its own) materializes
+    a checkpoint that covers all input before the final checkpoint, which builds on it."""
+    env = make_env(file_root, materializer={"interval_s": 3600.0}, materialize_before_final=before_final,
+                   retain_checkpoints=1000)
+    jobs.build_clicks(env, tmp_path / "windows", 2000)
+    result = env.execute("final-materialization", timeout_s=120)
+    assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(2000)
+    with statelog.open(file_root.url, create=False) as job:
+        final = job.load_checkpoint(result.final_checkpoint)
+        if not before_final:
+            assert final.manifest_keys() == set()
+            return
+        (key,) = final.manifest_keys()  # every subtask of every operator builds on it
+        materialized = job.load_checkpoint(parse_manifest_key(key)[1])
+    # the materialized checkpoint had read every record: the final one adds no source progress
+    assert materialized.sources == final.sources, (materialized.sources, final.sources)
+    assert materialized.checkpoint_id < final.checkpoint_id
 
 
 def test_kills_with_the_materializer_in_the_background(file_root: RootSpec, tmp_path: Path) -> None:
