@@ -54,6 +54,8 @@ def test_clickstream_demo_kills_a_worker_and_verifies_exactly_once(demo: dict[st
         assert out["records"] == out["expected"] > 0
         assert out["duplicates"] == out["missing"] == out["unexpected"] == 0
     assert r["manifests"], "the background materializer published nothing"
+    # the finished job ends on a materialization (materialize_before_final)
+    assert r["final_checkpoint_materialization"], r["manifests"]
     sql = r["spark_sql"]["checkpoints"]
     assert len(sql) == 2 and all(c["passed"] for c in sql.values())
     early, final = (sql[str(r["kill"]["after_checkpoint"])], sql[str(r["final_checkpoint"])])
