@@ -336,24 +336,14 @@ class JobMaster(WorkerControl):
             if time.monotonic() > deadline:
                 raise WorkerLostError(f"workers did not deploy within {START_TIMEOUT_S}s")
         self.coordinator = CheckpointCoordinator(
-            self.job,
-            set(self.task_keys),
-            interval_s=cfg.checkpoint_interval_s,
-            timeout_s=cfg.checkpoint_timeout_s,
-            tolerable_failures=cfg.tolerable_failed_checkpoints,
-            first_id=self.next_id,
-            broadcast=self._broadcast,
-            on_complete=self._on_complete,
-            attempt=self.attempt,
-            state_backend=cfg.state_backend,
-            mode=cfg.mode.value,
-            previous=meta,
-            max_inflight_bytes=cfg.max_inflight_bytes,
-        )
+            self.job, set(self.task_keys), interval_s=cfg.checkpoint_interval_s, timeout_s=cfg.checkpoint_timeout_s,
+            tolerable_failures=cfg.tolerable_failed_checkpoints, first_id=self.next_id, broadcast=self._broadcast,
+            on_complete=self._on_complete, attempt=self.attempt, state_backend=cfg.state_backend,
+            mode=cfg.mode.value, previous=meta, max_inflight_bytes=cfg.max_inflight_bytes,
+        )  # fmt: skip
         if self._materializer is not None and cfg.materialize_before_final:
             self.coordinator.final_gate = FinalMaterialization(
-                self._materializer, self.coordinator, self._latest_completed, self._broadcast,
-                timeout_s=cfg.checkpoint_timeout_s,
+                self._materializer, self.coordinator, self._latest_completed, self._broadcast, cfg.checkpoint_timeout_s
             ).ready
         if self._finished >= self.source_task_keys:
             self.coordinator.request_final()
