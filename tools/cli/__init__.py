@@ -70,6 +70,19 @@ class CommandParser(argparse.ArgumentParser):
         return super().format_help()
 
 
+class VersionAction(argparse.Action):
+    """``--version``: prints ``statelog VERSION`` and exits; the version is read from the
+    package metadata (``importlib.metadata``, some 20 ms) only when the option is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        parser._print_message(f"{parser.prog} {statelog.__version__}\n", sys.stdout)
+        parser.exit()
+
+
 def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
     """The ``statelog`` parser. ``lazy``: a command's own arguments are added (and its module
     imported) when that command is parsed or its help printed, as :func:`main` does; else
@@ -95,7 +108,7 @@ def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
         description="Inspect, verify and maintain statelog job roots.",
         epilog="exit codes: 0 ok, 1 verify found faults, 2 usage or statelog error",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {statelog.__version__}")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("-v", "--verbose", action="count", default=0, help=verbose_help)
     parser.add_argument(
         "--store-option", action="append", default=[], type=StoreOptionArg, metavar="KEY=VALUE",
