@@ -1,8 +1,8 @@
 """State descriptors: the name, kind, value type and TTL of a keyed state.
 
 Descriptors are what an operator declares; the backend creates the state from them and
-records their description (:class:`StateInfo`, ``StateInfo.to_json``) in every checkpoint, so
-tools can read the state without the operator's code.
+records their description (:class:`~statelog.state_info.StateInfo`, ``StateInfo.to_json``) in
+every checkpoint, so tools can read the state without the operator's code.
 """
 
 from __future__ import annotations
@@ -10,55 +10,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
-from statelog.errors import ConfigError, CorruptionError
-from statelog.types import PICKLE, ValueType, check_value_type, type_from_json, type_to_json
+from statelog.errors import ConfigError
+from statelog.state_info import StateInfo, StateKind, TtlConfig
+from statelog.state_info import TtlUpdate as TtlUpdate
+from statelog.types import PICKLE, ValueType, check_value_type, type_to_json
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}$")
-
-
-class StateKind(StrEnum):
-    VALUE = "value"
-    LIST = "list"
-    MAP = "map"
-    REDUCING = "reducing"
-    AGGREGATING = "aggregating"
-
-
-class TtlUpdate(StrEnum):
-    ON_CREATE_AND_WRITE = "on_create_and_write"
-    ON_READ_AND_WRITE = "on_read_and_write"
-
-
-@dataclass(frozen=True)
-class TtlConfig:
-    """Time-to-live of state entries, in milliseconds of the backend's clock.
-
-    Expired entries are never returned; they are dropped lazily when read (a restore keeps
-    them with their expiry, so they stay invisible).
-    ``update`` decides whether reads refresh the expiry (``on_read_and_write``).
-    """
-
-    ttl_ms: int
-    update: TtlUpdate = TtlUpdate.ON_CREATE_AND_WRITE
-
-    def __post_init__(self) -> None:
-        if type(self.ttl_ms) is not int or self.ttl_ms <= 0:
-            raise ConfigError(f"TtlConfig.ttl_ms must be a positive int (milliseconds), got {self.ttl_ms!r}")
-        object.__setattr__(self, "update", TtlUpdate(self.update))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ttl_ms": self.ttl_ms, "update": self.update.value}
-
-    @staticmethod
-    def from_json(obj: Any) -> TtlConfig | None:
-        if obj is None:
-            return None
-        return TtlConfig(int(obj["ttl_ms"]), TtlUpdate(obj["update"]))
 
 
 def check_state_name(name: Any) -> str:
@@ -183,43 +144,3 @@ class AggregatingStateDescriptor(StateDescriptor, Generic[IN, ACC, OUT]):
                 f"aggregating state {self.name!r} needs an aggregate function with "
                 "create_accumulator(), add(value, acc) and get_result(acc)"
             )
-
-
-@dataclass(frozen=True)
-class StateInfo:
-    """The stored description of a state (from checkpoint metadata), without user code."""
-
-    name: str
-    kind: StateKind
-    value_type: ValueType
-    user_key_type: ValueType | None
-    ttl: TtlConfig | None
-
-    @staticmethod
-    def from_descriptor(d: StateDescriptor) -> StateInfo:
-        return StateInfo(d.name, d.kind, d.value_type, d.user_key_type, d.ttl)
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "name": self.name,
-            "kind": self.kind.value,
-            "value_type": type_to_json(self.value_type),
-            "ttl": None if self.ttl is None else self.ttl.to_json(),
-        }
-        if self.user_key_type is not None:
-            out["user_key_type"] = type_to_json(self.user_key_type)
-        return out
-
-    @staticmethod
-    def from_json(obj: Any) -> StateInfo:
-        try:
-            ukt = obj.get("user_key_type")
-            return StateInfo(
-                name=obj["name"],
-                kind=StateKind(obj["kind"]),
-                value_type=type_from_json(obj["value_type"]),
-                user_key_type=None if ukt is None else type_from_json(ukt),
-                ttl=TtlConfig.from_json(obj.get("ttl")),
-            )
-        except (KeyError, ValueError, TypeError, AttributeError) as e:
-            raise CorruptionError(f"invalid state description {obj!r}: {e}") from None

@@ -1,4 +1,4 @@
-"""Segment encoding: the bytes of one changelog segment object, and references to segments.
+"""Segment encoding: the bytes of one changelog segment object.
 
 :func:`encode_segment` is the writer's half of the segment format (``docs/format.md``
 section 4); :class:`~statelog.changelog.reader.SegmentReader` is the reader's half and
@@ -10,29 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from statelog.changelog import format as fmt
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch, split_by_key_group
-
-
-@dataclass(frozen=True)
-class SegmentRef:
-    """One segment holding records ``[start, end)`` of a stream (``bytes`` of its blocks)."""
-
-    name: str
-    size: int
-    start: int
-    end: int
-    bytes: int
-
-    def to_json(self) -> list[Any]:
-        return [self.name, self.size, self.start, self.end, self.bytes]
-
-    @staticmethod
-    def from_json(v: Any) -> SegmentRef:
-        name, size, start, end, nbytes = v
-        return SegmentRef(str(name), int(size), int(start), int(end), int(nbytes))
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import pyarrow as pa
 from statelog.changelog import records
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import OVERWRITING_OPS, Op
-from statelog.changelog.segment import SegmentRef
+from statelog.changelog.segment_ref import SegmentRef
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import StatelogError, WriterFailedError
 

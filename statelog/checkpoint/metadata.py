@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statelog import envelope
-from statelog.changelog.segment import SegmentRef
-from statelog.descriptors import StateInfo
+from statelog.changelog.segment_ref import SegmentRef
 from statelog.errors import CorruptionError, SerializationError
 from statelog.keys.groups import KeyGroupRange
+from statelog.state_info import StateInfo
 
 CHECKPOINT_FORMAT = "statelog.checkpoint"
 CHECKPOINT_VERSION = 2

@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from statelog.changelog.ops import op_label
 from statelog.changelog.reader import SegmentReader
-from statelog.changelog.segment import SegmentRef
+from statelog.changelog.segment_ref import SegmentRef
 from statelog.checkpoint.metadata import CheckpointMetadata, OperatorState
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import CheckpointNotFoundError, ConfigError

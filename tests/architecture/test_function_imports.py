@@ -41,6 +41,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("runtime.cluster.spark", "pyspark"): "the spark extra: cluster='spark' only; local jobs run without PySpark",
     # start-up time: a heavy import only the command that uses it pays
     ("tools.cli.ui", "tools.dashboard.page"): "start-up time: plotly only for `ui`",
+    ("statelog.state_info", "statelog.types"): "start-up time: metadata is read without pyarrow, a state's "
+                                                "value types are decoded when first used",
+    ("tools.cli.checkpoint_json", "statelog.types"): "start-up time: `checkpoints list` prints no value types",
 }
 
 

@@ -1,5 +1,6 @@
 """Start-up stays light: ``import statelog`` and ``statelog --help`` load none of the heavy
-optional dependencies (docs/performance.md, "Start-up").
+optional dependencies (docs/performance.md, "Start-up"); ``statelog --help`` and ``statelog
+checkpoints list`` on a file root load no pyarrow and nothing of the materializer.
 
 Each check runs in a fresh interpreter and reads ``sys.modules`` after the import or the
 ``--help``: the package exports its names lazily (PEP 562) and the CLI imports what a
@@ -13,16 +14,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 # top-level modules a start-up must not import: DataFrames, SQL, charts, RocksDB, S3, Spark
 HEAVY = ("pandas", "duckdb", "plotly", "rocksdict", "minio", "pyspark")
+# what `statelog --help` and `statelog checkpoints list` on a file:// root must not import
+# either: Arrow (and NumPy), the materializer and its metrics, the compression of segments;
+# `--help` also not rich (the tables of the commands)
+CLI_HEAVY = (*HEAVY, "pyarrow", "numpy", "materializer", "prometheus_client", "zstandard")
 
 
-def _heavy_modules_after(code: str) -> list[str]:
+def _heavy_modules_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
     probe = code + (
         "\nimport json, sys\n"
-        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(heavy)!r}))))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -67,6 +74,35 @@ def test_cli_help_loads_no_heavy_dependency() -> None:
         "    assert tools.cli.main(['--help']) == 0\n"
     )
     assert _heavy_modules_after(code) == []
+
+
+def _cli_main(argv: list[str]) -> str:
+    """Code that runs ``tools.cli.main(argv)`` (the console script without its exit) and checks its exit code."""
+    return (
+        "import contextlib, io\n"
+        "import tools.cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    assert tools.cli.main({argv!r}) == 0\n"
+        "assert out.getvalue(), 'the command printed nothing'\n"
+    )
+
+
+def test_cli_help_loads_no_command_module() -> None:
+    """``statelog --help`` imports no command's dependencies: the parser names them only."""
+    assert _heavy_modules_after(_cli_main(["--help"]), (*CLI_HEAVY, "rich")) == []
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]], ids=["table", "json"])
+def test_checkpoints_list_on_a_file_root_loads_no_arrow(tmp_path: Path, json_flag: list[str]) -> None:
+    """``checkpoints list`` reads checkpoint metadata (JSON) from a file store: no pyarrow
+    (a state's value types are decoded when first used), no materializer, no minio."""
+    url = (tmp_path / "root").as_uri()
+    make = f"import bench.startup\nbench.startup.make_list_root({url!r}, 10)\n"
+    out = subprocess.run([sys.executable, "-c", make], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    code = _cli_main(["checkpoints", "list", url, *json_flag]) + "assert 'counts' in out.getvalue()\n"
+    assert _heavy_modules_after(code, CLI_HEAVY) == []
 
 
 def test_state_job_in_memory_loads_no_heavy_dependency() -> None:

@@ -2,12 +2,15 @@
 
 A thin shell over the library: commands compute plain data (dicts, lists, a
 :class:`VerifyReport`) and :mod:`tools.cli.output` prints it as ``rich`` tables or JSON
-(``--json`` on every command). This module builds the parser and runs a command; each
-command group is a module that registers its parsers: :mod:`tools.cli.checkpoints`
+(``--json`` on every command). This module builds the parser from the command table of
+:mod:`tools.cli.commands` and runs a command; each command group is a module with the
+commands' handlers and their arguments: :mod:`tools.cli.checkpoints`
 (``checkpoints list|show``), :mod:`tools.cli.materializer` (``materializer run|status``),
 :mod:`tools.cli.maintenance` (``gc``, ``savepoint create|list|delete``, ``verify``),
 :mod:`tools.cli.spark` (``sql``, ``inspect``, ``restore``; ``--engine spark`` and ``restore``
-need the ``spark`` extra) and :mod:`tools.cli.ui` (``ui``, the dashboard).
+need the ``spark`` extra) and :mod:`tools.cli.ui` (``ui``, the dashboard). Only the module of
+the command that runs is imported (see :mod:`tools.cli.commands`), so ``statelog --help`` and
+``checkpoints list`` start without the dependencies of the other commands.
 The inspection commands open a root read-only, so a mistyped root is reported, never
 created; the maintenance commands write only what they are for.
 
@@ -29,7 +32,8 @@ from typing import Any, NoReturn
 
 import statelog
 from statelog.errors import StatelogError
-from tools.cli import checkpoints, maintenance, materializer, output, spark, ui
+from tools.cli.commands import COMMANDS, Command, load
+from tools.cli.stderr import error, log_to_stderr
 from tools.roots import StoreOptionArg, parse_store_options
 
 log = logging.getLogger("tools.cli")
@@ -40,7 +44,49 @@ EXIT_FLUSH_FAILED = 120  # what CPython exits with when stdout or stderr cannot 
 # -- command line --------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+class CommandParser(argparse.ArgumentParser):
+    """A parser whose command adds its own arguments (``arguments``, ``"module:function"``)
+    when it is first used: parsed, or its help or usage printed."""
+
+    def __init__(self, *args: Any, arguments: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+
+    def declare(self) -> None:
+        if self._arguments is not None:
+            spec, self._arguments = self._arguments, None
+            load(spec)(self)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.declare()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self.declare()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.declare()
+        return super().format_help()
+
+
+class VersionAction(argparse.Action):
+    """``--version``: prints ``statelog VERSION`` and exits; the version is read from the
+    package metadata (``importlib.metadata``, some 20 ms) only when the option is given."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str = "show program's version number and exit") -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        parser._print_message(f"{parser.prog} {statelog.__version__}\n", sys.stdout)
+        parser.exit()
+
+
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``statelog`` parser. ``lazy``: a command's own arguments are added (and its module
+    imported) when that command is parsed or its help printed, as :func:`main` does; else
+    every command's arguments are added here (the whole parser, e.g. to document it)."""
     verbose_help = "log progress (-v) or debug details (-vv) to stderr"
     option_help = "store option for open_store, repeatable (e.g. endpoint=http://host:8333)"
     # Global options are accepted before and after the command (separate dests, merged in main).
@@ -57,51 +103,53 @@ def build_parser() -> argparse.ArgumentParser:
         dest="store_option_sub",
         help=option_help,
     )
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="statelog",
         description="Inspect, verify and maintain statelog job roots.",
         epilog="exit codes: 0 ok, 1 verify found faults, 2 usage or statelog error",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {statelog.__version__}")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("-v", "--verbose", action="count", default=0, help=verbose_help)
     parser.add_argument(
         "--store-option", action="append", default=[], type=StoreOptionArg, metavar="KEY=VALUE",
         help=option_help,
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(group: Any, name: str, handler: Any, text: str) -> argparse.ArgumentParser:
-        p = group.add_parser(name, parents=[common], help=text, description=text)
+    def add(group: Any, cmd: Command) -> None:
+        if cmd.subcommands:
+            p = group.add_parser(cmd.name, help=cmd.help, description=cmd.description)
+            sub = p.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+            for c in cmd.subcommands:
+                add(sub, c)
+            return
+        p = group.add_parser(cmd.name, parents=[common], help=cmd.help, description=cmd.help, arguments=cmd.arguments)
         p.add_argument("root", metavar="ROOT", help="job root: file:///path or s3://bucket/prefix")
         p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-        p.set_defaults(handler=handler)
-        return p
+        p.set_defaults(handler=cmd.handler)
+        if not lazy:
+            p.declare()
 
-    # command groups in their own modules: register(commands, command) adds their parsers
-    checkpoints.register(commands, command)
-    materializer.register(commands, command)
-    maintenance.register(commands, command)
-    spark.register(commands, command)
-    ui.register(commands, command)
-    maintenance.register_verify(commands, command)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in COMMANDS:
+        add(commands, cmd)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 verify faults, 2 errors)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(lazy=True).parse_args(argv)
     except SystemExit as e:  # --help, --version or a usage error (already printed)
         return e.code if isinstance(e.code, int) else EXIT_ERROR
-    with output.log_to_stderr(args.verbose + args.verbose_sub):
+    with log_to_stderr(args.verbose + args.verbose_sub):
         try:
             options = parse_store_options([*args.store_option, *args.store_option_sub])
-            return int(args.handler(args, options))
+            return int(load(args.handler)(args, options))
         except StatelogError as e:
-            output.error(str(e))
+            error(str(e))
             return EXIT_ERROR
         except KeyboardInterrupt:
-            output.error("interrupted")
+            error("interrupted")
             return 130
 
 

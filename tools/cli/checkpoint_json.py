@@ -8,18 +8,20 @@ are printed from the same dicts, so both show the same facts.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata, OperatorState
-from statelog.descriptors import StateInfo
 from statelog.layout import (
     checkpoint_key,
     parse_manifest_key,
     parse_savepoint_manifest_key,
     savepoint_metadata_key,
 )
-from statelog.types import PICKLE, ValueType
+from statelog.state_info import StateInfo
 from tools.cli.output import iso_utc
+
+if TYPE_CHECKING:
+    from statelog.types import ValueType
 
 INTERNAL_PREFIX = "__"  # internal states (timers) are not listed among the user states
 
@@ -27,6 +29,8 @@ INTERNAL_PREFIX = "__"  # internal states (timers) are not listed among the user
 def type_name(value_type: ValueType | None) -> str | None:
     if value_type is None:
         return None
+    from statelog.types import PICKLE
+
     return "pickle" if value_type is PICKLE else str(value_type)
 
 

@@ -26,12 +26,8 @@ log = logging.getLogger("tools.cli")
 EXIT_OK = 0
 
 
-def register(commands: Any, command: Any) -> None:
-    """Add ``checkpoints list`` and ``checkpoints show`` (``command(group, name, handler, help)``)."""
-    chk = commands.add_parser("checkpoints", help="list and show retained checkpoints")
-    chk_cmds = chk.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
-    command(chk_cmds, "list", cmd_list, "list the retained checkpoints")
-    show = command(chk_cmds, "show", cmd_show, "show one checkpoint in detail")
+def declare_show(show: argparse.ArgumentParser) -> None:
+    """The arguments of ``checkpoints show`` (its commands are in :mod:`tools.cli.commands`)."""
     show.add_argument("checkpoint", metavar="ID", help="checkpoint id, 'latest' or 'savepoint:NAME'")
 
 

@@ -48,48 +48,30 @@ def parse_duration(text: str, option: str = "duration") -> float:
         raise ConfigError(f"{option}: {e}") from None
 
 
-# -- commands ------------------------------------------------------------------------------------
+# -- commands: their arguments (their names and help texts are in tools.cli.commands) ----------
 
 
-def register(commands: Any, command: Any) -> None:
-    """Add the ``gc`` and ``savepoint`` commands (``command(group, name, handler, help)``)."""
-    gc = command(
-        commands,
-        "gc",
-        cmd_gc,
-        "delete checkpoint metadata beyond --retain and every object no retained checkpoint, "
-        "savepoint or recent materialization needs (older than --grace)",
-    )
+def declare_gc(gc: argparse.ArgumentParser) -> None:
     gc.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
     gc.add_argument("--retain", metavar="N", default=None,
                     help="also delete the metadata of all but the newest N checkpoints (default: keep all)")
     gc.add_argument("--grace", metavar="DURATION", default="10m",
                     help="delete unreferenced objects only when older than this (default 10m; e.g. 30s, 1h, 0)")
-    group = commands.add_parser(
-        "savepoint",
-        help="create, list and delete savepoints",
-        description="Savepoints: self-contained images of a checkpoint that GC never deletes.",
-    )
-    sub = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
-    create = command(sub, "create", cmd_savepoint_create, "write a savepoint of a retained checkpoint")
+
+
+def declare_savepoint_create(create: argparse.ArgumentParser) -> None:
     create.add_argument("--checkpoint", metavar="ID", required=True, help="checkpoint id, or 'latest'")
     create.add_argument("--name", metavar="NAME", required=True,
                         help="savepoint name: letters, digits, '.', '_', '-' (at most 100)")
-    command(sub, "list", cmd_savepoint_list, "list the savepoints")
-    delete = command(sub, "delete", cmd_savepoint_delete, "delete a savepoint (metadata first, then its files)")
+
+
+def declare_savepoint_delete(delete: argparse.ArgumentParser) -> None:
     delete.add_argument("name", metavar="NAME", help="the savepoint to delete")
     delete.add_argument("--force", action="store_true",
                         help="delete even if retained checkpoints still build on the savepoint's files")
 
 
-def register_verify(commands: Any, command: Any) -> None:
-    """Add the ``verify`` command (``command(group, name, handler, help)``)."""
-    verify = command(
-        commands,
-        "verify",
-        cmd_verify,
-        "read and check every object the retained checkpoints reference",
-    )
+def declare_verify(verify: argparse.ArgumentParser) -> None:
     verify.add_argument("--checkpoint", metavar="ID", help="verify only this checkpoint")
 
 

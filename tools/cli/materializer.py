@@ -106,23 +106,10 @@ def _add_run_flags(run: argparse.ArgumentParser) -> None:
 # -- commands ------------------------------------------------------------------------------------
 
 
-def register(commands: Any, command: Any) -> None:
-    """Add the ``materializer`` command group (``command(group, name, handler, help)``)."""
-    group = commands.add_parser(
-        "materializer",
-        help="run the materializer daemon, show its status",
-        description="Materialize completed checkpoints into Parquet state tables and collect garbage.",
-    )
-    sub = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
-    run = command(
-        sub,
-        "run",
-        cmd_run,
-        "run the materializer daemon on ROOT until SIGTERM/SIGINT (or one cycle with --once)",
-    )
+def declare_run(run: argparse.ArgumentParser) -> None:
+    """The arguments of ``materializer run`` (its commands are in :mod:`tools.cli.commands`)."""
     run.add_argument("--once", action="store_true", help="run one cycle and exit")
     _add_run_flags(run)
-    command(sub, "status", cmd_status, "show the lease holder and the newest materialization of ROOT")
 
 
 @contextlib.contextmanager

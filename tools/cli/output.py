@@ -1,19 +1,17 @@
-"""How the CLI prints: ``rich`` tables that fit any width, JSON, the error line, logging.
+"""How the CLI prints its results: ``rich`` tables that fit any width, and JSON.
 
 Every command renders its results with these: :func:`_table` and :func:`_row` (tables of
 :mod:`tools.cli.widths`, cells as plain text, never ``rich`` markup: values come from the
-store), :func:`_console` (standard output), :func:`_json` (``--json``), :func:`error` (the
-one line on stderr) and :func:`log_to_stderr` (``-v``); :func:`human_bytes` and
-:func:`iso_utc` format sizes and times alike everywhere.
+store), :func:`_console` (standard output) and :func:`_json` (``--json``); :func:`human_bytes`
+and :func:`iso_utc` format sizes and times alike everywhere. The error line and ``-v``
+logging are :mod:`tools.cli.stderr`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,33 +61,3 @@ def _table(title: str | None, *columns: str, right: Sequence[str] = ()) -> Table
 
 def _row(table: Table, *cells: Any) -> None:
     table.add_row(*(Text(NONE if c is None else str(c)) for c in cells))
-
-
-@contextlib.contextmanager
-def log_to_stderr(verbosity: int) -> Iterator[None]:
-    """Send the log records of statelog, the materializer, the runtime and the tools to stderr.
-
-    The warning per retry of a store call (``statelog.store.retry``) only with ``-v``: without
-    it, a store that cannot be reached is the one error line after the last attempt."""
-    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    loggers = [logging.getLogger(n) for n in ("statelog", "tools", "materializer", "runtime", "statelog.store.retry")]
-    saved = [lg.level for lg in loggers]
-    logging.getLogger().addHandler(handler)
-    for lg in loggers:
-        lg.setLevel(level)
-    if verbosity <= 0:
-        logging.getLogger("statelog.store.retry").setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logging.getLogger().removeHandler(handler)
-        for lg, lvl in zip(loggers, saved, strict=True):
-            lg.setLevel(lvl)
-
-
-def error(message: str) -> None:
-    """One line on stderr, no traceback."""
-    sys.stderr.write(f"statelog: error: {message}\n")
-    sys.stderr.flush()

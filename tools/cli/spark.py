@@ -53,14 +53,12 @@ ENGINES = ("duckdb", "spark")
 # -- commands ------------------------------------------------------------------------------------
 
 
-def register(commands: Any, command: Any) -> None:
-    """Add ``sql``, ``inspect`` and ``restore`` (``command(group, name, handler, help)``)."""
-    master_help = "Spark master (default: $STATELOG_SPARK_MASTER or local[*])"
-    engine_help = ("duckdb (default: in-process) or spark (a SparkSession; --master alone selects it)")
-    sql = command(commands, "sql", cmd_sql,
-                  "run a read-only SQL query over the state of a checkpoint: one view per operator state "
-                  "(<operator>__<state>), its change feed (<operator>__<state>__changes, with --changes-from) "
-                  "and statelog_<table> views of the metadata")
+# the arguments of the commands (their names and help texts are in tools.cli.commands)
+_MASTER_HELP = "Spark master (default: $STATELOG_SPARK_MASTER or local[*])"
+_ENGINE_HELP = "duckdb (default: in-process) or spark (a SparkSession; --master alone selects it)"
+
+
+def declare_sql(sql: argparse.ArgumentParser) -> None:
     sql.add_argument("query", metavar="QUERY", help='e.g. "SELECT key, value FROM counter__count LIMIT 10"')
     sql.add_argument("--checkpoint", default="latest", metavar="ID",
                      help="checkpoint id, latest (default) or savepoint:NAME")
@@ -71,17 +69,19 @@ def register(commands: Any, command: Any) -> None:
     sql.add_argument("--changes-from", metavar="ID", default=None,
                      help="add a change feed view <view>__changes per state: the changes after checkpoint ID "
                           "up to --checkpoint")
-    sql.add_argument("--engine", choices=ENGINES, default=None, help=engine_help)
-    sql.add_argument("--master", default=None, help=master_help)
-    inspect = command(commands, "inspect", cmd_inspect,
-                      "summarize a checkpoint's operators and states with their row counts")
+    sql.add_argument("--engine", choices=ENGINES, default=None, help=_ENGINE_HELP)
+    sql.add_argument("--master", default=None, help=_MASTER_HELP)
+
+
+def declare_inspect(inspect: argparse.ArgumentParser) -> None:
     inspect.add_argument("--checkpoint", default="latest", metavar="ID",
                          help="checkpoint id, latest (default) or savepoint:NAME")
     inspect.add_argument("--no-count", action="store_true", help="skip the row counts (reads only metadata)")
-    inspect.add_argument("--engine", choices=ENGINES, default=None, help=engine_help)
-    inspect.add_argument("--master", default=None, help=master_help)
-    restore = command(commands, "restore", cmd_restore,
-                      "restore a checkpoint with Spark into a savepoint laid out for a new parallelism")
+    inspect.add_argument("--engine", choices=ENGINES, default=None, help=_ENGINE_HELP)
+    inspect.add_argument("--master", default=None, help=_MASTER_HELP)
+
+
+def declare_restore(restore: argparse.ArgumentParser) -> None:
     restore.add_argument("--checkpoint", required=True, metavar="ID",
                          help="checkpoint id, latest or savepoint:NAME to restore")
     restore.add_argument("--parallelism", type=int, default=None, metavar="P",
@@ -92,7 +92,7 @@ def register(commands: Any, command: Any) -> None:
                          help="leave this operator's state out (repeatable)")
     restore.add_argument("--rename-operator", action="append", default=[], metavar="OLD=NEW",
                          help="store operator OLD's state under uid NEW (repeatable)")
-    restore.add_argument("--master", default=None, help=master_help)
+    restore.add_argument("--master", default=None, help=_MASTER_HELP)
 
 
 def _count(text: str) -> int:

@@ -28,15 +28,8 @@ DEFAULT_PORT = 8086
 DEFAULT_HOST = "127.0.0.1"
 
 
-def register(commands: Any, command: Any) -> None:
-    """Add the ``ui`` command (``command(group, name, handler, help)``)."""
-    p = command(
-        commands,
-        "ui",
-        cmd_ui,
-        "serve a dashboard of the checkpoints, materializations, state sizes, key-group skew and "
-        "savepoints (or write it to one HTML file with --out)",
-    )
+def declare_ui(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``ui`` (the command is in :mod:`tools.cli.commands`)."""
     p.add_argument("--port", metavar="N", default=None,
                    help=f"TCP port to serve on (default {DEFAULT_PORT}; 0: any free port, printed)")
     p.add_argument("--host", metavar="ADDR", default=None,

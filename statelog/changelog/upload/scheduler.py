@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
-from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
+from statelog.changelog.segment import StreamChunk, encode_segment
+from statelog.changelog.segment_ref import SegmentRef
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.upload.throttle import UploadThrottle
 from statelog.changelog.upload.uploader import SegmentUploader

@@ -14,7 +14,8 @@ from statelog.changelog import format as fmt
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import SegmentReader
-from statelog.changelog.segment import SegmentRef, StreamChunk, encode_segment
+from statelog.changelog.segment import StreamChunk, encode_segment
+from statelog.changelog.segment_ref import SegmentRef
 from statelog.errors import CorruptionError, FormatVersionError
 from statelog.keys.groups import KeyGroupRange
 from statelog.store import open_store
