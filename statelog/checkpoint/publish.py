@@ -43,6 +43,8 @@ class CheckpointPublisher:
         self.last_id: int | None = None  # the newest checkpoint this process published
         self._last_bytes_uploaded = 0
         self.history = CheckpointHistory(catalog.store)  # every checkpoint's stats, failed ones too
+        # what the job adds to a completed checkpoint's history entry (a consumer loop's figures)
+        self.entry_fields: Callable[[], Mapping[str, Any]] | None = None
         self._stream_ends: dict[str, int] = {}  # per changelog stream: its end at the last publish
 
     def next_id(self) -> int:
@@ -159,8 +161,11 @@ class CheckpointPublisher:
         log.info(
             "checkpoint %d published (%d operators, %d bytes of metadata)", checkpoint_id, len(operators), size
         )
+        extra = {k: v for k, v in (self.entry_fields() if self.entry_fields is not None else {}).items()
+                 if k not in meta.stats}  # fmt: skip
         self.history.record_checkpoint(
-            checkpoint_id, meta.stats, timestamp_ms=meta.timestamp_ms, delta_changes=self._delta_changes(handles)
+            checkpoint_id, meta.stats, timestamp_ms=meta.timestamp_ms, delta_changes=self._delta_changes(handles),
+            **extra,
         )
         self.catalog.apply_retention(retain)
         return meta
