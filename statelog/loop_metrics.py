@@ -224,16 +224,25 @@ def state_families(job: str, figures: Iterable[tuple[str, int, dict[str, int]]])
     entries = GaugeMetricFamily(PREFIX + "state_entries", "entries of the keyed state in memory (memory store)",
                                 labels=labels)  # fmt: skip
     disk = GaugeMetricFamily(PREFIX + "state_disk_bytes", "bytes of the disk store's database", labels=labels)
-    misses = CounterMetricFamily(PREFIX + "state_cache_misses", "reads of the disk store's database for keys or "
-                                 "entries not in the working set's memory", labels=labels)  # fmt: skip
+    kinds = [*labels, "kind"]
+    hits = CounterMetricFamily(PREFIX + "state_cache_hits", "lookups the disk store's working set served from memory "
+                               "(kind=key: a key set current that was resident)", labels=kinds)  # fmt: skip
+    misses = CounterMetricFamily(PREFIX + "state_cache_misses", "reads of the disk store's database for what was not "
+                                 "in the working set's memory (kind=key: keys, on demand or prefetched; kind=entry: "
+                                 "entries of namespaced states)", labels=kinds)  # fmt: skip
     for operator, subtask, fig in figures:
         values = [job, operator, str(subtask)]
         if "entries" in fig:
             entries.add_metric(values, fig["entries"])
         if "disk_bytes" in fig:
             disk.add_metric(values, fig["disk_bytes"])
+        if "cache_hits" in fig:
+            hits.add_metric([*values, "key"], fig["cache_hits"])
         if "cache_misses" in fig:
-            misses.add_metric(values, fig["cache_misses"])
+            misses.add_metric([*values, "key"], fig["cache_misses"])
+        if "cache_entry_misses" in fig:
+            misses.add_metric([*values, "entry"], fig["cache_entry_misses"])
     yield entries
     yield disk
+    yield hits
     yield misses
