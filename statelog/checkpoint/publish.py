@@ -35,7 +35,10 @@ class CheckpointPublisher:
     """Checkpoint ids, snapshots and publication for the job root of ``catalog``, under the
     process's writer ``lease`` (``None``: a process without one publishes no generation)."""
 
-    def __init__(self, catalog: JobCatalog, job_id: str, max_parallelism: int, lease: RootLease | None) -> None:
+    def __init__(
+        self, catalog: JobCatalog, job_id: str, max_parallelism: int, lease: RootLease | None,
+        entry_fields: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.job_id = job_id
         self.max_parallelism = max_parallelism
@@ -44,7 +47,7 @@ class CheckpointPublisher:
         self._last_bytes_uploaded = 0
         self.history = CheckpointHistory(catalog.store)  # every checkpoint's stats, failed ones too
         # what the job adds to a completed checkpoint's history entry (a consumer loop's figures)
-        self.entry_fields: Callable[[], Mapping[str, Any]] | None = None
+        self.entry_fields = entry_fields
         self._stream_ends: dict[str, int] = {}  # per changelog stream: its end at the last publish
 
     def next_id(self) -> int:
