@@ -65,7 +65,8 @@ class SnapshotStrategy(Protocol):
     ``result()``. Such checkpoints are coordinated, timed and complete the sinks' transactions,
     but they are not published as statelog checkpoints: the job runs without restarts,
     restore, savepoints and materializer. The benchmarks use it to compare other checkpoint
-    costs with statelog's (``bench/baselines/``). The strategy is pickled to the workers.
+    costs with statelog's (``bench/baselines/``). The strategy travels to the workers by value
+    (cloudpickle, with the job's configuration): its class may be defined in the job's script.
     """
 
     name: str  # shown as the checkpoints' "state_backend" statistic

@@ -135,7 +135,7 @@ class StateJob:
         self.on_demand_background = True  # False: key groups load only when touched (tests)
         self.on_demand_options = OnDemandOptions()  # the tuning of on-demand restores
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
-        self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease)
+        self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease, self.metrics.history_fields)
         self._writer: ChangelogWriter | None = None
         self._materializations = MaterializationWatch(self.store, log)
         # how often checkpoint() looks for a newer materialization (one LIST request)
@@ -363,6 +363,7 @@ class StateJob:
                 self._writer.close(flush=flush and self.fenced is None)
                 self._writer = None
         finally:
+            self._checkpoints.history.close()  # its waiting entries, under the lease (never raises)
             if self._lease is not None:
                 self._lease.release()  # a successor may start at once
             self.store.close()

@@ -367,8 +367,8 @@ class KafkaOffsets:
         recorded offsets are then committed to the consumer group (monitoring only). The lag of
         each partition goes to ``job.metrics`` (:meth:`report_lag`)."""
         sources = self.sources(extra_sources)
+        self.report_lag(job, sources)  # before: the checkpoint's history entry has the lag at its positions
         meta = job.checkpoint(sources=sources, timeout=timeout)
-        self.report_lag(job, sources)
         if commit_offsets:
             self.consumer.commit(
                 offsets=[

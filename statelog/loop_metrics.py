@@ -12,6 +12,8 @@ it knows::
     job.metrics.watermark(event_time_ms)               # the loop's event-time progress
     job.metrics.kafka_lag("clicks", 0, lag)            # KafkaOffsets.checkpoint reports it
 
+What the loop reports also goes into the checkpoint history entry of each checkpoint
+(:meth:`LoopMetrics.history_fields`, ``docs/format.md`` section 12), so ``statelog ui`` shows it.
 The names are the runtime's where they mean the same (``statelog_job_*``, label ``job``);
 every metric and its labels: ``docs/monitoring.md``.
 """
@@ -67,6 +69,8 @@ class LoopMetrics:
         self.watermark_ms: int | None = None
         self.lag: dict[tuple[str, int], int] = {}
         self.last: dict[str, float] = {}
+        self._told: set[str] = set()  # which of records_in / records_out the loop reports
+        self._previous_entry: tuple[int, float] | None = None  # (records in, monotonic s) at the last entry
 
     # -- what the loop tells -------------------------------------------------------------------
 
@@ -74,11 +78,13 @@ class LoopMetrics:
         """``n`` more records read (``statelog_job_records_in_total``)."""
         with self._lock:
             self.records_in_total += int(n)
+            self._told.add("in")
 
     def records_out(self, n: int = 1) -> None:
         """``n`` more records written downstream (``statelog_job_records_out_total``)."""
         with self._lock:
             self.records_out_total += int(n)
+            self._told.add("out")
 
     def watermark(self, ms: int) -> None:
         """The loop's event-time watermark, in ms since the epoch (``statelog_job_watermark_seconds``)."""
@@ -89,6 +95,28 @@ class LoopMetrics:
         position (``statelog_job_kafka_lag_records``)."""
         with self._lock:
             self.lag[(str(topic), int(partition))] = max(0, int(lag))
+
+    def history_fields(self) -> dict[str, Any]:
+        """The loop's figures for the history entry of the checkpoint being published
+        (``docs/format.md`` section 12), only those the loop reports: ``source_records`` (records
+        read by this process), ``records_per_s`` (since the previous entry), ``records_out``,
+        ``watermark_ms`` and ``kafka_lag`` (the sum over the partitions)."""
+        out: dict[str, Any] = {}
+        with self._lock:
+            now = time.monotonic()
+            if "in" in self._told:
+                out["source_records"] = self.records_in_total
+                if self._previous_entry is not None and now > self._previous_entry[1]:
+                    records, then = self._previous_entry
+                    out["records_per_s"] = round((self.records_in_total - records) / (now - then), 1)
+                self._previous_entry = (self.records_in_total, now)
+            if "out" in self._told:
+                out["records_out"] = self.records_out_total
+            if self.lag:
+                out["kafka_lag"] = sum(self.lag.values())
+        if self.watermark_ms is not None:
+            out["watermark_ms"] = self.watermark_ms
+        return out
 
     # -- what the job tells --------------------------------------------------------------------
 
@@ -196,16 +224,25 @@ def state_families(job: str, figures: Iterable[tuple[str, int, dict[str, int]]])
     entries = GaugeMetricFamily(PREFIX + "state_entries", "entries of the keyed state in memory (memory store)",
                                 labels=labels)  # fmt: skip
     disk = GaugeMetricFamily(PREFIX + "state_disk_bytes", "bytes of the disk store's database", labels=labels)
-    misses = CounterMetricFamily(PREFIX + "state_cache_misses", "reads of the disk store's database for keys or "
-                                 "entries not in the working set's memory", labels=labels)  # fmt: skip
+    kinds = [*labels, "kind"]
+    hits = CounterMetricFamily(PREFIX + "state_cache_hits", "lookups the disk store's working set served from memory "
+                               "(kind=key: a key set current that was resident)", labels=kinds)  # fmt: skip
+    misses = CounterMetricFamily(PREFIX + "state_cache_misses", "reads of the disk store's database for what was not "
+                                 "in the working set's memory (kind=key: keys, on demand or prefetched; kind=entry: "
+                                 "entries of namespaced states)", labels=kinds)  # fmt: skip
     for operator, subtask, fig in figures:
         values = [job, operator, str(subtask)]
         if "entries" in fig:
             entries.add_metric(values, fig["entries"])
         if "disk_bytes" in fig:
             disk.add_metric(values, fig["disk_bytes"])
+        if "cache_hits" in fig:
+            hits.add_metric([*values, "key"], fig["cache_hits"])
         if "cache_misses" in fig:
-            misses.add_metric(values, fig["cache_misses"])
+            misses.add_metric([*values, "key"], fig["cache_misses"])
+        if "cache_entry_misses" in fig:
+            misses.add_metric([*values, "entry"], fig["cache_entry_misses"])
     yield entries
     yield disk
+    yield hits
     yield misses

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -41,6 +40,7 @@ from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.job import StateJob
 from statelog.kafka import KafkaOffsets
+from statelog.signals import stop_on_signals
 from statelog.state.backend import KeyedStateBackend
 
 try:  # the kafka extra; KafkaOffsets raises MissingDependencyError without it
@@ -211,26 +211,12 @@ class Application:
             return
         self.materializer = start_background(self.job, None if how is True else how)
 
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGTERM and SIGINT stop the loop (a second SIGINT interrupts at once, a second SIGTERM
-        changes nothing); installed in the main thread only."""
-        if not self.options.handle_signals or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum: int, _frame: Any) -> None:
-            if self._stop.is_set() and signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            log.info("received %s: stopping after this batch with a final checkpoint", signal.Signals(signum).name)
-            self._stop.set()
-
-        saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for s, h in saved.items():
-                signal.signal(s, h)
+    def _signals(self) -> contextlib.AbstractContextManager[None]:
+        """SIGTERM and SIGINT stop the loop (:func:`statelog.signals.stop_on_signals`: a second
+        SIGINT interrupts at once, a second SIGTERM changes nothing); main thread only."""
+        if not self.options.handle_signals:
+            return contextlib.nullcontext()
+        return stop_on_signals(self._stop, "stopping after this batch with a final checkpoint", log)
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -92,6 +92,13 @@ def serialize_graph(graph: JobGraph) -> bytes:
     return cloudpickle.dumps(graph, protocol=5)
 
 
+def serialize_config(config: JobConfig) -> bytes:
+    """Pickle the job's configuration by value like its graph (:func:`serialize_graph`): a
+    snapshot strategy or another object of a class the user's main module defines reaches
+    the workers."""
+    return cloudpickle.dumps(config, protocol=5)
+
+
 class JobMaster(WorkerControl):
     """Runs one job: its attempts, each on a fresh set of workers, until the job ends, is
     cancelled, or fails beyond its restart strategy (see the module docstring). Its dealings
@@ -319,9 +326,10 @@ class JobMaster(WorkerControl):
         t_ready = time.monotonic()
         peers = [w.address for w in workers]
         assignments = split_assignments(self.job_graph.stream, cfg.parallelism, meta)
+        config_bytes = serialize_config(cfg)
         for w in workers:
             spec = {
-                "config": cfg,
+                "config": config_bytes,
                 "run_id": self.run_id,
                 "attempt": self.attempt,
                 "graph": self.graph_bytes,

@@ -143,7 +143,7 @@ class Worker:
     def deploy(self, spec: dict[str, Any]) -> None:
         """Open the job root, resolve the checkpoint to restore and build this worker's tasks
         (:mod:`runtime.worker.deploy`), then open them (each task opens its chain downstream first)."""
-        self.config: JobConfig = spec["config"]
+        self.config: JobConfig = pickle.loads(spec["config"])  # by value: runtime.cluster.master.serialize_config
         self.run_id: str = spec["run_id"]
         self.attempt: int = spec["attempt"]
         self.batch_size = self.config.batch_size

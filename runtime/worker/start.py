@@ -1,7 +1,8 @@
 """Starting local worker processes from the runtime's own entry point, ``python -m runtime.worker``.
 
-A worker never runs the user's main module: the job graph reaches it by value (cloudpickle,
-:func:`runtime.cluster.master.serialize_graph`), so a job written as a plain script (no
+A worker never runs the user's main module: the job graph and its configuration reach it by
+value (cloudpickle, :func:`runtime.cluster.master.serialize_graph` and
+:func:`~runtime.cluster.master.serialize_config`), so a job written as a plain script (no
 ``if __name__ == "__main__":`` guard) runs as written, with its lambdas, nested functions
 and classes defined in ``__main__``.
 

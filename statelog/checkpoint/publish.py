@@ -35,7 +35,10 @@ class CheckpointPublisher:
     """Checkpoint ids, snapshots and publication for the job root of ``catalog``, under the
     process's writer ``lease`` (``None``: a process without one publishes no generation)."""
 
-    def __init__(self, catalog: JobCatalog, job_id: str, max_parallelism: int, lease: RootLease | None) -> None:
+    def __init__(
+        self, catalog: JobCatalog, job_id: str, max_parallelism: int, lease: RootLease | None,
+        entry_fields: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.job_id = job_id
         self.max_parallelism = max_parallelism
@@ -43,6 +46,8 @@ class CheckpointPublisher:
         self.last_id: int | None = None  # the newest checkpoint this process published
         self._last_bytes_uploaded = 0
         self.history = CheckpointHistory(catalog.store)  # every checkpoint's stats, failed ones too
+        # what the job adds to a completed checkpoint's history entry (a consumer loop's figures)
+        self.entry_fields = entry_fields
         self._stream_ends: dict[str, int] = {}  # per changelog stream: its end at the last publish
 
     def next_id(self) -> int:
@@ -159,8 +164,11 @@ class CheckpointPublisher:
         log.info(
             "checkpoint %d published (%d operators, %d bytes of metadata)", checkpoint_id, len(operators), size
         )
+        extra = {k: v for k, v in (self.entry_fields() if self.entry_fields is not None else {}).items()
+                 if k not in meta.stats}  # fmt: skip
         self.history.record_checkpoint(
-            checkpoint_id, meta.stats, timestamp_ms=meta.timestamp_ms, delta_changes=self._delta_changes(handles)
+            checkpoint_id, meta.stats, timestamp_ms=meta.timestamp_ms, delta_changes=self._delta_changes(handles),
+            **extra,
         )
         self.catalog.apply_retention(retain)
         return meta

@@ -336,10 +336,17 @@ def size_figures(backend: KeyedStateBackend) -> dict[str, int]:
     """Figures for metrics, cheap enough for every scrape: ``entries`` (entries of the
     keyed states in memory: every entry with the memory store, none counted with the disk
     store, whose entries are in its database), with the disk store ``disk_bytes`` (its
-    database's files) and ``cache_misses`` (reads of its database for keys and entries not
-    in the working set's memory; hits are not counted: they cost no more than a dict)."""
-    if backend._ws is not None:
-        return {"disk_bytes": backend._ws.disk_bytes(), "cache_misses": int(backend._ws.misses)}
+    database's files), ``cache_hits`` (keys set current that were resident in the working
+    set's memory: :meth:`DiskWorkingSet.key_hits
+    <statelog.state.tables.disk.working_set.DiskWorkingSet.key_hits>`), ``cache_misses`` (reads
+    of its database for keys not resident, on demand or by a prefetch) and
+    ``cache_entry_misses`` (reads of its database for namespaced entries not cached; their
+    hits are not counted: each costs a dict lookup)."""
+    ws = backend._ws
+    if ws is not None:
+        entry = int(ws.entry_misses)
+        return {"disk_bytes": ws.disk_bytes(), "cache_hits": ws.key_hits(), "cache_misses": int(ws.misses) - entry,
+                "cache_entry_misses": entry}  # fmt: skip
     entries = 0
     for state in list(backend._states.values()):
         entries += sum(len(t) for t in list(state._tables.values()))

@@ -94,3 +94,28 @@ def test_a_taken_or_bad_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
         statelog.open(root, metrics_job="")
     with statelog.open(root) as job:  # the root is free again; no server without metrics_port
         assert job.metrics.url is None
+
+
+def test_the_disk_working_set_counts_its_hits_and_misses(tmp_path: Path) -> None:
+    """Working-set hit rate: keys set current that were resident are hits, keys read from the
+    database misses (on demand or by a prefetch, whose keys' first records are not hits too)."""
+    root = (tmp_path / "clicks").as_uri()
+    with statelog.open(root, metrics_port=0, state_store="disk", state_dir=str(tmp_path / "ws")) as job:
+        b = job.backend("counter")
+        state = b.get_state(COUNT)
+        for k in [*range(10), *range(10), *range(10)]:  # 10 misses, then 20 hits
+            b.set_current_key(k)
+            state.update(state.value() + 1)
+        assert job.metrics.url is not None
+        m = scrape(job.metrics.url)
+        labels = (("job", "clicks"), ("kind", "key"), ("operator", "counter"), ("subtask", "0"))
+        assert (m[("statelog_job_state_cache_hits_total", labels)], m[("statelog_job_state_cache_misses_total", labels)]) == (20, 10)
+        b.prefetch(list(range(10, 20)))  # 10 misses read in one batch ...
+        assert b.size_figures()["cache_hits"] == 20
+        for k in [*range(10, 20), *range(10, 15)]:  # ... whose first records are no hits; 5 hits after
+            b.set_current_key(k)
+            state.update(state.value() + 1)
+        m = scrape(job.metrics.url)
+        assert (m[("statelog_job_state_cache_hits_total", labels)], m[("statelog_job_state_cache_misses_total", labels)]) == (25, 20)
+        entry = (("job", "clicks"), ("kind", "entry"), ("operator", "counter"), ("subtask", "0"))
+        assert m[("statelog_job_state_cache_misses_total", entry)] == 0  # no namespaced state here

@@ -12,11 +12,9 @@ import argparse
 import contextlib
 import json
 import logging
-import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
@@ -31,6 +29,7 @@ from statelog.errors import ConfigError
 from statelog.materialization.manifest import latest_manifest_key, load_manifest
 from statelog.options.base import check_bool
 from statelog.options.values import Count, Duration, Size
+from statelog.signals import stop_on_signals
 from statelog.store import open_store
 from tools.cli import output, spark_session
 from tools.roots import open_root
@@ -110,27 +109,6 @@ def declare_run(run: argparse.ArgumentParser) -> None:
     """The arguments of ``materializer run`` (its commands are in :mod:`tools.cli.commands`)."""
     run.add_argument("--once", action="store_true", help="run one cycle and exit")
     _add_run_flags(run)
-
-
-@contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stop`` (a second SIGINT interrupts at once)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
-
-    def handler(signum: int, _frame: Any) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        stop.set()
-
-    saved = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
 
 
 class _TerminalView:
@@ -236,7 +214,7 @@ def _run(args: argparse.Namespace, options: dict[str, Any], daemon_options: Mate
                 previous[:] = [key]
 
         daemon.on_cycle = on_cycle
-        with _stop_on_signals(stop), \
+        with stop_on_signals(stop, logger=log), \
                 (view if view is not None else contextlib.nullcontext()):
             last = daemon.run(stop, once=args.once)
     finally:

@@ -104,6 +104,7 @@ def live_figures(line: dict[str, Any], latest_ms: int | None, now_ms: int) -> di
         "latest_checkpoint": None if last is None else last.get("checkpoint_id"),
         "latest_checkpoint_age_ms": None if newest_ms is None else max(0, now_ms - newest_ms),
         "records": None if last is None else last.get("source_records"),
+        "records_out": None if last is None else last.get("records_out"),
         "throughput_per_s": throughput,
         "throughput_of": "source records" if last is not None and "records_per_s" in last else "state changes",
         "attempt": None if last is None else last.get("attempt"),

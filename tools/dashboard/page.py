@@ -85,7 +85,8 @@ def _live(data: dict[str, Any]) -> str:
         ["latest checkpoint", live["latest_checkpoint"]],
         ["checkpoint age", _age(live["latest_checkpoint_age_ms"])],
         [f"throughput ({live['throughput_of']}/s)", live["throughput_per_s"]],
-        ["source records (this attempt)", live["records"]], ["attempt", live["attempt"]],
+        ["source records (this attempt)", live["records"]], ["records out", live["records_out"]],
+        ["attempt", live["attempt"]],
         ["restarts", live["restarts"]],
         ["last restart cause", None if restart is None else f"{restart['time']}: {restart.get('cause')}"],
         ["failed checkpoints", live["failed_checkpoints"]],
@@ -161,8 +162,8 @@ CAPTIONS = {
     "checkpoint-duration": "Lines: the end-to-end duration of each checkpoint (every checkpoint of the history) and its "
     "sync, async and alignment parts, each the maximum over tasks, so none exceeds the end-to-end line; they are "
     "not stacked, as the parts of different tasks overlap in time. Crosses: failed checkpoints.",
-    "checkpoint-throughput": "Source records per second between checkpoints (runtime) and the state changes each "
-    "checkpoint wrote (bars); dashed lines: restarts.",
+    "checkpoint-throughput": "Source records per second between checkpoints (the runtime's sources, a consumer "
+    "loop's job.metrics.records_in) and the state changes each checkpoint wrote (bars); dashed lines: restarts.",
     "checkpoint-size": "Incremental: the new changelog a checkpoint references (history); full: every changelog block "
     "and state-table file a retained checkpoint references (what a restore of it reads).",
     "changelog-vs-materialized": "What each retained checkpoint references, stacked: the changelog tail grows until "

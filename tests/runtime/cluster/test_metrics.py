@@ -28,6 +28,7 @@ from tests.support import jobs
 from tests.support.jobs import make_env
 from tests.support.metrics import scrape
 from tests.support.s3server import RootSpec
+from tests.support.wait import wait_until
 
 
 def value(m: dict, name: str) -> float:
@@ -124,3 +125,25 @@ def test_a_taken_metrics_port_fails_the_start(file_root: RootSpec, tmp_path: Pat
             env.execute("taken")
     with pytest.raises(ConfigError, match="metrics_port must be a TCP port"):
         make_env(file_root, metrics_port=-1)
+
+
+def test_a_disk_store_job_reports_its_working_set_hits_and_misses(file_root: RootSpec, tmp_path: Path) -> None:
+    """The runtime's tasks report the working set's figures as a consumer loop does: hits and
+    misses of keys, misses of the windows' namespaced entries, per operator and subtask."""
+    env = make_env(file_root, metrics_port=0, state_store="disk", state_dir=str(tmp_path / "ws"))
+    jobs.build_clicks(env, tmp_path / "windows", 6_000, rate=2000)
+    client = env.execute_async("hits")
+    assert client.wait_running(1, timeout=60)
+    server = client.master.metrics_server
+    assert server is not None
+    url = server.url
+
+    def counters() -> dict[tuple[str, str], float] | None:
+        m = scrape(url)
+        found = {(n.removeprefix("statelog_job_state_cache_").removesuffix("_total"), dict(lb)["kind"]): v
+                 for (n, lb), v in m.items() if n.startswith("statelog_job_state_cache_")}  # fmt: skip
+        return found if found.get(("hits", "key"), 0) > 0 and found.get(("misses", "key"), 0) > 0 else None
+
+    found = wait_until(counters, 60, "working-set hits and misses in a scrape")
+    client.wait(120)
+    assert set(found) == {("hits", "key"), ("misses", "key"), ("misses", "entry")}

@@ -83,3 +83,75 @@ def test_plain_script_with_main_functions(tmp_path: Path, method: str) -> None:
             if v % 4 == 0:
                 expected[f"k{i % 3}"] = expected.get(f"k{i % 3}", 0) + v
     assert totals == expected
+
+
+STRATEGY_SCRIPT = '''
+import os
+from runtime import FileSink, GeneratorSource, KeyedProcessFunction, StreamExecutionEnvironment
+from statelog import PICKLE, ValueStateDescriptor
+
+TOTAL = ValueStateDescriptor("total", PICKLE, default=0)
+
+
+class Written:
+    nbytes = 1
+
+    def __init__(self, path):
+        self.path = path
+
+    def result(self, timeout=None):
+        with open(self.path, "w") as f:
+            f.write("x")
+
+    def cancel(self):
+        pass
+
+
+class MarkerStrategy:  # a SnapshotStrategy of this script: JobConfig.snapshot_strategy
+    name = "marker"
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def snapshot(self, backend, checkpoint_id, store):
+        return Written(os.path.join(self.directory, f"{{backend.operator_uid}}-{{backend.subtask}}-{{checkpoint_id}}"))
+
+    def checkpoint_completed(self, backend, checkpoint_id, store):
+        pass
+
+
+class Total(KeyedProcessFunction):
+    def open(self, ctx):
+        self.total = ctx.get_state(TOTAL)
+
+    def process_element(self, e, ctx):
+        self.total.update(self.total.value() + e[1])
+        yield [e[0], self.total.value()]
+
+
+env = StreamExecutionEnvironment(parallelism=2, checkpoint_interval_s=0.2, state_root={root!r},
+                                 start_method={method!r}, state_backend=MarkerStrategy({marks!r}))
+(env.from_source(GeneratorSource(lambda split, i: (f"k{{i % 3}}", i), count=50, splits=2), uid="src")
+    .key_by(lambda e: e[0])
+    .process(Total(), uid="total")
+    .sink_to(FileSink({out!r}), uid="out"))
+result = env.execute("strategy")
+print("attempts", result.attempts, "failures", len(result.failures))
+'''
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_config_with_a_main_class_reaches_the_workers(tmp_path: Path, method: str) -> None:
+    """The job's configuration travels by value like its graph: a snapshot strategy whose class
+    the script's ``__main__`` defines is used by the workers."""
+    marks, out, root = tmp_path / "marks", tmp_path / "out", (tmp_path / "root").as_uri()
+    marks.mkdir()
+    script = STRATEGY_SCRIPT.format(marks=str(marks), root=root, method=method, out=str(out))
+    (tmp_path / "job.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
+    proc = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout == "attempts 1 failures 0\n", proc.stderr[-4000:]
+    written = {p.name.rsplit("-", 1)[0] for p in marks.iterdir()}
+    assert written == {"total-0", "total-1"}  # every keyed subtask snapshotted through the strategy

@@ -16,7 +16,13 @@ from materializer.daemon.status import StatusWriter, read_statuses
 from statelog.errors import StoreError
 from tests.support.dashboard_root import DemoRoot, build_demo_root
 from tools.dashboard.data import gather
-from tools.dashboard.figures import bytes_axis, duration_figure, operator_figure, size_figure
+from tools.dashboard.figures import (
+    bytes_axis,
+    duration_figure,
+    operator_figure,
+    size_figure,
+    throughput_figure,
+)
 from tools.dashboard.page import live_parts, render_html
 from tools.roots import open_root
 
@@ -139,3 +145,31 @@ def test_the_daemon_state_comes_from_its_lease_and_status_object(demo: DemoRoot,
     assert by_owner["other-daemon"]["last_error"] == "StoreError: the store answered 503"
     head = live_parts(d)["parts"]["part-head"]
     assert "daemon live-test" in head and "StoreError: the store answered 503" in head
+
+
+def test_a_consumer_loop_shows_its_records_lag_and_watermark(tmp_path: Path) -> None:
+    """A consumer loop on statelog.open() reports through job.metrics; the history carries it to
+    the live table and the throughput chart, as the runtime's figures."""
+    url = (tmp_path / "root").as_uri()
+    with statelog.open(url) as job:
+        b = job.backend("op")
+        for i in range(3):
+            b.set_current_key(i)
+            b.get_state(COUNT).update(i)
+            job.metrics.records_in(1000)
+            job.metrics.records_out(10)
+            job.metrics.watermark(1_700_000_000_000 + i)
+            job.metrics.kafka_lag("clicks", 0, 5 - i)
+            job.checkpoint()
+    with open_root(url, {}) as root:
+        d = gather(root)
+    live = d["live"]
+    assert (live["records"], live["records_out"], live["kafka_lag"], live["watermark_ms"]) == (
+        3000, 30, 3, 1_700_000_000_002)
+    assert live["throughput_of"] == "source records" and live["throughput_per_s"] > 0
+    fig = throughput_figure(d)
+    assert fig is not None
+    rate = {t.name: t for t in fig.data}["source records per second"]
+    assert len(rate.x) == 3 and all(y > 0 for y in rate.y[1:])
+    html = live_parts(d)
+    assert "records out" in str(html) and "Kafka lag" in str(html)

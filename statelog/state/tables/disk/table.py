@@ -62,6 +62,7 @@ class DiskTable:
         """A cache miss: read the entry from the database (cached if found)."""
         ws = self.ws
         ws.misses += 1
+        ws.entry_misses += 1
         ki = self._info(key)
         raw = ws.get(disk_key(self.sid, ki[2], ki[1], self.nsb))
         if raw is None:

@@ -70,7 +70,9 @@ class DiskWorkingSet(WorkingSet):
         # figures (stats, benchmarks)
         self.prefetched = 0
         self.reads = 0
-        self.misses = 0
+        self.misses = 0  # database reads: keys (admitted or prefetched) and namespaced entries
+        self.entry_misses = 0  # ... of them namespaced entries
+        self._hits = 0  # the key hits last reported (key_hits() never goes back)
         self.written_back = 0
         self.evictions = 0
 
@@ -299,13 +301,22 @@ class DiskWorkingSet(WorkingSet):
                     total += os.path.getsize(os.path.join(dirpath, f))
         return total
 
+    def key_hits(self) -> int:
+        """Keys set current that were resident, not counting the first use of a key a prefetch
+        read (that read is its miss). The key setter counts every resident key; the prefetched
+        keys (``prefetched``) are subtracted, each assumed used once, as the batch loops that
+        prefetch use every key they prefetch. Never decreases (a counter), also while a
+        prefetched batch has not been processed yet."""
+        self._hits = max(self._hits, self.resident_keys.resident_hits() - self.prefetched)
+        return self._hits
+
     def stats(self) -> dict[str, Any]:
         b = self.budget
         return {
             "cached_entries": self.cached, "cache_limit": b.entries, "entry_bytes": round(b.entry_bytes),
             "resident_keys": len(self.resident), "resident_limit": b.keys,
             "resident_key_bytes": round(b.key_bytes),
-            "reads": self.reads, "misses": self.misses, "prefetched": self.prefetched, "written_back": self.written_back,
+            "reads": self.reads, "key_hits": self.key_hits(), "misses": self.misses, "prefetched": self.prefetched, "written_back": self.written_back,
             "evictions": self.evictions,
         }  # fmt: skip
 
