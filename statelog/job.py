@@ -307,11 +307,10 @@ class StateJob:
         return self._materializations.latest(max_age_s)
 
     def adopt_latest_materialization(self, max_age_s: float | None = None) -> Manifest | None:
-        """Let every live backend of this process build on the newest usable materialization
-        (:mod:`statelog.materialization.adoption`; a failure is logged, never raised), listed
-        at most every ``max_age_s`` seconds (default: ``materialization_poll_s``)."""
-        live = [b for b in self._backends if not b._closed]
-        return self._materializations.adopt(live, self.materialization_poll_s if max_age_s is None else max_age_s)
+        """Let every live backend build on the newest usable materialization, listed at most every
+        ``max_age_s`` (default ``materialization_poll_s``) seconds (statelog.materialization.adoption)."""
+        age = self.materialization_poll_s if max_age_s is None else max_age_s
+        return self._materializations.adopt([b for b in self._backends if not b._closed], age)
 
     # -- checkpoints ---------------------------------------------------------------------------
 
