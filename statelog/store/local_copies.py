@@ -29,9 +29,10 @@ import os
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from statelog.errors import ConfigError
 from statelog.layout import ObjectKind, parse_key
@@ -307,3 +308,46 @@ class LocalCopyStore(ObjectStore):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def default_directory() -> Path:
+    """Where local copies go unless told: ``$XDG_CACHE_HOME/statelog/copies`` (``~/.cache``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "statelog" / "copies"
+
+
+def local_copies_setting(setting: object, label: str = "local_copies") -> dict[str, Any] | None:
+    """``setting`` checked and spelled out (``directory``, ``budget_bytes``), ``None`` for off:
+    ``None``/``False``: off; ``True``: :func:`default_directory` with the default budget; a
+    path: that directory; a mapping with ``directory`` and/or ``budget_bytes``. Nothing is
+    created here."""
+    if setting is None or setting is False:
+        return None
+    directory: object = default_directory()
+    budget: object = DEFAULT_BUDGET_BYTES
+    if isinstance(setting, str | os.PathLike):
+        directory = setting
+    elif isinstance(setting, Mapping):
+        unknown = set(setting) - {"directory", "budget_bytes"}
+        if unknown:
+            raise ConfigError(f"unknown {label} option(s) {sorted(map(str, unknown))}; use directory and budget_bytes")
+        directory = setting.get("directory", directory)
+        budget = setting.get("budget_bytes", budget)
+    elif setting is not True:
+        raise ConfigError(
+            f"{label} must be True, False, None, a directory or a dict with directory and "
+            f"budget_bytes, got {type(setting).__name__}"
+        )
+    if not isinstance(directory, str | os.PathLike) or not str(directory):
+        raise ConfigError(f"{label}' directory must be a non-empty path, got {directory!r}")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise ConfigError(f"{label}' budget_bytes must be an int of bytes >= 0, got {budget!r}")
+    return {"directory": os.fspath(directory), "budget_bytes": budget}
+
+
+def with_local_copies(store: ObjectStore, setting: object) -> ObjectStore:
+    """``store`` wrapped by :class:`LocalCopyStore` as ``setting`` says (:func:`local_copies_setting`)."""
+    checked = local_copies_setting(setting)
+    if checked is None:
+        return store
+    return LocalCopyStore(store, LocalCopies(checked["directory"], store.url, checked["budget_bytes"]))

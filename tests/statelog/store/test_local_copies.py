@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import statelog
 from statelog import StateJob, ValueStateDescriptor
 from statelog.errors import ConfigError
 from statelog.store import open_store
@@ -114,3 +115,40 @@ def test_a_directory_that_cannot_be_used_is_a_clear_error(tmp_path: Path) -> Non
         LocalCopies(blocker / "copies", "file:///x")
     with pytest.raises(ConfigError, match="budget"):
         LocalCopies(tmp_path / "c", "file:///x", -1)
+
+
+def test_statelog_open_takes_local_copies_and_a_restarted_loop_restores_from_them(tmp_path: Path) -> None:
+    root = (tmp_path / "root").as_uri()
+    setting = {"directory": str(tmp_path / "copies"), "budget_bytes": 1 << 20}
+    with statelog.open(root, max_parallelism=8, local_copies=setting) as job:
+        assert job.local_copies is not None
+        b = job.backend("op")
+        counts = b.get_state(COUNT)
+        for i in range(300):
+            b.set_current_key(i % 30)
+            counts.update(counts.value() + 1)
+        job.checkpoint()
+        made = job.local_copies.stats.copies_made
+    assert made > 0
+    with statelog.open(root, local_copies=setting) as job:
+        b = job.backend("op", restore="latest")
+        b.set_current_key(3)
+        assert b.get_state(COUNT).value() == 10
+        assert job.local_copies is not None and job.local_copies.stats.misses == 0
+        assert job.local_copies.stats.hits > 0
+    with statelog.open(root) as job:
+        assert job.local_copies is None
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"dir": "/tmp/x"}, "unknown local_copies option"),
+        (3, "local_copies must be True, False, None, a directory"),
+        ({"directory": ""}, "non-empty path"),
+        ({"budget_bytes": -5}, "budget"),
+    ],
+)
+def test_bad_local_copies_settings_are_clear_errors(tmp_path: Path, setting: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        statelog.open((tmp_path / "root").as_uri(), local_copies=setting)
