@@ -17,6 +17,7 @@ BENCHMARKS = {
     "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
     "large": "bench.large",
+    "local_copies": "bench.local_copies",
     "materializer": "bench.materializer",
     "recovery": "bench.recovery",
     "runtime": "bench.runtime",

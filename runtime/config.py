@@ -34,6 +34,7 @@ from statelog.options.engine import (
 from statelog.options.values import DAY, MS, Count, Duration, Size, non_empty_name
 from statelog.state.backend import KeyedStateBackend
 from statelog.store.base import ObjectStore
+from statelog.store.local_copies import local_copies_setting
 from statelog.store.options import StoreOptions
 
 # the state backend (docs/runtime.md, "State backends"): statelog's changelog checkpoints,
@@ -221,6 +222,11 @@ class JobConfig(Options):
                               "directories under state_dir", check_state_store)
     state_memory: int = option(DEFAULT_STATE_MEMORY, "the cache of a disk store per task", STATE_MEMORY)
     state_dir: str | None = option(None, "local directory of the disk stores", check_state_dir)
+    local_copies: dict[str, Any] | None = option(None, "keep the changelog segments, tables and manifests each "
+                                                 "worker writes or reads in a local directory and restore from "
+                                                 "them first: True, a directory or a dict with directory and "
+                                                 "budget_bytes (statelog/store/local_copies.py); None: off",
+                                                 lambda label, v: local_copies_setting(v, label))
     metrics_port: int | None = option(None, "Prometheus metrics at /metrics and a health probe at /healthz "
                                       "of the job master (statelog/metrics.py); None: off, 0: any free port",
                                       check_port)

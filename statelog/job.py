@@ -54,6 +54,7 @@ from statelog.state.tables import disk as disk_tables  # DiskWorkingSet (rocksdi
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.store.fencing import FencedStore
+from statelog.store.local_copies import LocalCopyStore, with_local_copies
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class StateJob:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         metrics_job: str | None = None,
+        local_copies: bool | str | Mapping[str, Any] | None = None,
     ) -> None:
         metrics_port = _check_arguments(metrics_port, metrics_job, writer_lease, writer_lease_ttl_s, writer_owner)
         self.state_store = check_state_store("state_store", state_store)
@@ -106,6 +108,9 @@ class StateJob:
         self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
         own_store = store is None
         inner = store if store is not None else open_store(root, store_options)
+        # write-once data objects also kept on local disk (task-local recovery): docs/store.md
+        inner = with_local_copies(inner, local_copies)
+        self.local_copies = inner.copies if isinstance(inner, LocalCopyStore) else None
         # one checkpoint publisher per root: the lease is taken by the first backend or publish
         # (statelog/checkpoint/writer_lease.py); writer_lease=False only for processes that write
         # changelog under another process's lease (the runtime's workers)

@@ -26,6 +26,8 @@ from statelog.job import StateJob
 
 log = logging.getLogger(__name__)
 
+COPY_COUNTS = frozenset({"objects_local", "objects_remote", "bytes_local", "bytes_remote"})
+
 STOP_TIMEOUT_S = 20.0
 # a worker's channel error names a dead peer as the cause if one is seen dead within this long
 PEER_DEATH_GRACE_S = 1.0
@@ -139,8 +141,8 @@ class WorkerControl:
         elif kind == "restored":
             stats = self.restore_stats.setdefault(self.attempt, {"workers": 0, "on_demand": self.config.on_demand_restore})
             stats["workers"] += 1
-            for k, v in msg[2].items():
-                stats[k] = max(stats.get(k, 0.0), v)
+            for k, v in msg[2].items():  # times: the slowest worker's; local copies: summed
+                stats[k] = stats.get(k, 0) + v if k in COPY_COUNTS else max(stats.get(k, 0.0), v)
         elif kind == "stopped":
             w.stopped = True
         else:

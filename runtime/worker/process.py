@@ -163,6 +163,7 @@ class Worker:
             state_store=cfg.state_store,
             state_memory=cfg.state_memory,
             state_dir=cfg.state_dir,
+            local_copies=cfg.local_copies,
         )
         self.restore_meta: CheckpointMetadata | None = self.job.resolve_checkpoint(spec["restore"])
         self.tasks = build_tasks(self, graph, spec["peers"], spec["assignments"])
@@ -200,6 +201,7 @@ class Worker:
                     self.send(("restored", self.index, {
                         "first_record_s": round(first_record_s, 4),
                         "fully_loaded_s": round(time.monotonic() - self.deployed_at, 4),
+                        **self._copy_stats(),
                     }))  # fmt: skip
             if self._inflight:
                 # an asynchronous part waits for the changelog writer's flusher (or the snapshot
@@ -227,6 +229,15 @@ class Worker:
                 self._adopt_now = False
             if not progressed:
                 wake.wait(IDLE_WAIT_S)
+
+    def _copy_stats(self) -> dict[str, int]:
+        """What the restore read from local copies and from the store (with local_copies)."""
+        copies = self.job.local_copies
+        if copies is None:
+            return {}
+        st = copies.stats
+        return {"objects_local": st.hits, "objects_remote": st.misses,
+                "bytes_local": st.bytes_local, "bytes_remote": st.bytes_remote}  # fmt: skip
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]

@@ -1,0 +1,353 @@
+"""Local copies of a root's immutable data objects: task-local recovery.
+
+:class:`LocalCopyStore` wraps a job root's store. Of every changelog segment, state table
+and manifest (the object kinds that are written once and never change, see
+:data:`COPIED_KINDS`) that this process writes or reads whole, it keeps a copy in a local
+directory; later reads of the same object are served from the copy. Everything else
+(checkpoint metadata, leases, listings, history, status objects) always goes to the store.
+
+Safety: a copy is used only after it has been verified against the size and CRC-32 recorded
+when it was made (from the very bytes the store accepted or returned). A copy that is
+missing, truncated or damaged is dropped, logged and the object is read from the store, so a
+lost or corrupted directory changes nothing but speed. Readers above verify what they read
+as they always do (segment blocks, table checksums from the manifest, manifest checksums
+from the checkpoint metadata).
+
+Space: the copies of one directory stay within ``budget_bytes``; when a new copy would
+exceed it, the least recently used copies are deleted first. Several processes may share a
+directory (the executors of one host): each copy is written under a temporary name and
+renamed into place, and a copy another process evicted is simply a miss.
+
+Layout: ``<directory>/<CRC-32 of the root URL %08x>/<object key>`` with a sidecar
+``<object key>.copy`` holding ``"<size> <crc32>"`` (``docs/format.md`` section 14).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from statelog.errors import ConfigError
+from statelog.layout import ObjectKind, parse_key
+from statelog.store.base import ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
+
+COPIED_KINDS = frozenset({
+    ObjectKind.SEGMENT,
+    ObjectKind.TABLE,
+    ObjectKind.MANIFEST,
+    ObjectKind.SAVEPOINT_TABLE,
+    ObjectKind.SAVEPOINT_MANIFEST,
+})
+SIDECAR = ".copy"
+DEFAULT_BUDGET_BYTES = 1 << 30
+
+
+@dataclass
+class CopyStats:
+    """What the local copies saved: objects and bytes read locally vs from the store."""
+
+    hits: int = 0
+    misses: int = 0
+    bytes_local: int = 0
+    bytes_remote: int = 0
+    copies_made: int = 0
+    evictions: int = 0
+    dropped: int = 0  # copies that failed verification
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+class LocalCopies:
+    """The copies of one root in one directory, within a size budget (LRU eviction)."""
+
+    def __init__(self, directory: str | os.PathLike[str], root_url: str, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
+            raise ConfigError(f"the local copies' budget must be an int of bytes >= 0, got {budget_bytes!r}")
+        self.base = Path(directory) / f"{zlib.crc32(root_url.encode()):08x}"
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot use {str(directory)!r} for local copies ({e.strerror}); give a writable "
+                "directory or turn local copies off"
+            ) from None
+        self.budget = budget_bytes
+        self.stats = CopyStats()
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently used first
+        self._size = 0
+        self._verified: dict[str, tuple[int, int]] = {}  # key -> (size, mtime_ns) verified whole
+        for key, size in self._scan():
+            self._lru[key] = size
+            self._size += size
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    def _scan(self) -> Iterator[tuple[str, int]]:
+        """The copies already in the directory, oldest use first."""
+        found: list[tuple[int, str, int]] = []
+        for dirpath, _, files in os.walk(self.base):
+            for name in files:
+                if not name.endswith(SIDECAR):
+                    continue
+                side = Path(dirpath) / name
+                data = side.with_name(name[: -len(SIDECAR)])
+                try:
+                    st = data.stat()
+                except FileNotFoundError:
+                    side.unlink(missing_ok=True)
+                    continue
+                found.append((st.st_mtime_ns, data.relative_to(self.base).as_posix(), st.st_size))
+        for _, key, size in sorted(found):
+            yield key, size
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        path = self.base / key
+        return path, path.with_name(path.name + SIDECAR)
+
+    def add(self, key: str, data: bytes) -> None:
+        """Keep a copy of ``key`` (the bytes the store holds); evict others to fit the budget."""
+        size = len(data)
+        if size > self.budget:
+            return
+        path, side = self._paths(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            side_tmp = tmp.with_name(tmp.name + SIDECAR)
+            side_tmp.write_text(f"{size} {zlib.crc32(data)}")
+            os.replace(side_tmp, side)
+        except OSError as e:  # a full or read-only disk costs speed, never correctness
+            log.warning("could not keep a local copy of %s in %s: %s", key, self.base, e)
+            self._unlink(key)
+            return
+        with self._lock:
+            old = self._lru.pop(key, None)
+            self._size += size - (old or 0)
+            self._lru[key] = size
+            self._verified.pop(key, None)
+            self.stats.copies_made += 1
+            victims = self._over_budget()
+        for victim in victims:
+            self._unlink(victim)
+
+    def _over_budget(self) -> list[str]:
+        victims = []
+        while self._size > self.budget and self._lru:
+            victim, vsize = self._lru.popitem(last=False)
+            self._size -= vsize
+            self._verified.pop(victim, None)
+            self.stats.evictions += 1
+            victims.append(victim)
+        return victims
+
+    def _unlink(self, key: str) -> None:
+        path, side = self._paths(key)
+        side.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+    def drop(self, key: str, reason: str | None = None) -> None:
+        with self._lock:
+            size = self._lru.pop(key, None)
+            if size is not None:
+                self._size -= size
+            self._verified.pop(key, None)
+            if reason is not None:
+                self.stats.dropped += 1
+        if reason is not None:
+            log.warning("dropped the local copy of %s in %s (%s); reading it from the store", key, self.base, reason)
+        self._unlink(key)
+
+    def _touch(self, key: str) -> None:
+        with self._lock:
+            if key in self._lru:
+                self._lru.move_to_end(key)
+
+    def _recorded(self, key: str) -> tuple[int, int] | None:
+        _, side = self._paths(key)
+        try:
+            size, crc = side.read_text().split()
+            return int(size), int(crc)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self.drop(key, "its record is unreadable")
+            return None
+
+    def get(self, key: str) -> bytes | None:
+        """The verified copy of ``key``, or ``None`` (no copy, or a damaged one, dropped)."""
+        recorded = self._recorded(key)
+        if recorded is None:
+            return None
+        path, _ = self._paths(key)
+        try:
+            data = path.read_bytes()
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:  # evicted meanwhile (by this or another process)
+            self.drop(key)
+            return None
+        except OSError as e:
+            self.drop(key, f"unreadable: {e}")
+            return None
+        size, crc = recorded
+        if len(data) != size or zlib.crc32(data) != crc:
+            self.drop(key, f"{len(data)} bytes with CRC-32 {zlib.crc32(data):08x}, recorded {size} bytes with {crc:08x}")
+            return None
+        with self._lock:
+            self._verified[key] = (size, mtime)
+        self._touch(key)
+        return data
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
+        """``length`` bytes from ``offset`` of the verified copy of ``key``, or ``None``. The
+        copy is verified whole the first time this process reads from it."""
+        path, _ = self._paths(key)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        with self._lock:
+            verified = self._verified.get(key) == (st.st_size, st.st_mtime_ns)
+        if not verified and self.get(key) is None:
+            return None
+        size = st.st_size
+        start = max(0, size + offset) if offset < 0 else min(offset, size)
+        try:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(max(0, length))
+        except FileNotFoundError:
+            self.drop(key)
+            return None
+        self._touch(key)
+        return data
+
+
+class LocalCopyStore(ObjectStore):
+    """``inner`` with the immutable data objects read from local copies where they exist."""
+
+    def __init__(self, inner: ObjectStore, copies: LocalCopies) -> None:
+        self.inner = inner
+        self.copies = copies
+        self.url = inner.url
+
+    def __repr__(self) -> str:
+        return f"LocalCopyStore({self.inner!r}, {str(self.copies.base)!r})"
+
+    @staticmethod
+    def copied(key: str) -> bool:
+        parsed = parse_key(key)
+        return parsed is not None and parsed.kind in COPIED_KINDS
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+        if self.copied(key):
+            self.copies.add(key, bytes(data))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def get(self, key: str) -> bytes:
+        if not self.copied(key):
+            return self.inner.get(key)
+        stats = self.copies.stats
+        local = self.copies.get(key)
+        if local is not None:
+            with stats._lock:
+                stats.hits += 1
+                stats.bytes_local += len(local)
+            return local
+        data = self.inner.get(key)
+        with stats._lock:
+            stats.misses += 1
+            stats.bytes_remote += len(data)
+        self.copies.add(key, data)
+        return data
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if not self.copied(key):
+            return self.inner.get_range(key, offset, length)
+        stats = self.copies.stats
+        local = self.copies.get_range(key, offset, length)
+        if local is not None:
+            with stats._lock:
+                stats.hits += 1
+                stats.bytes_local += len(local)
+            return local
+        data = self.inner.get_range(key, offset, length)
+        with stats._lock:
+            stats.misses += 1
+            stats.bytes_remote += len(data)
+        return data
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self.inner.head(key)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+        if self.copied(key):
+            self.copies.drop(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def default_directory() -> Path:
+    """Where local copies go unless told: ``$XDG_CACHE_HOME/statelog/copies`` (``~/.cache``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "statelog" / "copies"
+
+
+def local_copies_setting(setting: object, label: str = "local_copies") -> dict[str, Any] | None:
+    """``setting`` checked and spelled out (``directory``, ``budget_bytes``), ``None`` for off:
+    ``None``/``False``: off; ``True``: :func:`default_directory` with the default budget; a
+    path: that directory; a mapping with ``directory`` and/or ``budget_bytes``. Nothing is
+    created here."""
+    if setting is None or setting is False:
+        return None
+    directory: object = default_directory()
+    budget: object = DEFAULT_BUDGET_BYTES
+    if isinstance(setting, str | os.PathLike):
+        directory = setting
+    elif isinstance(setting, Mapping):
+        unknown = set(setting) - {"directory", "budget_bytes"}
+        if unknown:
+            raise ConfigError(f"unknown {label} option(s) {sorted(map(str, unknown))}; use directory and budget_bytes")
+        directory = setting.get("directory", directory)
+        budget = setting.get("budget_bytes", budget)
+    elif setting is not True:
+        raise ConfigError(
+            f"{label} must be True, False, None, a directory or a dict with directory and "
+            f"budget_bytes, got {type(setting).__name__}"
+        )
+    if not isinstance(directory, str | os.PathLike) or not str(directory):
+        raise ConfigError(f"{label}' directory must be a non-empty path, got {directory!r}")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise ConfigError(f"{label}' budget_bytes must be an int of bytes >= 0, got {budget!r}")
+    return {"directory": os.fspath(directory), "budget_bytes": budget}
+
+
+def with_local_copies(store: ObjectStore, setting: object) -> ObjectStore:
+    """``store`` wrapped by :class:`LocalCopyStore` as ``setting`` says (:func:`local_copies_setting`)."""
+    checked = local_copies_setting(setting)
+    if checked is None:
+        return store
+    return LocalCopyStore(store, LocalCopies(checked["directory"], store.url, checked["budget_bytes"]))
