@@ -107,9 +107,7 @@ class StateJob:
         retain_checkpoints = RETAIN.check(retain_checkpoints)  # ranges: statelog/options/engine.py
         self.writer_options = WriterOptions.from_mapping(writer_options)  # names, defaults, ranges
         own_store = store is None
-        inner = store if store is not None else open_store(root, store_options)
-        # write-once data objects also kept on local disk (task-local recovery): docs/store.md
-        inner = with_local_copies(inner, local_copies)
+        inner = with_local_copies(store if store is not None else open_store(root, store_options), local_copies)
         self.local_copies = inner.copies if isinstance(inner, LocalCopyStore) else None
         # one checkpoint publisher per root: the lease is taken by the first backend or publish
         # (statelog/checkpoint/writer_lease.py); writer_lease=False only for processes that write
@@ -117,8 +115,7 @@ class StateJob:
         self._lease = RootLease(inner, writer_lease_ttl_s, writer_owner, self._on_fenced) if writer_lease else None
         # the lease holder's every write is checked: a process that lost the root writes nothing
         # (a process writing under another's lease, a runtime worker, passes its own check)
-        if self._lease is not None:
-            write_guard = self._lease.check_writable
+        write_guard = self._lease.check_writable if self._lease is not None else write_guard
         self.store = FencedStore(inner, write_guard) if write_guard is not None else inner
         self.root = self.store.url
         self.catalog = JobCatalog(self.store)
@@ -132,19 +129,17 @@ class StateJob:
             if own_store:
                 self.store.close()
             raise
-        self.job_id = info.job_id
-        self.max_parallelism = info.max_parallelism
+        self.job_id, self.max_parallelism = info.job_id, info.max_parallelism
         self.retain_checkpoints = retain_checkpoints
-        # restore key groups on first use (statelog/restore/ondemand/) instead of all before returning
-        self.on_demand_restore = bool(on_demand_restore)
+        self.on_demand_restore = bool(on_demand_restore)  # key groups on first use (restore/ondemand/)
         self.on_demand_background = True  # False: key groups load only when touched (tests)
         self.on_demand_options = OnDemandOptions()  # the tuning of on-demand restores
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
-        self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease, self.metrics.history_fields)
+        self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease,
+                                                self.metrics.history_fields)
         self._writer: ChangelogWriter | None = None
         self._materializations = MaterializationWatch(self.store, log)
-        # how often checkpoint() looks for a newer materialization (one LIST request)
-        self.materialization_poll_s = 1.0
+        self.materialization_poll_s = 1.0  # how often checkpoint() lists newer materializations
 
     def __repr__(self) -> str:
         # the store's repr hides credentials (statelog.store.options); nothing else here is secret
