@@ -171,3 +171,27 @@ def test_consumer_loop_first_checkpoint_loads_no_pandas(tmp_path: Path) -> None:
         "job.close()\n"
     )
     assert _heavy_modules_after(code) == []
+
+
+def test_background_materialization_of_the_first_checkpoint_loads_no_pandas(tmp_path: Path) -> None:
+    """A restarted loop's background materializer writes its first checkpoint's tables (a value
+    state: base rows and change records merged, Parquet row groups) without importing pandas:
+    an import of ~0.5 s in the materializer's thread would hold up the loop's records."""
+    url = (tmp_path / "root").as_uri()
+    out = subprocess.run([sys.executable, "-c", f"import bench.startup\nbench.startup.make_list_root({url!r}, 500)\n"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    code = (
+        "import pyarrow as pa, statelog, materializer\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore=job.latest_checkpoint())\n"
+        "bg = materializer.start_background(job)\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        "for k in range(0, 1000, 3):\n"
+        "    b.set_current_key(k); s.update(s.value() + 1)\n"
+        "job.checkpoint(sources={'input': {0: 4000}})\n"
+        "summary = bg.trigger()\n"
+        "assert summary['materialization']['checkpoint_id'] == 4, summary\n"
+        "bg.stop(); job.close()\n"
+    )
+    assert _heavy_modules_after(code) == []
