@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", default=None,
                         help="kafka and startup: HOST:PORT of a broker to use (default: start the test broker)")
     parser.add_argument("--rounds", type=int, default=None, help="startup only: fresh processes per figure")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="startup only: the steps of restart_first_record_s (medians)")
+    parser.add_argument("--no-bytecode-cache", action="store_true",
+                        help="startup only: measure without a bytecode cache of its own (as the environment has it)")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = {}
@@ -48,6 +52,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.name != "startup":
             parser.error("--rounds applies to the startup benchmark only")
         extra["rounds"] = args.rounds
+    if args.breakdown:
+        if args.name != "startup":
+            parser.error("--breakdown applies to the startup benchmark only")
+        extra["breakdown"] = True
+    if args.no_bytecode_cache:
+        if args.name != "startup":
+            parser.error("--no-bytecode-cache applies to the startup benchmark only")
+        extra["bytecode_cache"] = False
     result = module.run(quick=args.quick, root=args.root, progress=not args.json, **extra)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -19,6 +19,18 @@ median counts, ``*_spread`` = (max - min) ÷ median.
   record processed (measured in the child), so it includes the interpreter's start, the
   imports, the restore of ``KEYS`` keys, taking over the dead process's writer lease and
   the consumer's first fetch.
+* ``restart_breakdown`` (with ``--breakdown``): the steps of ``restart_first_record_s``,
+  each the median over the rounds of its seconds (:data:`bench.startup_loop.STEPS`: the
+  interpreter's start, the imports, ``statelog.open``, the backend's restore up to its
+  return, the background materializer's start, the consumer's creation and assignment, the
+  polls up to the first record, and the first record itself with its key group's load).
+* ``bytecode_cache``: where the measured processes find compiled bytecode. An installed
+  package has it (pip compiles it); a source tree gets it on first import, unless the
+  environment sets ``PYTHONDONTWRITEBYTECODE``: then every fresh process would compile the
+  project's ~200 modules again (~0.2 s of CPU). So the measured processes run with
+  ``PYTHONPYCACHEPREFIX`` set to a temporary directory (``"prefix"``) and one unrecorded
+  round first, which writes it; ``--no-bytecode-cache`` measures them as the environment
+  has them (``"environment"``).
 * ``import_profile``: ``python -X importtime`` of ``import statelog`` and of the loop's
   imports (``statelog.job``, ``materializer.background``, ``confluent_kafka``): the total and
   the top-level packages by cumulative import time (one process each, not a median).
@@ -26,6 +38,7 @@ median counts, ``*_spread`` = (max - min) ÷ median.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -59,9 +72,19 @@ def _cli() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "tools.cli"]
 
 
-def _wall(cmd: list[str]) -> float:
+def child_env(pycache: Path | None) -> dict[str, str]:
+    """The measured processes' environment: this one, with compiled bytecode written to and
+    read from ``pycache`` (``None``: as this environment has it)."""
+    env = dict(os.environ)
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    return env
+
+
+def _wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
-    out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=WAIT_S)
+    out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=WAIT_S, env=env)
     elapsed = time.perf_counter() - t
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}: {out.stderr.strip()[-400:]}")
@@ -73,10 +96,10 @@ def _summary(values: list[float]) -> tuple[float, float]:
     return med, (max(values) - min(values)) / med if med else 0.0
 
 
-def import_profile(code: str) -> dict[str, Any]:
+def import_profile(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """``python -X importtime -c code``: total seconds and the top-level packages by cumulative time."""
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
-                         timeout=WAIT_S, check=True)  # fmt: skip
+                         timeout=WAIT_S, check=True, env=env)  # fmt: skip
     packages: dict[str, float] = {}
     total = 0.0
     for line in out.stderr.splitlines():
@@ -130,11 +153,12 @@ def produce(bootstrap: str, topic: str, records: int) -> None:
 class Loop:
     """The consumer loop of :mod:`bench.startup_loop` as a child process."""
 
-    def __init__(self, bootstrap: str, topic: str, root: str, every: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, root: str, every: int, env: dict[str, str] | None = None) -> None:
         self.t0 = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.startup_loop", bootstrap, topic, root, str(every), repr(self.t0)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1],
+            env=env,
         )  # fmt: skip
 
     def wait_for(self, word: str) -> list[str]:
@@ -158,7 +182,7 @@ class Loop:
 
 
 def run(quick: bool = False, root: str | None = None, progress: bool = True, rounds: int | None = None,
-        bootstrap: str | None = None) -> dict[str, Any]:  # fmt: skip
+        bootstrap: str | None = None, breakdown: bool = False, bytecode_cache: bool = True) -> dict[str, Any]:  # fmt: skip
     from contextlib import ExitStack
 
     keys = QUICK_KEYS if quick else KEYS
@@ -170,6 +194,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-startup-")))
         base = root.rstrip("/") if root else tmp.as_uri()
         list_root, loop_root = f"{base}/list", f"{base}/loop"
+        env = child_env(tmp / "pycache" if bytecode_cache else None)
         _log(progress, f"startup: a root of {LIST_CHECKPOINTS} checkpoints x {keys} keys for checkpoints list")
         make_list_root(list_root, keys)
         if bootstrap is None:
@@ -184,7 +209,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(60)
         produce(bootstrap, topic, keys + EXTRA_RECORDS)
         _log(progress, f"startup: first run of the loop ({keys} keys), killed after its checkpoint")
-        first = Loop(bootstrap, topic, loop_root, keys)
+        first = Loop(bootstrap, topic, loop_root, keys, env)
         try:
             first.wait_for("CHECKPOINT")
         finally:
@@ -192,29 +217,38 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
         cli = _cli()
         runs: dict[str, list[float]] = {k: [] for k in TARGETS}
         pandas_loaded: list[int] = []
+        steps: dict[str, list[float]] = {}
+        if bytecode_cache:  # one unrecorded round writes the bytecode of what the rounds import
+            for cmd in ([sys.executable, "-c", "import statelog"], [*cli, "--help"], [*cli, "checkpoints", "list", list_root]):
+                _wall(cmd, env)
         for r in range(rounds):
-            runs["import_statelog_s"].append(_wall([sys.executable, "-c", "import statelog"]))
-            runs["cli_help_s"].append(_wall([*cli, "--help"]))
-            runs["checkpoints_list_s"].append(_wall([*cli, "checkpoints", "list", list_root]))
-            loop = Loop(bootstrap, topic, loop_root, keys)
+            runs["import_statelog_s"].append(_wall([sys.executable, "-c", "import statelog"], env))
+            runs["cli_help_s"].append(_wall([*cli, "--help"], env))
+            runs["checkpoints_list_s"].append(_wall([*cli, "checkpoints", "list", list_root], env))
+            loop = Loop(bootstrap, topic, loop_root, keys, env)
             try:
                 line = loop.wait_for("FIRST")
+                for step, seconds in json.loads(" ".join(loop.wait_for("BREAKDOWN")[1:])).items():
+                    steps.setdefault(step, []).append(seconds)
             finally:
                 loop.kill()
             runs["restart_first_record_s"].append(float(line[1]))
             pandas_loaded.append(int(line[3]))
             _log(progress, f"startup: round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in runs.items()))
         profile = {
-            "import_statelog": import_profile("import statelog"),
-            "consumer_loop_imports": import_profile(LOOP_IMPORTS),
+            "import_statelog": import_profile("import statelog", env),
+            "consumer_loop_imports": import_profile(LOOP_IMPORTS, env),
         }
-    result: dict[str, Any] = {"rounds": rounds, "keys": keys, "cli": " ".join(Path(c).name for c in cli)}
+    result: dict[str, Any] = {"rounds": rounds, "keys": keys, "cli": " ".join(Path(c).name for c in cli),
+                              "bytecode_cache": "prefix" if bytecode_cache else "environment"}  # fmt: skip
     for name, values in runs.items():
         med, spread = _summary(values)
         result[name] = round(med, 4)
         result[name.removesuffix("_s") + "_spread"] = round(spread, 3)
         result[name.removesuffix("_s") + "_target_s"] = TARGETS[name]
     result["restart_pandas_loaded_at_first_record"] = max(pandas_loaded)
+    if breakdown:
+        result["restart_breakdown"] = {step: round(statistics.median(v), 4) for step, v in steps.items()}
     result["import_profile"] = profile
     result["load_average_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     result["cpus"] = os.cpu_count()

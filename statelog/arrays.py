@@ -1,10 +1,10 @@
 """Arrow arrays from and to numpy through their buffers, without pandas.
 
 pyarrow imports pandas (~0.2 s) on the first ``pa.array(...)`` or ``.to_numpy()`` of a
-process (it checks whether its argument is a pandas object). The restore path and the first
-records of a restarted process use these instead, so that a restart does not pay that
-import (docs/performance.md, "Start-up"); ``tests/architecture/test_startup_imports.py``
-checks it.
+process (it checks whether its argument is a pandas object). The restore path, the first
+records of a restarted process and the materializer's merge of value-like states use these
+instead, so that a restart does not pay that import (docs/performance.md, "Start-up");
+``tests/architecture/test_startup_imports.py`` checks it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,14 @@ def integer_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if not parts:
         return np.empty(0, dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def booleans(values: np.ndarray) -> pa.Array:
+    """``pa.array(values, pa.bool_())`` of a one-dimensional numpy array of booleans (no nulls),
+    bit-packed into its buffer."""
+    values = np.asarray(values, dtype=bool)
+    bits = np.packbits(values, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
 
 
 def numpy_integers(values: np.ndarray) -> pa.Array:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statelog.arrays import booleans, numpy_integers
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import ChangeBatch
 from statelog.descriptors import StateInfo
@@ -41,13 +43,13 @@ def merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table])
         m = t.num_rows
         cols = [t.column("key_group"), t.column("key"), t.column("namespace"), t.column(vcol)]
         cols.append(pa.nulls(m, pa.int64()) if timers else t.column("expires_ms"))
-        cols += [pa.repeat(pa.scalar(put, pa.uint8()), m), pa.array(range(n, n + m), pa.int64())]
+        cols += [numpy_integers(np.full(m, put, np.uint8)), numpy_integers(np.arange(n, n + m, dtype=np.int64))]
         parts.append(cols)
         n += m
     for t in tail:
         m = t.num_rows
         ops = t.column("op")
-        bad = pc.filter(ops, pc.invert(pc.is_in(ops, pa.array(sorted(applier.ops), pa.uint8()))))
+        bad = pc.filter(ops, pc.invert(pc.is_in(ops, numpy_integers(np.array(sorted(applier.ops), np.uint8)))))
         if len(bad):
             raise applier.invalid(bad[0].as_py())
         value = t.column("value")
@@ -57,7 +59,7 @@ def merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table])
         if exp.type != pa.int64():
             exp = exp.cast(pa.int64())
         cols = [t.column("key_group").cast(pa.int32()), t.column("key"), t.column("namespace"), value, exp,
-                ops, pa.array(range(n, n + m), pa.int64())]
+                ops, numpy_integers(np.arange(n, n + m, dtype=np.int64))]
         parts.append(cols)
         n += m
     if n == 0:
@@ -74,11 +76,11 @@ def merge_last_wins(info: StateInfo, base: list[pa.Table], tail: list[pa.Table])
             col = srt.column(c)
             ne = pc.not_equal(col.slice(1), col.slice(0, srt.num_rows - 1))
             diff = ne if diff is None else pc.or_(diff, ne)
-        last = pa.chunked_array([*diff.chunks, pa.array([True])]) if isinstance(diff, pa.ChunkedArray) \
-            else pa.concat_arrays([diff, pa.array([True])])
+        last = pa.chunked_array([*diff.chunks, booleans(np.ones(1, bool))]) if isinstance(diff, pa.ChunkedArray) \
+            else pa.concat_arrays([diff, booleans(np.ones(1, bool))])
     else:
-        last = pa.array([True] * srt.num_rows)
-    keep = pc.and_(last, pc.equal(srt.column("op"), put))
+        last = booleans(np.ones(srt.num_rows, bool))
+    keep = pc.and_(last, pc.equal(srt.column("op"), numpy_integers(np.array([put], np.uint8))[0]))
     out = srt.filter(keep)
     if timers:
         arrays = [out.column("key_group"), out.column("key"), out.column("namespace"), out.column("v")]

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from statelog.arrays import integer_numpy
 from statelog.changelog.format import TIMER_STATES
 from statelog.descriptors import StateInfo, StateKind
 from statelog.types import PICKLE, arrow_type
@@ -209,7 +210,7 @@ def encode_parquet(
         buf, table.schema, compression="zstd", compression_level=1, write_page_checksum=True,
         write_statistics=["key_group", "key"], use_dictionary=dictionary,
     ) as writer:  # fmt: skip
-        bounds = row_group_bounds(table.column("key_group").to_numpy(), row_group_rows, min_row_group_rows)
+        bounds = row_group_bounds(integer_numpy(table.column("key_group")), row_group_rows, min_row_group_rows)
         for start, end in bounds or [(0, 0)]:
             writer.write_table(table.slice(start, end - start), row_group_size=max(1, end - start))
     return buf.getvalue()

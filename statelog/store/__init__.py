@@ -20,7 +20,6 @@ from urllib.parse import unquote, urlsplit
 
 from statelog.errors import ConfigError
 from statelog.store.base import ObjectInfo, ObjectStore
-from statelog.store.fencing import FencedStore
 from statelog.store.retry import RetryPolicy, call_with_retry
 from statelog.store.validation import (
     check_segments,
@@ -159,15 +158,6 @@ def open_store(url: str, options: Mapping[str, Any] | None = None) -> ObjectStor
 def reopen_store(store: ObjectStore) -> ObjectStore | None:
     """A separate handle on the root of ``store`` (its own connections, closed by whoever
     reopened it), as :func:`open_store` opened it; ``None`` for any other store (a wrapper such
-    as a fault injector), which the caller then shares. Callers need no implementation class."""
-    from statelog.store.local import LocalObjectStore
-    from statelog.store.s3.object_store import S3ObjectStore
-
-    if isinstance(store, FencedStore):  # the twin is fenced by the same lease
-        twin = reopen_store(store.inner)
-        return None if twin is None else FencedStore(twin, store.check)
-    if isinstance(store, S3ObjectStore):
-        return S3ObjectStore(store.bucket, store.prefix, store.config)
-    if isinstance(store, LocalObjectStore):
-        return LocalObjectStore(store.root)
-    return None
+    as a fault injector), which the caller then shares (:meth:`ObjectStore.reopen`). Callers
+    need no implementation class, and a ``file://`` root's reopening imports no S3 client."""
+    return store.reopen()

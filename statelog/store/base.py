@@ -86,6 +86,12 @@ class ObjectStore(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
 
+    def reopen(self) -> ObjectStore | None:
+        """A separate handle on the same root (its own connections, closed by the caller), or
+        ``None`` if this store cannot be reopened (the default: a wrapper such as a fault
+        injector, which callers then share)."""
+        return None
+
     def __enter__(self) -> ObjectStore:
         return self
 

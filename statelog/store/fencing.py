@@ -54,3 +54,8 @@ class FencedStore(ObjectStore):
 
     def close(self) -> None:
         self.inner.close()
+
+    def reopen(self) -> FencedStore | None:
+        """The inner store reopened, fenced by the same check (the same lease)."""
+        twin = self.inner.reopen()
+        return None if twin is None else FencedStore(twin, self.check)

@@ -79,6 +79,9 @@ class LocalObjectStore(ObjectStore):
     def __repr__(self) -> str:
         return f"LocalObjectStore({self.url!r})"
 
+    def reopen(self) -> LocalObjectStore:
+        return LocalObjectStore(self.root)
+
     # -- helpers -------------------------------------------------------------------------
 
     def _path(self, key: str) -> Path:

@@ -139,3 +139,95 @@ def test_restore_and_first_record_load_no_pandas(tmp_path: Path) -> None:
         "job.close(flush=False)\n"
     )
     assert _heavy_modules_after(code) == []
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_runtime_application_imports_no_cluster_module() -> None:
+    """``from runtime import Application`` (a consumer loop) loads runtime.app and what it
+    needs, not the job master, the workers, the tasks, the network or the connectors."""
+    code = (
+        "import json, sys\n"
+        "from runtime import Application\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('runtime.') and not m.startswith('runtime.app'))))\n"
+    )
+    assert json.loads(_run(code).splitlines()[-1]) == []
+
+
+def test_runtime_names_resolve_on_first_use() -> None:
+    code = (
+        "import runtime\n"
+        "from runtime import JobClient, StreamExecutionEnvironment\n"
+        "assert runtime.JobClient is JobClient and StreamExecutionEnvironment.__name__ == 'StreamExecutionEnvironment'\n"
+        "assert all(hasattr(runtime, name) for name in runtime.__all__)\n"
+        "assert set(runtime.__all__) <= set(dir(runtime))\n"
+        "try:\n"
+        "    runtime.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    assert "module 'runtime' has no attribute 'no_such_name'" in _run(code)
+
+
+def test_consumer_loop_start_loads_no_heavy_dependency(tmp_path: Path) -> None:
+    """The guide's loop on a ``file://`` root up to its first record: statelog.open, a backend,
+    the background materializer (its own handle on the root: no S3 client for a file root)."""
+    code = (
+        "import pyarrow as pa, statelog, materializer\n"
+        f"job = statelog.open({(tmp_path / 'root').as_uri()!r})\n"
+        "b = job.backend('op', restore='none')\n"
+        "bg = materializer.start_background(job)\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('n', pa.int64(), default=0))\n"
+        "b.set_current_key('k'); s.update(s.value() + 1)\n"
+        "bg.stop(); job.close()\n"
+    )
+    assert _heavy_modules_after(code) == []
+
+
+def test_consumer_loop_first_checkpoint_loads_no_pandas(tmp_path: Path) -> None:
+    """A restarted loop's first checkpoint (restore, updates, ``job.checkpoint``) in the loop's
+    own thread imports no pandas (pyarrow would on a ``pa.array`` or ``to_numpy``)."""
+    url = (tmp_path / "root").as_uri()
+    out = subprocess.run([sys.executable, "-c", f"import bench.startup\nbench.startup.make_list_root({url!r}, 500)\n"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    code = (
+        "import pyarrow as pa, statelog\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore=job.latest_checkpoint())\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        "for k in range(0, 1000, 3):\n"
+        "    b.set_current_key(k); s.update(s.value() + 1)\n"
+        "meta = job.checkpoint(sources={'input': {0: 4000}})\n"
+        "assert meta.checkpoint_id == 4, meta.checkpoint_id\n"
+        "job.close()\n"
+    )
+    assert _heavy_modules_after(code) == []
+
+
+def test_background_materialization_of_the_first_checkpoint_loads_no_pandas(tmp_path: Path) -> None:
+    """A restarted loop's background materializer writes its first checkpoint's tables (a value
+    state: base rows and change records merged, Parquet row groups) without importing pandas:
+    an import of ~0.5 s in the materializer's thread would hold up the loop's records."""
+    url = (tmp_path / "root").as_uri()
+    out = subprocess.run([sys.executable, "-c", f"import bench.startup\nbench.startup.make_list_root({url!r}, 500)\n"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    code = (
+        "import pyarrow as pa, statelog, materializer\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore=job.latest_checkpoint())\n"
+        "bg = materializer.start_background(job)\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        "for k in range(0, 1000, 3):\n"
+        "    b.set_current_key(k); s.update(s.value() + 1)\n"
+        "job.checkpoint(sources={'input': {0: 4000}})\n"
+        "summary = bg.trigger()\n"
+        "assert summary['materialization']['checkpoint_id'] == 4, summary\n"
+        "bg.stop(); job.close()\n"
+    )
+    assert _heavy_modules_after(code) == []

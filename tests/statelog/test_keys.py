@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statelog.arrays import binary_array, integer_numpy, numpy_integers
+from statelog.arrays import binary_array, booleans, integer_numpy, numpy_integers
 from statelog.errors import ConfigError, SerializationError
 from statelog.keys.encoding import decode_key, encode_key, register_key_type
 from statelog.keys.groups import (
@@ -292,3 +292,10 @@ def test_numpy_integers_equals_pa_array() -> None:
     x = np.arange(20, dtype=np.int64)
     for values in (x, x[3:9], x[::3], np.array([], np.int64), np.arange(5, dtype=np.uint16)):
         assert numpy_integers(values).equals(pa.array(values))
+
+
+@pytest.mark.parametrize("values", [[], [True], [True, False, True] * 5, [False] * 17, [True] * 64])
+def test_booleans_equals_pa_array(values: list[bool]) -> None:
+    arr = booleans(np.array(values, bool))
+    arr.validate(full=True)
+    assert arr.equals(pa.array(values, pa.bool_())) and arr.null_count == 0

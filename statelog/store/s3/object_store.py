@@ -24,6 +24,9 @@ from statelog.store.validation import validate_prefix, validate_range
 class S3ObjectStore(S3Writes, ObjectStore):
     """Write-once objects in ``bucket`` below ``prefix`` on an S3-compatible server."""
 
+    def reopen(self) -> S3ObjectStore:
+        return S3ObjectStore(self.bucket, self.prefix, self.config)
+
     def get(self, key: str) -> bytes:
         name = self._object_name(key)
         return self._call("get", key, lambda: self._read(name))
