@@ -306,6 +306,12 @@ class LocalCopyStore(ObjectStore):
         if self.copied(key):
             self.copies.drop(key)
 
+    def reopen(self) -> LocalCopyStore | None:
+        """The inner store reopened, with the same copies (a background materializer's tables
+        are copied for this host's next restore too)."""
+        twin = self.inner.reopen()
+        return None if twin is None else LocalCopyStore(twin, self.copies)
+
     def close(self) -> None:
         self.inner.close()
 

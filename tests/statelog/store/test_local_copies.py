@@ -152,3 +152,15 @@ def test_statelog_open_takes_local_copies_and_a_restarted_loop_restores_from_the
 def test_bad_local_copies_settings_are_clear_errors(tmp_path: Path, setting: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         statelog.open((tmp_path / "root").as_uri(), local_copies=setting)
+
+
+def test_a_reopened_store_shares_the_copies(tmp_path: Path) -> None:
+    store, _ = copy_store(tmp_path)
+    inner = open_store((tmp_path / "root").as_uri())
+    plain = LocalCopyStore(inner, store.copies)
+    twin = plain.reopen()
+    assert isinstance(twin, LocalCopyStore) and twin.copies is store.copies and twin.inner is not inner
+    twin.put(SEG, b"written by the twin")
+    assert store.copies.get(SEG) == b"written by the twin"
+    twin.close()
+    assert store.reopen() is None  # a fault injector underneath cannot be reopened
