@@ -79,13 +79,32 @@ def store_root(request: pytest.FixtureRequest) -> RootSpec:
     return request.getfixturevalue(name)
 
 
+# the xdist groups that take longest, longest first (minutes each on a 2-core machine)
+LONG_GROUPS = ("spark", "cluster", "clickstream", "prometheus")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests of the one SparkSession (fixture ``spark``) run on one worker under ``--dist
-    loadgroup``; Spark tests with their own JVMs (subprocesses, clusters) may run on either."""
+    loadgroup``; Spark tests with their own JVMs (subprocesses, clusters) may run on either.
+
+    On an xdist worker the long work comes first: the groups of ``LONG_GROUPS``, then the
+    tests marked ``slow``, then the rest, each in collection order. xdist hands the work out
+    in this order, so the short tests at the end keep both workers busy until the last one
+    (a long test started last left one worker idle for a minute)."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+    if hasattr(config, "workerinput"):  # every worker sorts alike: they must collect the same list
+        items.sort(key=_long_first)
+
+
+def _long_first(item: pytest.Item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    name = (mark.args[0] if mark.args else mark.kwargs.get("name")) if mark is not None else None
+    if name in LONG_GROUPS:
+        return LONG_GROUPS.index(name)
+    return len(LONG_GROUPS) + (0 if item.get_closest_marker("slow") else 1)
 
 
 SPARK_CONF_DIR = Path(__file__).parent / "support" / "spark" / "conf"

@@ -312,11 +312,14 @@ class KafkaSinkOperator(StreamOperator):
 
     def close(self) -> None:
         if self.sink.delivery != "exactly-once":
-            if hasattr(self, "producer"):
+            producer = self.__dict__.pop("producer", None)
+            if producer is not None:
                 try:
-                    self._call("flush", self.producer.flush, 5)
+                    self._call("flush", producer.flush, 5)
                 except KafkaError as e:  # closing after a failure: that failure is the error
                     log.warning("%s", e)
+                    producer.purge()  # what was not delivered: close() would wait for it
+                producer.close()  # no client left reconnecting to a broker that is gone
             return
         # open and pre-committed transactions stay as they are: the next attempt decides
         for c in self.__dict__.get("markers", {}).values():

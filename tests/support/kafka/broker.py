@@ -39,6 +39,7 @@ worker starts its own broker. Subprocesses get ``bootstrap_servers`` (a plain st
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
@@ -202,6 +203,16 @@ class KafkaBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def client_handles() -> int:
+    """How many librdkafka clients (producers, consumers, admin clients) of this process are
+    alive: each has one thread named ``rdk:main`` until it is closed or destroyed."""
+    count = 0
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # the thread ended meanwhile
+            count += (task / "comm").read_text().strip() == "rdk:main"
+    return count
 
 
 def _wait_ready(broker: KafkaBroker, deadline: float) -> None:

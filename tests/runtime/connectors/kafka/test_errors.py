@@ -6,6 +6,7 @@ reported as itself, not as a SystemError from the delivery callback."""
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
@@ -36,7 +37,7 @@ from runtime.connectors.kafka import (
 from runtime.connectors.kafka.records import split_id
 from statelog.errors import ConfigError
 from statelog.kafka import KafkaOffsets
-from tests.support.kafka.broker import KafkaBroker, start_kafka
+from tests.support.kafka.broker import KafkaBroker, client_handles, start_kafka
 from tests.support.procs import free_ports
 from tests.support.s3server import RootSpec
 
@@ -271,6 +272,8 @@ def test_kafka_offsets_from_consumer_settings(kafka_broker: KafkaBroker) -> None
 def test_a_fatal_producer_error_after_a_broker_restart_is_reported_as_itself(tmp_path: Path, file_root: RootSpec) -> None:
     with start_kafka(tmp_path / "kafka") as broker:
         topic = broker.create_topic()
+        gc.collect()  # clients other tests left to the collector go now, not during this test
+        clients = client_handles()
         op = _sink_operator(KafkaSink(broker.bootstrap_servers, topic, delivery="at-least-once"), file_root)
         i = 0
         with pytest.raises(KafkaError) as info:
@@ -284,6 +287,10 @@ def test_a_fatal_producer_error_after_a_broker_restart_is_reported_as_itself(tmp
                     op.process({"i": i}, None, 0)
                     i += 1
                 op.snapshot(2 * rnd + 2)  # the producer's sequence numbers no longer match the broker's
+        # closed before its broker stops: a producer left open (the traceback keeps the operator)
+        # reconnects to the stopped broker until the session ends
+        op.close()
+        assert client_handles() == clients, "the sink's producer outlived close()"
     err = info.value
     assert re.match(rf"KafkaSink out \('{topic}'\): (flush|poll) failed: KafkaError{{FATAL,code=", str(err)), str(err)
     assert "a fatal producer error" in str(err)
