@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         ValueStateDescriptor,
     )
     from statelog.errors import StatelogError
-    from statelog.follow.follower import Follower, follow
+    from statelog.following.follower import Follower, follow
     from statelog.job import StateJob, open_job
     from statelog.job import open_job as open  # noqa: A004 - the natural name: statelog.open(root)
     from statelog.keys.encoding import register_key_type
@@ -55,8 +55,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "TtlUpdate": ("statelog.descriptors", "TtlUpdate"),
     "ValueStateDescriptor": ("statelog.descriptors", "ValueStateDescriptor"),
     "StatelogError": ("statelog.errors", "StatelogError"),
-    "Follower": ("statelog.follow.follower", "Follower"),
-    "follow": ("statelog.follow.follower", "follow"),
+    "Follower": ("statelog.following.follower", "Follower"),
+    "follow": ("statelog.following.follower", "follow"),
     "StateJob": ("statelog.job", "StateJob"),
     "open_job": ("statelog.job", "open_job"),
     "open": ("statelog.job", "open_job"),

@@ -4,11 +4,11 @@
 checkpoint as a backend restores (on demand or at once, memory or disk working set), then
 each :meth:`Follower.poll` (called by its background thread every ``poll_s`` seconds, or by
 the caller) looks for a newer checkpoint and, when that checkpoint extends what the replica
-applied (:meth:`~statelog.follow.replica.OperatorReplica.gap`), reads and applies only the
+applied (:meth:`~statelog.following.replica.OperatorReplica.gap`), reads and applies only the
 changelog after it. When it does not (the job restored an earlier checkpoint, or what the
 follower needs was materialized and collected), it restores that checkpoint again, logs why
 and counts it (``position.restores``). With consistency ``"flushed"`` it also applies the
-changelog the writer flushed after the checkpoint (:mod:`statelog.follow.flushed`).
+changelog the writer flushed after the checkpoint (:mod:`statelog.following.flushed`).
 
 A follower never takes the writer lease and never writes to the root. Lookups
 (:meth:`Follower.get`, :meth:`Follower.read`) see whole polls only: changes are read
@@ -28,9 +28,9 @@ from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError, CorruptionError, StatelogError
-from statelog.follow.flushed import flushed_ranges
-from statelog.follow.position import Consistency, FollowPosition, Read, check_consistency
-from statelog.follow.replica import OperatorReplica, Prepared, ReplicaOptions
+from statelog.following.flushed import flushed_ranges
+from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
+from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
 from statelog.materialization.manifest import Manifest
 from statelog.options.engine import (
     DEFAULT_STATE_MEMORY,
@@ -106,6 +106,7 @@ class Follower:
         self._latest_id: int | None = None
         self._ahead = 0  # records applied beyond the checkpoint (consistency "flushed")
         self._flushed_ms: int | None = None
+        self._acquired: dict[int, int] = {}  # writer lease generation -> its acquisition time (ms)
         self.restores = 0
         self.last_restore_reason: str | None = None
         self.last_error: BaseException | None = None
@@ -136,7 +137,7 @@ class Follower:
 
     @property
     def position(self) -> FollowPosition:
-        """Where the follower is (:class:`~statelog.follow.position.FollowPosition`)."""
+        """Where the follower is (:class:`~statelog.following.position.FollowPosition`)."""
         with self._lock:
             meta, ahead, flushed_ms = self._meta, self._ahead, self._flushed_ms
             latest = self._latest_id
@@ -279,7 +280,7 @@ class Follower:
         newest: int | None = None
         for uid, rep in list(self._replicas.items()):
             try:
-                ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups)
+                ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, self._acquired)
                 if ranges:
                     prepared[uid] = rep.read(reader, ranges)
             except CorruptionError as e:  # (a segment collected or replaced while listed: next poll)

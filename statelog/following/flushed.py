@@ -13,18 +13,54 @@ from __future__ import annotations
 
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment import SegmentRef
+from statelog.checkpoint.lease_objects import read_object
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
+from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange
-from statelog.layout import CHANGELOG_PREFIX, parse_segment_key
+from statelog.layout import (
+    CHANGELOG_PREFIX,
+    WRITER_LEASE_PREFIX,
+    lease_generation_key,
+    parse_segment_key,
+)
 
-__all__ = ["flushed_ranges"]
+__all__ = ["current_writers", "flushed_ranges"]
+
+
+def current_writers(reader: SegmentReader, meta: CheckpointMetadata, writers: set[str], acquired: dict[int, int]) -> set[str]:
+    """The writers of ``writers`` (ids) that write under the writer lease generation that
+    published ``meta``: a writer id begins with its creation time (ms), and a process creates
+    its writer after it took the lease, so the others are writers of earlier runs whose
+    streams ``meta`` inherited (what they flushed after the checkpoint restored is in no
+    lineage). ``acquired`` caches each generation's acquisition time. Without a generation
+    (or its lease object), only the newest writer."""
+    if not writers:
+        return set()
+    g = meta.writer_generation
+    at = acquired.get(g) if g is not None else None
+    if g is not None and at is None:
+        try:
+            body = read_object(reader.store, lease_generation_key(WRITER_LEASE_PREFIX, g), "acquire", g)
+            at = acquired[g] = int(body["acquired_ms"])
+        except (ObjectNotFoundError, CorruptionError, KeyError, TypeError, ValueError):
+            at = None
+    if at is None:
+        return {max(writers)}
+    return {w for w in writers if _created_ms(w) >= at}
+
+
+def _created_ms(writer: str) -> int:
+    head = writer.split("-", 1)[0]
+    return int(head) if head.isdigit() else -1
 
 
 def flushed_ranges(
-    reader: SegmentReader, meta: CheckpointMetadata, applied: dict[str, int], kgr: KeyGroupRange
+    reader: SegmentReader, meta: CheckpointMetadata, applied: dict[str, int], kgr: KeyGroupRange,
+    acquired: dict[int, int],
 ) -> tuple[list[ChangelogRange], int | None]:
     """The ranges of the streams in ``applied`` (stream -> position applied) flushed after
-    it, in the segments of the writers that ``meta`` references, and the creation time (ms)
+    it, in the segments of the current writers that ``meta`` references
+    (:func:`current_writers`; ``acquired`` is its cache), and the creation time (ms)
     of the newest segment they come from (``None``: nothing flushed). ``applied`` is not
     changed; the caller applies the ranges and moves it on."""
     newest: dict[str, int] = {}  # writer id -> the newest segment number meta references
@@ -37,6 +73,8 @@ def flushed_ranges(
                     parsed = parse_segment_key(seg.name)
                     if parsed is not None:
                         newest[parsed[0]] = max(newest.get(parsed[0], -1), parsed[1])
+    live = current_writers(reader, meta, set(newest), acquired)
+    newest = {w: n for w, n in newest.items() if w in live}
     pos = dict(applied)
     out: list[ChangelogRange] = []
     created: int | None = None
