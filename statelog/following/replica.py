@@ -93,6 +93,7 @@ class OperatorReplica:
         self.applied: dict[str, int] = {}
         for r in _ranges(meta, uid):
             self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
+        self.base = _base(meta, uid)  # the materializations the applied state builds on
         self._keys: dict[bytes, Any] = {}
 
     def _register(self, meta: CheckpointMetadata) -> None:
@@ -109,7 +110,13 @@ class OperatorReplica:
         does, and :meth:`apply` catches up by reading the changelog after it).
         ``same_writer``: ``meta`` was published by the writer that published the checkpoint
         applied last (the same lease generation): only then may a stream applied beyond
-        ``meta`` (flushed changes) or no longer listed (materialized) be the same history."""
+        ``meta`` (flushed changes) or no longer listed (materialized) be the same history, or
+        the base be another materialization (a writer adopts only materializations of its own
+        history). A checkpoint of another writer extends this replica only when it builds on
+        the same materializations and lists every stream applied here, up to where it was
+        applied or further: then it descends from the checkpoint applied here or a later one."""
+        if not same_writer and _base(meta, self.uid) != self.base:
+            return f"checkpoint {meta.checkpoint_id} of another writer builds on other materializations"
         ends: dict[str, tuple[int, int]] = {}
         for r in _ranges(meta, self.uid):
             lo, hi = ends.get(r.stream, (r.start, r.end))
@@ -180,6 +187,7 @@ class OperatorReplica:
         for r in prepared.ranges:
             self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
         if prepared.meta is not None:
+            self.base = _base(prepared.meta, self.uid)
             kept = {r.stream for r in _ranges(prepared.meta, self.uid)}
             for stream in [s for s in self.applied if s not in kept]:
                 del self.applied[stream]
@@ -219,6 +227,13 @@ class OperatorReplica:
 def _ranges(meta: CheckpointMetadata, uid: str) -> list[ChangelogRange]:
     op = meta.operators.get(uid)
     return [r for h in op.subtasks for r in h.changelog] if op is not None else []
+
+
+def _base(meta: CheckpointMetadata, uid: str) -> frozenset[tuple[str, int, int]]:
+    op = meta.operators.get(uid)
+    if op is None:
+        return frozenset()
+    return frozenset((p.manifest, p.key_groups.start, p.key_groups.end) for h in op.subtasks for p in h.materialization)
 
 
 def _stream_ends(meta: CheckpointMetadata, uid: str) -> dict[str, int]:
