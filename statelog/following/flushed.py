@@ -29,24 +29,31 @@ __all__ = ["current_writers", "flushed_ranges"]
 
 def current_writers(reader: SegmentReader, meta: CheckpointMetadata, writers: set[str], acquired: dict[int, int]) -> set[str]:
     """The writers of ``writers`` (ids) that write under the writer lease generation that
-    published ``meta``: a writer id begins with its creation time (ms), and a process creates
-    its writer after it took the lease, so the others are writers of earlier runs whose
-    streams ``meta`` inherited (what they flushed after the checkpoint restored is in no
-    lineage). ``acquired`` caches each generation's acquisition time. Without a generation
-    (or its lease object), only the newest writer."""
-    if not writers:
-        return set()
+    published ``meta``, while it is the newest: a writer id begins with its creation time
+    (ms), and a process creates its writer after it took the lease, so writers created before
+    that generation was acquired are writers of earlier runs whose streams ``meta`` inherited.
+    Once a newer generation was acquired, none: what the old one flushed after ``meta`` will
+    never be in a checkpoint (the new writer restores a checkpoint). None either without a
+    generation or its lease object. ``acquired`` caches each generation's acquisition time."""
     g = meta.writer_generation
-    at = acquired.get(g) if g is not None else None
-    if g is not None and at is None:
+    if not writers or g is None:
+        return set()
+    start = _acquired_ms(reader, g, acquired)
+    if start is None or _acquired_ms(reader, g + 1, acquired) is not None:
+        return set()
+    return {w for w in writers if start <= _created_ms(w)}
+
+
+def _acquired_ms(reader: SegmentReader, g: int, acquired: dict[int, int]) -> int | None:
+    """When writer lease generation ``g`` was acquired (the holder's clock), ``None`` if it was not (yet)."""
+    at = acquired.get(g)
+    if at is None:
         try:
             body = read_object(reader.store, lease_generation_key(WRITER_LEASE_PREFIX, g), "acquire", g)
             at = acquired[g] = int(body["acquired_ms"])
         except (ObjectNotFoundError, CorruptionError, KeyError, TypeError, ValueError):
-            at = None
-    if at is None:
-        return {max(writers)}
-    return {w for w in writers if _created_ms(w) >= at}
+            return None
+    return at
 
 
 def _created_ms(writer: str) -> int:

@@ -24,7 +24,7 @@ from statelog.descriptors import AggregatingStateDescriptor, StateDescriptor, St
 from statelog.errors import StatelogError
 from statelog.keys.columns import decode_key_array
 from statelog.keys.groups import KeyGroupRange
-from statelog.materialization.manifest import Manifest
+from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.readers.restore import descriptor_of
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.start import start_restore
@@ -72,6 +72,7 @@ class OperatorReplica:
     ) -> None:
         self.uid = uid
         self._options = options
+        self._store, self._manifests = store, manifests
         kgr = KeyGroupRange(0, meta.max_parallelism - 1)
         self.key_groups = kgr
         disk = options.state_store == "disk"
@@ -133,11 +134,26 @@ class OperatorReplica:
             elif start > done:
                 return f"stream {stream} starts at record {start} in checkpoint {meta.checkpoint_id}, " \
                     f"after record {done} applied here: the records between are materialized"
-        if not same_writer:
-            gone = sorted(set(self.applied) - set(ends))
-            if gone:
-                return f"stream {gone[0]} applied here is not in checkpoint {meta.checkpoint_id} of another writer"
+        gone = sorted(set(self.applied) - set(ends))
+        if gone and not same_writer:
+            return f"stream {gone[0]} applied here is not in checkpoint {meta.checkpoint_id} of another writer"
+        if gone:  # materialized: only up to where it was applied here, or records are missing
+            covered = self._covered(meta)
+            for stream in gone:
+                if covered.get(stream) != self.applied[stream]:
+                    return f"stream {stream} is materialized up to record {covered.get(stream)} in checkpoint " \
+                        f"{meta.checkpoint_id}, applied here up to record {self.applied[stream]}"
         return None
+
+    def _covered(self, meta: CheckpointMetadata) -> dict[str, int]:
+        """Per stream, the records the materializations ``meta`` builds on hold."""
+        out: dict[str, int] = {}
+        op = meta.operators.get(self.uid)
+        for part in {p for h in op.subtasks for p in h.materialization} if op is not None else ():
+            mop = load_manifest(self._store, part, self._manifests, job_id=meta.job_id).operators.get(self.uid)
+            for stream, end in (mop.covered.items() if mop is not None else ()):
+                out[stream] = max(out.get(stream, 0), end)
+        return out
 
     def prepare(self, reader: SegmentReader, meta: CheckpointMetadata) -> Prepared:
         """Read the changelog of checkpoint ``meta`` after what was applied (:meth:`gap` said
