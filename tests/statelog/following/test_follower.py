@@ -264,3 +264,26 @@ def test_bad_options_are_refused(file_root: RootSpec) -> None:
         assert f.position.checkpoint_id is None
         with pytest.raises(statelog.StatelogError, match="no completed checkpoint yet"):
             f.get(UID, "count", 1)
+
+
+def test_follower_on_each_store(store_root: RootSpec) -> None:
+    """On S3 as on files: the first restore, then each checkpoint's changelog, and flushed changes."""
+    w = Writer(store_root, seed=7)
+    w.update(30)
+    w.job.checkpoint()
+    descriptors = {UID: every_state_kind(10**9)}
+    opts = store_root.options
+    with statelog.follow(store_root.url, store_options=opts, operators=descriptors, poll_s=None) as f, \
+            statelog.follow(store_root.url, store_options=opts, operators=descriptors, consistency="flushed",
+                            poll_s=None) as fresh:  # fmt: skip
+        for _round in range(3):
+            w.update(30)
+            meta = w.job.checkpoint()
+            assert f.poll().checkpoint_id == meta.checkpoint_id
+            assert follower_view(f) == w.view()
+        w.update(30)
+        w.job.flush_soon()
+        newer = w.view()
+        wait_until(lambda: fresh.poll() and follower_view(fresh) == newer, 30, "the flushed changes applied")
+        assert f.position.restores == 1 and fresh.position.restores == 1
+    w.close()
