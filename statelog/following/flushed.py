@@ -3,7 +3,9 @@
 The writer uploads its changelog continuously, in segments named by writer and number
 (``changelog/<writer id>/<number>.seg``, docs/format.md); a checkpoint references the
 segments up to its sealed positions. :func:`flushed_ranges` lists the segments of the
-writers a checkpoint references, from the newest one it references on, reads their footers
+writers a checkpoint references that write under the lease generation that published it,
+while that generation is the newest (:func:`current_writers`), from the newest segment it
+references on, reads their footers
 and returns, for the streams a replica follows, the records after what it applied, contiguous
 per stream: a prefix of what the writer flushed, in order (up to the first segment number
 not listed yet).
