@@ -16,33 +16,11 @@ import pytest
 import statelog
 from materializer.build import materialize
 from statelog.following.follower import Follower
-from tests.support.harness import DESCRIPTORS, Clock, Driver, Model, backend_timers, backend_view
+from tests.support.follow_writer import KEYS, model_state, random_op, state_of
+from tests.support.harness import DESCRIPTORS, Clock, Driver, Model
 from tests.support.s3server import RootSpec
 
 UID = "op"
-KEYS = [0, 1, 2, 7, -3, "a", "b", "user-9", (1, "x"), True, 2.5]
-NAMESPACES = [None, (0, 10), "w"]
-
-
-def random_op(rng: random.Random, n: int) -> tuple:
-    return rng.choice([
-        ("key", rng.choice(KEYS)), ("key", rng.choice(KEYS)), ("ns", rng.choice(NAMESPACES)),
-        ("value_rmw", rng.randrange(-5, 100)), ("value_clear",), ("text", f"t{n}"),
-        ("list_add", f"e{n}"), ("list_update", [f"u{n}"] * rng.randrange(3)), ("list_clear",),
-        ("map_put", rng.choice("pqr"), n), ("map_remove", rng.choice("pqr")),
-        ("sum", n % 7), ("avg", n % 5), ("ttl_put", n), ("obj", {"n": n}), ("tick", rng.choice([1, 20, 60])),
-        ("timer_add", rng.choice(["event", "processing"]), rng.randrange(200)),
-        ("timer_del", rng.choice(["event", "processing"]), rng.randrange(200)),
-    ])  # fmt: skip
-
-
-def state_of(follower: Follower) -> tuple[dict, set]:
-    b = follower.backend(UID)
-    return backend_view(b, {n: b.get_state(d) for n, d in DESCRIPTORS.items()}), backend_timers(b)
-
-
-def model_state(model: Model, now: int) -> tuple[dict, set]:
-    return model.visible(now), set(model.timers)
 
 
 class Scenario:
