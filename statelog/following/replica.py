@@ -26,6 +26,7 @@ from statelog.keys.columns import decode_key_array
 from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest, load_manifest
 from statelog.readers.restore import descriptor_of
+from statelog.restore.collector import gc_paused
 from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.start import start_restore
 from statelog.state.backend import KeyedStateBackend
@@ -184,7 +185,19 @@ class OperatorReplica:
         backend.wait_loaded()  # (an on-demand restore: every key group before changes)
         if prepared.meta is not None:
             self._register(prepared.meta)
-        for name, recs in prepared.records.items():
+        with gc_paused():  # (no reference cycles among the entries; see statelog.restore.collector)
+            self._apply(prepared.records)
+        for r in prepared.ranges:
+            self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
+        if prepared.meta is not None:
+            self.base = _base(prepared.meta, self.uid)
+            kept = {r.stream for r in _ranges(prepared.meta, self.uid)}
+            for stream in [s for s in self.applied if s not in kept]:
+                del self.applied[stream]
+
+    def _apply(self, records: dict[str, list[Record]]) -> None:
+        backend = self.backend
+        for name, recs in records.items():
             if name in TIMER_STATES:
                 d = TIMER_STATES.index(name)
                 for kb, nsb, op, _ukey, value, _exp in recs:
@@ -200,13 +213,6 @@ class OperatorReplica:
             state.prune()
         if len(self._keys) > 1 << 16:
             self._keys.clear()
-        for r in prepared.ranges:
-            self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
-        if prepared.meta is not None:
-            self.base = _base(prepared.meta, self.uid)
-            kept = {r.stream for r in _ranges(prepared.meta, self.uid)}
-            for stream in [s for s in self.applied if s not in kept]:
-                del self.applied[stream]
 
     def ahead_of(self, meta: CheckpointMetadata) -> int:
         """The records applied beyond checkpoint ``meta`` (flushed changes after it)."""
