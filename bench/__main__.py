@@ -14,6 +14,7 @@ import sys
 BENCHMARKS = {
     "backend": "bench.backend",
     "backpressure": "bench.backpressure",
+    "follow": "bench.follow",
     "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
     "large": "bench.large",

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ValueStateDescriptor,
     )
     from statelog.errors import StatelogError
+    from statelog.following.follower import Follower, follow
     from statelog.job import StateJob, open_job
     from statelog.job import open_job as open  # noqa: A004 - the natural name: statelog.open(root)
     from statelog.keys.encoding import register_key_type
@@ -54,6 +55,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "TtlUpdate": ("statelog.descriptors", "TtlUpdate"),
     "ValueStateDescriptor": ("statelog.descriptors", "ValueStateDescriptor"),
     "StatelogError": ("statelog.errors", "StatelogError"),
+    "Follower": ("statelog.following.follower", "Follower"),
+    "follow": ("statelog.following.follower", "follow"),
     "StateJob": ("statelog.job", "StateJob"),
     "open_job": ("statelog.job", "open_job"),
     "open": ("statelog.job", "open_job"),
@@ -101,6 +104,7 @@ __all__ = [
     "AggregateFunction",
     "AggregatingStateDescriptor",
     "CheckpointMetadata",
+    "Follower",
     "KeyGroupRange",
     "KeyedStateBackend",
     "ListStateDescriptor",
@@ -113,6 +117,7 @@ __all__ = [
     "TtlConfig",
     "TtlUpdate",
     "ValueStateDescriptor",
+    "follow",
     "key_group_of",
     "key_group_range_for_subtask",
     "open",

@@ -1,0 +1,144 @@
+"""Followers: how far a follower is behind a writer, at consistency "checkpoint" and "flushed".
+
+``python -m bench follow [--json] [--quick]`` (or ``python -m bench.follow``)
+
+A writer process updates a ``ValueState<int64>`` of ``KEYS`` int keys (first written once
+and checkpointed) at ``RATE`` updates/s, paced, with a checkpoint every second, for
+``SECONDS`` s. In this process two followers (``statelog.follow``), one per consistency
+level, poll every ``POLL_S`` s in their background threads; every ``SAMPLE_S`` s after the
+first ``WARMUP_S`` s the benchmark reads both positions: the lag at "checkpoint" is ``lag_s`` (now minus the
+timestamp of the checkpoint the state is at), at "flushed" ``data_lag_s`` (now minus the
+time of the newest change applied). Per round the p50 and p99 of the samples; over the
+rounds the median with its spread (``(max - min) / median``), and the writer's achieved
+rate and the followers' restores (1 each: they kept up without restoring again).
+Lookups: ``lookup_p99_us``, the p99 of ``follower.get`` of random keys at "checkpoint".
+
+The machine is shared and loaded by other processes while this runs: the figures are upper
+bounds of what an idle machine gives.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+import statelog
+from statelog import ValueStateDescriptor
+
+KEYS, RATE, SECONDS, ROUNDS = 1_000_000, 50_000, 20.0, 3
+QUICK = {"KEYS": 20_000, "RATE": 20_000, "SECONDS": 4.0, "ROUNDS": 1}
+POLL_S, SAMPLE_S, WARMUP_S = 0.05, 0.05, 2.0
+UID = "bench"
+VALUE = ValueStateDescriptor("v", pa.int64(), default=0)
+
+
+def _writer(root: str, keys: int, rate: int, seconds: float, ready: Any, go: Any, done: Any) -> None:
+    job = statelog.open(root)
+    b = job.backend(UID, restore="none")
+    st = b.get_state(VALUE)
+    for k in range(keys):
+        b.set_current_key(k)
+        st.update(k)
+    job.checkpoint()
+    ready.set()
+    go.wait(600)  # the followers restored
+    rng = random.Random(1)
+    n, t0 = 0, time.monotonic()
+    next_cp = t0 + 1.0
+    while (now := time.monotonic()) < t0 + seconds:
+        for k in rng.choices(range(keys), k=1000):
+            b.set_current_key(k)
+            st.update(n)
+        n += 1000
+        if now >= next_cp:
+            job.checkpoint()
+            next_cp += 1.0
+        ahead = n / rate - (time.monotonic() - t0)
+        if ahead > 0:
+            time.sleep(ahead)
+    done.put(n / (time.monotonic() - t0))
+    job.close()
+
+
+def _p(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def _round(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    ready, go, done = ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_writer, args=(root, keys, rate, seconds, ready, go, done))
+    proc.start()
+    try:
+        if not ready.wait(600):
+            raise RuntimeError("the writer did not write its first checkpoint in 600 s")
+        followers = {c: statelog.follow(root, consistency=c, poll_s=POLL_S, on_demand=False)
+                     for c in ("checkpoint", "flushed")}  # fmt: skip
+        lags: dict[str, list[float]] = {c: [] for c in followers}
+        go.set()
+        warm = time.monotonic() + WARMUP_S  # (before: the lag since the first checkpoint, written before the followers restored)
+        while proc.is_alive() and done.empty():
+            for c, f in followers.items():
+                if time.monotonic() < warm:
+                    continue
+                pos = f.position
+                lags[c].append(pos.lag_s if c == "checkpoint" else pos.data_lag_s)
+            time.sleep(SAMPLE_S)
+        rng = random.Random(2)
+        lookups = []
+        f = followers["checkpoint"]
+        for k in rng.choices(range(keys), k=20_000):
+            t = time.perf_counter()
+            f.get(UID, "v", k)
+            lookups.append((time.perf_counter() - t) * 1e6)
+        rate_done = done.get(timeout=600)
+        restores = {c: f.position.restores for c, f in followers.items()}
+        for f in followers.values():
+            f.close()
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    return {
+        "lag_p50_s_checkpoint": _p(lags["checkpoint"], 0.5), "lag_p99_s_checkpoint": _p(lags["checkpoint"], 0.99),
+        "lag_p50_s_flushed": _p(lags["flushed"], 0.5), "lag_p99_s_flushed": _p(lags["flushed"], 0.99),
+        "writer_updates_per_s": rate_done, "lookup_p99_us": _p(lookups, 0.99),
+        "restores_checkpoint": restores["checkpoint"], "restores_flushed": restores["flushed"],
+        "samples": len(lags["checkpoint"]),
+    }  # fmt: skip
+
+
+def run(quick: bool = False, root: str | None = None, progress: bool = True) -> dict[str, Any]:
+    keys, rate, seconds, rounds = (
+        (QUICK["KEYS"], QUICK["RATE"], QUICK["SECONDS"], QUICK["ROUNDS"]) if quick else (KEYS, RATE, SECONDS, ROUNDS)
+    )
+    per_round = []
+    for i in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="bench-follow-") as tmp:
+            r = root.rstrip("/") + f"/round-{i}-{time.time_ns()}" if root else (Path(tmp) / "root").as_uri()
+            per_round.append(_round(r, keys, rate, seconds))
+        if progress:
+            print(f"round {i + 1}/{rounds}: {per_round[-1]}", flush=True)
+    out: dict[str, Any] = {"keys": keys, "target_updates_per_s": rate, "seconds": seconds, "rounds": rounds,
+                           "machine": "shared, loaded by other processes"}  # fmt: skip
+    for name in per_round[0]:
+        values = [r[name] for r in per_round]
+        med = statistics.median(values)
+        out[name] = round(med, 4)
+        out[name + "_spread"] = round((max(values) - min(values)) / med, 3) if med else 0.0
+    return out
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(run(quick="--quick" in sys.argv, progress="--json" not in sys.argv), sort_keys=True))
