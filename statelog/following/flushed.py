@@ -14,7 +14,7 @@ not listed yet).
 from __future__ import annotations
 
 from statelog.changelog.reader import SegmentReader
-from statelog.changelog.segment import SegmentRef
+from statelog.changelog.segment_ref import SegmentRef
 from statelog.checkpoint.lease_objects import read_object
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
 from statelog.errors import CorruptionError, ObjectNotFoundError
