@@ -61,7 +61,13 @@ def list_topics(client: Any, bootstrap_servers: str, who: str, timeout: float = 
 def _describe(exc: BaseException) -> str:
     """A client exception in words; a fatal producer error says what it means."""
     err = exc.args[0] if exc.args else None
-    text = str(err if err is not None else exc)
+    return describe_kafka_error(err if err is not None else exc)
+
+
+def describe_kafka_error(err: Any) -> str:
+    """A client error (a confluent-kafka ``KafkaError``) in words; a fatal producer error says
+    what it means."""
+    text = str(err)
     if getattr(err, "fatal", None) is not None and err.fatal():
         text += (" (a fatal producer error: this producer cannot go on, e.g. the broker lost its"
                  " idempotence state in a restart; the attempt fails and the next one starts new producers)")  # fmt: skip
