@@ -19,10 +19,9 @@ from typing import ClassVar
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.errors import ConfigError
 from statelog.materialization.manifest import Manifest
-from statelog.metrics import check_port
 from statelog.options.base import Options, check_bool, option
 from statelog.options.engine import RETAIN
-from statelog.options.values import DAY, HOUR, MS, Duration, Size, non_empty_name
+from statelog.options.values import DAY, HOUR, MS, Duration, Size, check_port, non_empty_name
 
 # the ranges of the daemon's options (also checked by `statelog materializer run` and `statelog gc`)
 MATERIALIZE_INTERVAL = Duration("interval_s", MS, 30 * DAY)

@@ -20,7 +20,6 @@ from runtime.errors import JobGraphError
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S
 from statelog.errors import ConfigError
 from statelog.keys.groups import DEFAULT_MAX_PARALLELISM, MAX_MAX_PARALLELISM
-from statelog.metrics import check_port
 from statelog.options.base import Options, check_bool, option
 from statelog.options.engine import (
     DEFAULT_STATE_MEMORY,
@@ -31,7 +30,7 @@ from statelog.options.engine import (
     check_state_dir,
     check_state_store,
 )
-from statelog.options.values import DAY, MS, Count, Duration, Size, non_empty_name
+from statelog.options.values import DAY, MS, Count, Duration, Size, check_port, non_empty_name
 from statelog.state.backend import KeyedStateBackend
 from statelog.store.base import ObjectStore
 from statelog.store.local_copies import local_copies_setting

@@ -33,7 +33,6 @@ from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
 from statelog.loop_metrics import LoopMetrics, job_label
 from statelog.materialization.adoption import MaterializationWatch
 from statelog.materialization.manifest import Manifest
-from statelog.metrics import check_port
 from statelog.options.engine import (
     DEFAULT_STATE_MEMORY,
     RETAIN,
@@ -42,7 +41,7 @@ from statelog.options.engine import (
     check_state_dir,
     check_state_store,
 )
-from statelog.options.values import non_empty_name
+from statelog.options.values import check_port, non_empty_name
 from statelog.restore.changes import RestoredChanges
 from statelog.restore.eager import read_restored
 from statelog.restore.ondemand.loader import KeyGroupLoader

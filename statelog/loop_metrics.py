@@ -21,24 +21,11 @@ every metric and its labels: ``docs/monitoring.md``.
 from __future__ import annotations
 
 import bisect
-import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.utils import floatToGoString
-
-from statelog.metrics import MetricsServer, ProcessMetrics
-
-PREFIX = "statelog_job_"
 # checkpoint durations, seconds (the runtime's buckets)
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -57,8 +44,8 @@ class LoopMetrics:
         self._backends = backends
         self._fenced = fenced
         self._lock = threading.Lock()
-        self.registry: CollectorRegistry | None = None
-        self.server: MetricsServer | None = None
+        self.registry: Any = None  # a prometheus_client CollectorRegistry once served
+        self.server: Any = None  # its statelog.metrics.MetricsServer
         # checkpoint durations: counts per bucket of DURATION_BUCKETS (+Inf last), their sum
         self._buckets = [0] * (len(DURATION_BUCKETS) + 1)
         self._duration_sum = 0.0
@@ -153,10 +140,20 @@ class LoopMetrics:
         return self.server.url if self.server is not None else None
 
     def serve(self, host: str, port: int) -> None:
-        self.registry = CollectorRegistry()
-        self.registry.register(self)  # type: ignore[arg-type]  # a collector: collect()
-        self.registry.register(ProcessMetrics({"job": self.name}))
-        self.server = MetricsServer(self.registry, self.health, host, port)
+        """Serve ``/metrics`` and ``/healthz`` (prometheus_client loads here, not at start-up)."""
+        from statelog.loop_metrics_export import serve_loop_metrics
+
+        self.registry, self.server = serve_loop_metrics(self, host, port)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The counters at one instant, for the exporter."""
+        with self._lock:
+            return {"completed": self.completed, "failed": self.failed, "last": dict(self.last),
+                    "records_in": self.records_in_total, "records_out": self.records_out_total,
+                    "lag": dict(self.lag), "buckets": list(self._buckets), "duration_sum": self._duration_sum,
+                    "watermark_ms": self.watermark_ms, "fenced": self._fenced() is not None,
+                    "bucket_bounds": DURATION_BUCKETS,
+                    "backends": list(self._backends())}  # fmt: skip
 
     def close(self) -> None:
         if self.server is not None:
@@ -170,79 +167,3 @@ class LoopMetrics:
         if fenced is not None:
             return False, {**details, "reason": f"lost the root: {fenced}"}
         return True, details
-
-    def collect(self) -> Iterator[Metric]:
-        job = [self.name]
-        with self._lock:
-            completed, failed, last = self.completed, self.failed, dict(self.last)
-            rin, rout, lag = self.records_in_total, self.records_out_total, dict(self.lag)
-            buckets, duration_sum = list(self._buckets), self._duration_sum
-        h = HistogramMetricFamily(PREFIX + "checkpoint_duration_seconds", "end-to-end duration of completed "
-                                  "checkpoints", labels=["job"])  # fmt: skip
-        bounds = [*(floatToGoString(b) for b in DURATION_BUCKETS), "+Inf"]
-        h.add_metric(job, list(zip(bounds, itertools.accumulate(buckets), strict=True)), duration_sum)
-        yield h
-
-        def family(kind: type, name: str, doc: str, value: float) -> Metric:
-            f = kind(PREFIX + name, doc, labels=["job"])
-            f.add_metric(job, value)
-            return f
-
-        yield family(CounterMetricFamily, "checkpoints_completed", "checkpoints completed (published) by this job",
-                     completed)  # fmt: skip
-        yield family(CounterMetricFamily, "checkpoints_failed", "checkpoints that failed", failed)
-        yield family(GaugeMetricFamily, "running", "1 while the job runs (here: open and holding its root)",
-                     0 if self._fenced() is not None else 1)  # fmt: skip
-        yield family(CounterMetricFamily, "records_in", "records the job read", rin)
-        yield family(CounterMetricFamily, "records_out", "records the job wrote downstream", rout)
-        if last:
-            yield family(GaugeMetricFamily, "last_checkpoint_id", "id of the newest completed checkpoint", last["id"])
-            yield family(GaugeMetricFamily, "last_checkpoint_timestamp_seconds", "when the newest completed "
-                         "checkpoint was taken (Unix time)", last["timestamp"])  # fmt: skip
-            yield family(GaugeMetricFamily, "last_checkpoint_duration_seconds", "end-to-end duration of the newest "
-                         "checkpoint", last["duration"])  # fmt: skip
-            yield family(GaugeMetricFamily, "last_checkpoint_incremental_bytes", "changelog bytes the newest "
-                         "checkpoint added", last["incremental"])  # fmt: skip
-            yield family(GaugeMetricFamily, "changelog_tail_bytes", "changelog bytes the newest checkpoint "
-                         "references after its materialization (what a restore replays)", last["tail"])  # fmt: skip
-        if self.watermark_ms is not None:
-            yield family(GaugeMetricFamily, "watermark_seconds", "the job's event-time watermark (Unix time)",
-                         self.watermark_ms / 1000)  # fmt: skip
-        g = GaugeMetricFamily(PREFIX + "kafka_lag_records", "records of a Kafka partition not read yet (its high "
-                              "watermark minus the position)", labels=["job", "topic", "partition"])  # fmt: skip
-        for (topic, partition), value in sorted(lag.items()):
-            g.add_metric([self.name, topic, str(partition)], value)
-        yield g
-        yield from state_families(self.name, ((b.operator_uid, b.subtask, b.size_figures())
-                                              for b in list(self._backends())))  # fmt: skip
-
-
-def state_families(job: str, figures: Iterable[tuple[str, int, dict[str, int]]]) -> Iterator[Metric]:
-    """The state metrics of ``(operator, subtask, KeyedStateBackend.size_figures())`` (the
-    runtime's tasks report the same figures)."""
-    labels = ["job", "operator", "subtask"]
-    entries = GaugeMetricFamily(PREFIX + "state_entries", "entries of the keyed state in memory (memory store)",
-                                labels=labels)  # fmt: skip
-    disk = GaugeMetricFamily(PREFIX + "state_disk_bytes", "bytes of the disk store's database", labels=labels)
-    kinds = [*labels, "kind"]
-    hits = CounterMetricFamily(PREFIX + "state_cache_hits", "lookups the disk store's working set served from memory "
-                               "(kind=key: a key set current that was resident)", labels=kinds)  # fmt: skip
-    misses = CounterMetricFamily(PREFIX + "state_cache_misses", "reads of the disk store's database for what was not "
-                                 "in the working set's memory (kind=key: keys, on demand or prefetched; kind=entry: "
-                                 "entries of namespaced states)", labels=kinds)  # fmt: skip
-    for operator, subtask, fig in figures:
-        values = [job, operator, str(subtask)]
-        if "entries" in fig:
-            entries.add_metric(values, fig["entries"])
-        if "disk_bytes" in fig:
-            disk.add_metric(values, fig["disk_bytes"])
-        if "cache_hits" in fig:
-            hits.add_metric([*values, "key"], fig["cache_hits"])
-        if "cache_misses" in fig:
-            misses.add_metric([*values, "key"], fig["cache_misses"])
-        if "cache_entry_misses" in fig:
-            misses.add_metric([*values, "entry"], fig["cache_entry_misses"])
-    yield entries
-    yield disk
-    yield hits
-    yield misses

@@ -41,17 +41,6 @@ log = logging.getLogger(__name__)
 Health = Callable[[], tuple[bool, dict[str, Any]]]
 
 
-def check_port(label: str, value: Any) -> int | None:
-    """A TCP port 0..65535 (0: any free port), or ``None`` (no server)."""
-    if value is None:
-        return None
-    if type(value) is str and value.strip().isdigit():
-        value = int(value)
-    if type(value) is not int or not 0 <= value <= 65535:
-        raise ConfigError(f"{label} must be a TCP port 0..65535 (0: any free port) or None (off), got {value!r}")
-    return value
-
-
 class ProcessMetrics(Collector):
     """The ``process_*`` figures of processes (``/proc``; Linux), each sample with ``labels``
     plus ``process`` (the name ``processes()`` gives it): ``process_resident_memory_bytes``,

@@ -13,9 +13,16 @@ from typing import Any, ClassVar
 
 from materializer.options import MaterializerOptions
 from statelog.errors import ConfigError
-from statelog.metrics import check_port
 from statelog.options.base import Options, check_bool, option
-from statelog.options.values import DAY, MS, Count, Duration, non_empty_name, parse_checkpoint_ref
+from statelog.options.values import (
+    DAY,
+    MS,
+    Count,
+    Duration,
+    check_port,
+    non_empty_name,
+    parse_checkpoint_ref,
+)
 
 # how the application sets the current key of a record (the ``key`` option)
 KEY_STR = "str"  # msg.key() decoded as UTF-8 text

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from statelog.loop_metrics import state_families
+from statelog.loop_metrics_export import state_families
 from statelog.metrics import ProcessMetrics
 
 PREFIX = "statelog_job_"

@@ -181,6 +181,17 @@ class Count:
 MAX_NAME_LENGTH = 200
 
 
+def check_port(label: str, value: Any) -> int | None:
+    """A TCP port 0..65535 (0: any free port), or ``None`` (no server)."""
+    if value is None:
+        return None
+    if type(value) is str and value.strip().isdigit():
+        value = int(value)
+    if type(value) is not int or not 0 <= value <= 65535:
+        raise ConfigError(f"{label} must be a TCP port 0..65535 (0: any free port) or None (off), got {value!r}")
+    return value
+
+
 def non_empty_name(name: str, value: Any, *, max_length: int = MAX_NAME_LENGTH) -> str:
     """``value`` as given if it is a non-blank str of at most ``max_length`` characters
     without control characters; never silently replaced by a default."""

@@ -29,6 +29,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("tools.sql.spark", "statelog.readers"): "the readers load when the Spark engine runs, not at start-up",
     ("tools.sql.views", "statelog.readers"): "the readers load when sql or inspect runs, not at start-up",
     ("statelog.spark.schema", "pyspark.sql.pandas"): "needs pandas, which the spark extra does not install",
+    ("statelog.loop_metrics", "statelog.loop_metrics_export"): "prometheus_client loads when a loop's metrics are served, not at start-up (and the exporter imports LoopMetrics)",
     # minio is imported for s3:// roots only
     # the store package chooses its implementation when a root is opened
     ("statelog.store", "statelog.store.local"): "open_store picks the implementation; at module level the package and its module would import each other",
