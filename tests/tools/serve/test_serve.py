@@ -81,7 +81,8 @@ def serve(root: str, tmp_path: Path, *extra: str, token: str | None = TOKEN) -> 
         )  # fmt: skip
         try:
             line = server.stdout.readline() if server.stdout else ""
-            found = re.search(r"serving .* at (http://127\.0\.0\.1:\d+/) ", line)
+            found = re.search(r"serving .* at (http://127\.0\.0\.1:\d+/) ", line) or re.search(
+                r'"url": "(http://127\.0\.0\.1:\d+/)"', line)  # --json
             assert found, f"no URL printed: {line!r}; stderr: {errors.read_text()}"
             yield found.group(1), errors
         finally:
@@ -218,4 +219,17 @@ def test_token_file(file_root: RootSpec, tmp_path: Path) -> None:
     with serve(file_root.url, tmp_path, "--token-file", str(tmp_path / "token"), token=None) as (url, _):
         assert statelog.query(url, token="from-a-file").get(UID, "count", 2) == 11
         assert http(url, "v1/position")[0] == 401  # the environment's token is not the file's
+    w.job.close()
+
+
+def test_before_the_first_checkpoint_503_then_the_state(file_root: RootSpec, tmp_path: Path) -> None:
+    w = Writer(file_root)  # a job root without a completed checkpoint
+    with serve(file_root.url, tmp_path, "--json") as (url, _):
+        status, out = http(url, "v1/state/op/count?key=1")
+        assert status == 503 and "has no completed checkpoint yet" in out["error"]
+        assert http(url, "v1/position")[1]["checkpoint_id"] is None
+        first = w.update(1)
+        client = statelog.query(url, token=TOKEN)
+        wait_until(lambda: client.position()["checkpoint_id"] == first, 30, "the server at the first checkpoint")
+        assert client.get(UID, "count", 2) == 11
     w.job.close()
