@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         key_group_range_for_subtask,
         subtask_for_key_group,
     )
+    from statelog.query_client import QueryClient, query
     from statelog.state.backend import KeyedStateBackend
     from statelog.state.snapshot import PendingSnapshot
     from statelog.types import PICKLE
@@ -61,6 +62,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "open_job": ("statelog.job", "open_job"),
     "open": ("statelog.job", "open_job"),
     "register_key_type": ("statelog.keys.encoding", "register_key_type"),
+    "QueryClient": ("statelog.query_client", "QueryClient"),
+    "query": ("statelog.query_client", "query"),
     "DEFAULT_MAX_PARALLELISM": ("statelog.keys.groups", "DEFAULT_MAX_PARALLELISM"),
     "KeyGroupRange": ("statelog.keys.groups", "KeyGroupRange"),
     "key_group_of": ("statelog.keys.groups", "key_group_of"),
@@ -110,6 +113,7 @@ __all__ = [
     "ListStateDescriptor",
     "MapStateDescriptor",
     "PendingSnapshot",
+    "QueryClient",
     "ReducingStateDescriptor",
     "StateJob",
     "StatelogError",
@@ -122,6 +126,7 @@ __all__ = [
     "key_group_range_for_subtask",
     "open",
     "open_job",
+    "query",
     "register_key_type",
     "subtask_for_key_group",
 ]

@@ -141,3 +141,14 @@ class RestoreRequiredError(StatelogError):
 class MissingDependencyError(StatelogError, ImportError):
     """An optional part of statelog needs a package that is not installed (e.g. PySpark for
     ``statelog.spark``); the message names the extra that installs it."""
+
+
+class QueryError(StatelogError):
+    """A ``statelog serve`` server refused a query or could not be reached
+    (:func:`statelog.query`). The message is the server's; ``status`` is the HTTP status
+    (401 token, 400 malformed request or key, 404 unknown operator, state or path, 503 no
+    state to read yet), ``None`` when no answer came."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

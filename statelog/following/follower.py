@@ -27,7 +27,7 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
-from statelog.errors import ConfigError, CorruptionError, StatelogError
+from statelog.errors import ConfigError, CorruptionError, StatelogError, StateNotFoundError
 from statelog.following.flushed import flushed_ranges
 from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
 from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
@@ -159,7 +159,7 @@ class Follower:
             if self._meta is None:
                 raise StatelogError(f"{self.root} has no completed checkpoint yet: the follower has no state to read")
             known = ", ".join(sorted(self._replicas)) or "none"
-            raise StatelogError(
+            raise StateNotFoundError(
                 f"checkpoint {self._meta.checkpoint_id} of {self.root} holds no state of operator {operator!r} "
                 f"that this follower follows (operators: {known})"
             )
@@ -172,6 +172,15 @@ class Follower:
             value = self._replica(operator).get(state, key, namespace)
             meta = self._meta
             return Read(value, None if meta is None else meta.checkpoint_id, self._ahead)
+
+    def read_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> Read:
+        """The values of ``state`` of ``operator`` at each of ``keys`` (and ``namespace``), all
+        read from the same state: a :class:`Read` whose ``value`` is the list of values."""
+        with self._lock:
+            rep = self._replica(operator)
+            values = [rep.get(state, key, namespace) for key in keys]
+            meta = self._meta
+            return Read(values, None if meta is None else meta.checkpoint_id, self._ahead)
 
     def get(self, operator: str, state: str, key: Any, namespace: Any = None) -> Any:
         """The value of ``state`` of ``operator`` at ``key`` (and ``namespace``): a value

@@ -21,7 +21,7 @@ from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
 from statelog.descriptors import AggregatingStateDescriptor, StateDescriptor, StateInfo, StateKind
-from statelog.errors import StatelogError
+from statelog.errors import StatelogError, StateNotFoundError
 from statelog.keys.columns import decode_key_array
 from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest, load_manifest
@@ -226,7 +226,7 @@ class OperatorReplica:
         info = self.infos.get(name)
         if info is None:
             known = ", ".join(sorted(self.infos)) or "none"
-            raise StatelogError(f"operator {self.uid!r} has no state {name!r} (its states: {known})")
+            raise StateNotFoundError(f"operator {self.uid!r} has no state {name!r} (its states: {known})")
         state = self.states[name]
         self.backend.set_current_key(key)
         state.set_namespace(namespace)

@@ -92,6 +92,13 @@ COMMANDS: tuple[Command, ...] = (
         "tools.cli.ui:cmd_ui",
         "tools.cli.ui:declare_ui",
     ),
+    Command(
+        "serve",
+        "follow ROOT and serve its state over HTTP/JSON (point lookups by key and namespace, the "
+        "follower's position); read-only, every request needs the token",
+        "tools.cli.serve:cmd_serve",
+        "tools.cli.serve:declare_serve",
+    ),
     Command("verify", "read and check every object the retained checkpoints reference",
             f"{_MNT}:cmd_verify", f"{_MNT}:declare_verify"),
 )

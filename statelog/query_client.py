@@ -1,0 +1,94 @@
+"""The client of ``statelog serve``: :func:`query` returns a :class:`QueryClient` (urllib only).
+
+Values come back decoded as :mod:`statelog.following.json_values` describes (bytes, maps with
+non-string keys, non-finite floats as themselves; a tuple value as a list). A refused or
+failed request raises :class:`~statelog.errors.QueryError` with the server's message and the
+HTTP status; the token never appears in a message.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from statelog.errors import ConfigError, QueryError
+from statelog.following.json_values import from_json, to_json
+from statelog.following.position import Read
+
+__all__ = ["QueryClient", "query"]
+
+
+class QueryClient:
+    """Lookups in the state a ``statelog serve`` server follows (see :func:`query`)."""
+
+    def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"statelog.query: expected the server's URL http://HOST:PORT/, got {url!r}")
+        if not token:
+            raise ConfigError("statelog.query: expected the server's token (token=...), got none")
+        self.url = url.rstrip("/") + "/"
+        self._token = token
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"QueryClient({self.url!r})"
+
+    def _request(self, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body, allow_nan=False).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="GET" if data is None else "POST")
+        req.add_header("Authorization", f"Bearer {self._token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                message = json.loads(e.read())["error"]
+            except (ValueError, KeyError, TypeError):
+                message = f"HTTP {e.code} {e.reason}"
+            raise QueryError(f"{self.url}: {message}", status=e.code) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise QueryError(f"cannot reach {self.url}: {reason}; check that statelog serve runs there") from None
+
+    def position(self) -> dict[str, Any]:
+        """The server's follower position: ``checkpoint_id``, ``consistency``, ``exact``,
+        ``flushed_records``, ``lag_s``, ``data_lag_s``, ``lag_checkpoints``, ``restores`` and
+        the ``operators`` it follows."""
+        return dict(self._request("v1/position"))
+
+    def read(self, operator: str, state: str, key: Any, namespace: Any = None) -> Read:
+        """The value at ``key`` (and ``namespace``) with the checkpoint it was read at."""
+        args = {"key": json.dumps(to_json(key))}
+        if namespace is not None:
+            args["namespace"] = json.dumps(to_json(namespace))
+        path = f"v1/state/{quote(operator, safe='')}/{quote(state, safe='')}?{urlencode(args)}"
+        out = self._request(path)
+        return Read(from_json(out["value"]), out["checkpoint_id"], out["flushed_records"])
+
+    def get(self, operator: str, state: str, key: Any, namespace: Any = None) -> Any:
+        """The value of ``state`` of ``operator`` at ``key`` (and ``namespace``)."""
+        return self.read(operator, state, key, namespace).value
+
+    def read_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> Read:
+        """The values at each of ``keys``, read from the same state (``Read.value``: the list)."""
+        body: dict[str, Any] = {"operator": operator, "state": state, "keys": [to_json(k) for k in keys]}
+        if namespace is not None:
+            body["namespace"] = to_json(namespace)
+        out = self._request("v1/lookup", body)
+        return Read([from_json(v) for v in out["values"]], out["checkpoint_id"], out["flushed_records"])
+
+    def get_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> list[Any]:
+        """The values at each of ``keys`` (one request), in their order."""
+        return list(self.read_many(operator, state, keys, namespace).value)
+
+
+def query(url: str, token: str, timeout: float = 30.0) -> QueryClient:
+    """A client of the ``statelog serve`` server at ``url`` (``http://HOST:PORT/``) with its
+    ``token`` (docs/follow.md, "Serving it")."""
+    return QueryClient(url, token, timeout)

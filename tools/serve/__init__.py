@@ -1,0 +1,1 @@
+"""``statelog serve``: a follower's replica served over HTTP/JSON (:mod:`tools.serve.server`)."""
