@@ -17,7 +17,7 @@ from pathlib import Path
 
 import statelog
 from statelog.checkpoint.catalog import JobCatalog
-from statelog.errors import ObjectNotFoundError
+from statelog.errors import CheckpointNotFoundError, ObjectNotFoundError
 from statelog.following.follower import Follower
 from tests.support.follow_writer import UID, model_at, model_state, state_of
 from tests.support.harness import DESCRIPTORS, Clock
@@ -44,7 +44,7 @@ def test_follower_state_equals_the_model_while_writers_are_killed(file_root: Roo
         if n_id not in ops_at:  # published, but the writer was killed before it said so
             try:
                 ops_at[n_id] = int(catalog.load(n_id).sources["n"])
-            except ObjectNotFoundError:
+            except (CheckpointNotFoundError, ObjectNotFoundError):
                 return  # (removed by retention meanwhile)
         driver, at = model_at(SEED, ops_at[n_id])
         clock.now = at.now
