@@ -27,6 +27,7 @@ from statelog import ValueStateDescriptor
 from statelog.errors import ConfigError
 from statelog.materialization.manifest import list_manifests
 from statelog.store import open_store
+from statelog.testing.faulty_store import FaultInjectingStore
 from tests.support.wait import wait_until
 
 COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
@@ -148,8 +149,9 @@ def test_standby_reports_no_lease_and_health_says_why_a_cycle_failed(tmp_path: P
         b.get_state(COUNT).update(1)
         job.checkpoint()
     stores = [open_store(root), open_store(root)]
+    faulty = FaultInjectingStore(stores[1])
     leader = MaterializerDaemon(stores[0], poll_s=0.05, metrics_port=0, owner="leader")
-    standby = MaterializerDaemon(stores[1], poll_s=0.05, metrics_port=0, owner="standby")
+    standby = MaterializerDaemon(faulty, poll_s=0.05, metrics_port=0, owner="standby")
     stops = [threading.Event(), threading.Event()]
     threads = [threading.Thread(target=d.run, args=(s,), daemon=True) for d, s in ((leader, stops[0]), (standby, stops[1]))]
     threads[0].start()
@@ -163,8 +165,12 @@ def test_standby_reports_no_lease_and_health_says_why_a_cycle_failed(tmp_path: P
         assert sm["statelog_materializer_materializations_total"] == 0
         code, body = health(standby.metrics_server.url)
         assert code == 200 and body["status"] == "ok" and body["leader"] is False
-        # a failing cycle makes the probe unhealthy with the reason
-        standby.last_error = ConfigError("simulated: the store refused a request")
+        # a failing cycle (every read of the standby's store refused) makes the probe unhealthy
+        # with the reason; cycles keep failing, so no later success clears it under the probe
+        refused = ConfigError("simulated: the store refused a request")
+        for op in ("get", "get_range", "head", "list"):
+            faulty.fail_randomly(op, 1.0, error=refused)
+        wait_until(lambda: standby.last_error is not None, 30, "a failed cycle of the standby")
         code, body = health(standby.metrics_server.url)
         assert code == 503 and "simulated: the store refused a request" in body["reason"]
     finally:
