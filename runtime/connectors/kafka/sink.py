@@ -185,7 +185,10 @@ class KafkaSinkOperator(StreamOperator):
         label = f"KafkaSink {self.uid} ({self.sink.topic!r}): {what}"
         try:
             result = kafka_call(label, fn, *args, **kwargs)
-        except KafkaError:
+        except (KafkaError, SystemError):
+            # a bare SystemError ("returned NULL without setting an exception") is how the client
+            # reports a fatal error whose exception a delivery callback lost: the error callback
+            # has kept it
             if self._fatal is None:
                 raise
             result = None
