@@ -158,6 +158,16 @@ class SegmentReader:
         with self._lock:
             self._whole.pop(name, None)
 
+    def trim(self, footers: int) -> None:
+        """Let go of the bytes of segments read whole (not kept) and of all but the
+        ``footers`` footers cached last: a reader that lives long (a follower's) reads each
+        footer once and later only the blocks it is asked for."""
+        with self._lock:
+            for name in [n for n in self._whole if n not in self._held]:
+                del self._whole[name]
+            for name in list(self._footers)[: max(0, len(self._footers) - footers)]:
+                del self._footers[name]
+
     def drop_kept(self) -> None:
         """Let go of the blocks kept for later reads (``keep_bytes``)."""
         with self._lock:

@@ -98,7 +98,8 @@ def flushed_ranges(
             if n != expected:  # (one still uploading: what follows waits for the next poll)
                 break
             expected += 1
-            footer = reader.footer(name, size)
+            footer = reader.footer(name, size)  # (read once: the caller's reader keeps footers between polls)
+            used = False
             for span in footer.streams:
                 at = pos.get(span.stream)
                 if at is None or span.end <= at or span.start > at:
@@ -107,5 +108,7 @@ def flushed_ranges(
                 out.append(ChangelogRange(span.stream, at, span.end, kgr, (ref,)))
                 pos[span.stream] = span.end
                 created = footer.created_ms if created is None else max(created, footer.created_ms)
-            reader.forget(name)
+                used = True
+            if not used:  # (else its blocks are read next, from the bytes read with the footer)
+                reader.forget(name)
     return out, created

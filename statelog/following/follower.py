@@ -27,7 +27,13 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
-from statelog.errors import ConfigError, CorruptionError, StatelogError, StateNotFoundError
+from statelog.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    CorruptionError,
+    StatelogError,
+    StateNotFoundError,
+)
 from statelog.following.flushed import flushed_ranges
 from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
 from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
@@ -46,6 +52,8 @@ from statelog.store import open_store
 __all__ = ["Follower", "follow"]
 
 log = logging.getLogger(__name__)
+
+FOOTERS_KEPT = 1024  # segment footers the follower's reader keeps between polls
 
 Operators = Iterable[str] | Mapping[str, Iterable[StateDescriptor]] | None
 
@@ -107,6 +115,9 @@ class Follower:
         self._ahead = 0  # records applied beyond the checkpoint (consistency "flushed")
         self._flushed_ms: int | None = None
         self._acquired: dict[int, int] = {}  # writer lease generation -> its acquisition time (ms)
+        # one reader for every poll: a segment's footer is read once, then only its new blocks
+        self._reader = SegmentReader(self._store)
+        self.changes_applied = 0  # change records applied after the restores (not counting what they restored)
         self.restores = 0
         self.last_restore_reason: str | None = None
         self.last_error: BaseException | None = None
@@ -214,18 +225,36 @@ class Follower:
         with self._poll_lock:
             if self._stop.is_set():
                 raise StatelogError("this follower is closed")
-            latest = self._catalog.latest()
+            latest = self._newer()
             if latest is not None:
-                latest = resolve_checkpoint(self._catalog, latest, job_id=self._job_id, max_parallelism=self._max_parallelism)
-                assert latest is not None
-                self._latest_id = latest.checkpoint_id
-                if self._meta is None or latest.checkpoint_id != self._meta.checkpoint_id:
-                    self._advance(latest)
-            if self.consistency is Consistency.FLUSHED and self._meta is not None:
-                self._apply_flushed(self._meta)
+                self._advance(latest)
+            try:
+                if self.consistency is Consistency.FLUSHED and self._meta is not None:
+                    self._apply_flushed(self._meta)
+            finally:
+                self._reader.trim(FOOTERS_KEPT)
         with self._moved:
             self._moved.notify_all()
         return self.position
+
+    def _newer(self) -> CheckpointMetadata | None:
+        """The newest completed checkpoint when it is not the one the state is at (``None``:
+        none or the same). Costs a listing of the checkpoint keys; the metadata object is read
+        only when a newer key is listed (ids are never reused: a writer numbers its
+        checkpoints after the newest one of the root)."""
+        ids = self._catalog.checkpoint_ids()
+        if not ids:
+            return None
+        self._latest_id = ids[-1]
+        if self._meta is not None and ids[-1] == self._meta.checkpoint_id:
+            return None
+        try:
+            meta = self._catalog.load(ids[-1])
+        except CheckpointNotFoundError:  # (removed by retention since it was listed: the next poll lists again)
+            return None
+        latest = resolve_checkpoint(self._catalog, meta, job_id=self._job_id, max_parallelism=self._max_parallelism)
+        assert latest is not None
+        return latest
 
     def _followed(self, meta: CheckpointMetadata) -> list[str]:
         return sorted(uid for uid in meta.operators if self._only is None or uid in self._only)
@@ -237,7 +266,7 @@ class Follower:
         same_writer = old is not None and meta.writer_generation is not None and (
             meta.writer_generation == old.writer_generation
         )
-        reader = SegmentReader(self._store)
+        reader = self._reader
         prepared: dict[str, Prepared] = {}
         fresh: dict[str, OperatorReplica] = {}
         reasons: list[str] = []
@@ -251,6 +280,7 @@ class Follower:
                         prepared[uid] = rep.prepare(reader, meta)
                         continue
                     except CorruptionError as e:  # (collected: a segment it needs is gone)
+                        reader.trim(0)
                         why = f"the changelog after what it applied is gone: {e}"
                 if rep is not None:
                     reasons.append(f"operator {uid!r}: {why}")
@@ -262,6 +292,7 @@ class Follower:
         with self._lock:
             for uid, p in prepared.items():
                 self._replicas[uid].install(p)
+                self.changes_applied += p.count
             gone = [rep for uid, rep in self._replicas.items() if uid in fresh or uid not in meta.operators]
             for rep in gone:
                 del self._replicas[rep.uid]
@@ -284,7 +315,7 @@ class Follower:
             log.info("follower of %s restored checkpoint %d", self.root, meta.checkpoint_id)
 
     def _apply_flushed(self, meta: CheckpointMetadata) -> None:
-        reader = SegmentReader(self._store)
+        reader = self._reader
         prepared: dict[str, Prepared] = {}
         newest: int | None = None
         for uid, rep in list(self._replicas.items()):
@@ -293,6 +324,7 @@ class Follower:
                 if ranges:
                     prepared[uid] = rep.read(reader, ranges)
             except CorruptionError as e:  # (a segment collected or replaced while listed: next poll)
+                reader.trim(0)
                 log.info("follower of %s: flushed changelog not read this time: %s", self.root, e)
                 continue
             if created is not None:
@@ -302,6 +334,7 @@ class Follower:
         with self._lock:
             for uid, p in prepared.items():
                 self._replicas[uid].install(p)
+                self.changes_applied += p.count
             self._ahead = sum(rep.ahead_of(meta) for rep in self._replicas.values())
             if newest is not None:
                 self._flushed_ms = newest

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from statelog.arrays import binary_array
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
@@ -60,6 +59,7 @@ class Prepared:
     def __init__(self, ranges: list[ChangelogRange]) -> None:
         self.ranges = ranges
         self.records: dict[str, list[Record]] = {}
+        self.keys: dict[bytes, Any] = {}  # key bytes -> decoded key, of the records' keys
         self.count = 0
         self.meta: CheckpointMetadata | None = None  # the checkpoint they catch up to
 
@@ -96,7 +96,6 @@ class OperatorReplica:
         for r in _ranges(meta, uid):
             self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
         self.base = _base(meta, uid)  # the materializations the applied state builds on
-        self._keys: dict[bytes, Any] = {}
 
     def _register(self, meta: CheckpointMetadata) -> None:
         op = meta.operators.get(self.uid)
@@ -169,13 +168,18 @@ class OperatorReplica:
         return prepared
 
     def read(self, reader: SegmentReader, ranges: list[ChangelogRange]) -> Prepared:
-        """Read the records of ``ranges`` (in order per state) for :meth:`install`."""
+        """Read the records of ``ranges`` (in order per state) for :meth:`install`: only the
+        segments that hold records of a range (a checkpoint's range lists every segment since
+        its materialization; the follower applied most of them), a batch's columns at once
+        and its keys decoded in bulk (:func:`~statelog.keys.columns.decode_key_array`)."""
         out = Prepared(ranges)
         for r in ranges:
-            for batch in reader.read_range(r.stream, r.start, r.end, r.key_groups, r.segments):
-                recs = out.records.setdefault(batch.state, [])
-                for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
-                    recs.append((kb, nsb, op, ukey, value, exp))
+            segments = [s for s in r.segments if s.end > r.start and s.start < r.end]
+            for batch in reader.read_range(r.stream, r.start, r.end, r.key_groups, segments):
+                _seqs, _kgs, ops, kbs, nsbs, ukeys, values, exps = batch.columns()
+                out.records.setdefault(batch.state, []).extend(zip(kbs, nsbs, ops, ukeys, values, exps, strict=True))
+                if batch.state not in TIMER_STATES:
+                    out.keys.update(zip(kbs, decode_key_array(batch.table.column("key")), strict=True))
                 out.count += batch.table.num_rows
         return out
 
@@ -186,7 +190,7 @@ class OperatorReplica:
         if prepared.meta is not None:
             self._register(prepared.meta)
         with gc_paused():  # (no reference cycles among the entries; see statelog.restore.collector)
-            self._apply(prepared.records)
+            self._apply(prepared.records, prepared.keys)
         for r in prepared.ranges:
             self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
         if prepared.meta is not None:
@@ -195,7 +199,7 @@ class OperatorReplica:
             for stream in [s for s in self.applied if s not in kept]:
                 del self.applied[stream]
 
-    def _apply(self, records: dict[str, list[Record]]) -> None:
+    def _apply(self, records: dict[str, list[Record]], keys: dict[bytes, Any]) -> None:
         backend = self.backend
         for name, recs in records.items():
             if name in TIMER_STATES:
@@ -206,13 +210,8 @@ class OperatorReplica:
             state = backend._states.get(name)
             if state is None:
                 raise StatelogError(f"operator {self.uid!r}: changelog of state {name!r}, which no checkpoint describes")
-            new = list({r[0] for r in recs if r[0] not in self._keys})
-            if new:
-                self._keys.update(zip(new, decode_key_array(binary_array(new)), strict=True))
-            state.apply_many(recs, self._keys)
+            state.apply_many(recs, keys)
             state.prune()
-        if len(self._keys) > 1 << 16:
-            self._keys.clear()
 
     def ahead_of(self, meta: CheckpointMetadata) -> int:
         """The records applied beyond checkpoint ``meta`` (flushed changes after it)."""
