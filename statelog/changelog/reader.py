@@ -49,19 +49,22 @@ class ChangeBatch:
         """The columns of :meth:`rows` as Python lists (user keys and values decoded)."""
         t = self.table
         meta = t.schema.metadata or {}
-        value_type = PICKLE if meta.get(fmt.META_VALUE_ENC) == b"pickle" else None
         ukey_type = PICKLE if meta.get(fmt.META_UKEY_ENC) == b"pickle" else None
         cols = [t.column(i) for i in range(8)]
-        values = cols[6].to_pylist()
-        if value_type is PICKLE:
-            if pa.types.is_list(cols[6].type):
-                values = [None if v is None else [pickle.loads(x) for x in v] for v in values]
-            else:
-                values = [None if v is None else pickle.loads(v) for v in values]
-        elif pa.types.is_map(cols[6].type):
-            values = [None if v is None else dict(v) for v in values]
         ukeys = from_arrow(cols[5].combine_chunks(), ukey_type) if ukey_type is PICKLE else cols[5].to_pylist()
-        return [*(c.to_pylist() for c in cols[:5]), ukeys, values, cols[7].to_pylist()]
+        return [*(c.to_pylist() for c in cols[:5]), ukeys, self.values(), cols[7].to_pylist()]
+
+    def values(self) -> list[Any]:
+        """The value column as Python values (decoded as :meth:`rows` gives them)."""
+        col = self.table.column(6)
+        values = col.to_pylist()
+        if (self.table.schema.metadata or {}).get(fmt.META_VALUE_ENC) == b"pickle":
+            if pa.types.is_list(col.type):
+                return [None if v is None else [pickle.loads(x) for x in v] for v in values]
+            return [None if v is None else pickle.loads(v) for v in values]
+        if pa.types.is_map(col.type):
+            return [None if v is None else dict(v) for v in values]
+        return values
 
 
 class SegmentReader:
