@@ -13,6 +13,8 @@ not listed yet).
 
 from __future__ import annotations
 
+import itertools
+
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment_ref import SegmentRef
 from statelog.checkpoint.lease_objects import read_object
@@ -20,10 +22,10 @@ from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange
 from statelog.layout import (
-    CHANGELOG_PREFIX,
     WRITER_LEASE_PREFIX,
     lease_generation_key,
     parse_segment_key,
+    segment_key,
 )
 
 __all__ = ["current_writers", "flushed_ranges"]
@@ -65,13 +67,19 @@ def _created_ms(writer: str) -> int:
 
 def flushed_ranges(
     reader: SegmentReader, meta: CheckpointMetadata, applied: dict[str, int], kgr: KeyGroupRange,
-    acquired: dict[int, int],
+    acquired: dict[int, int], sizes: dict[str, int],
 ) -> tuple[list[ChangelogRange], int | None]:
     """The ranges of the streams in ``applied`` (stream -> position applied) flushed after
     it, in the segments of the current writers that ``meta`` references
     (:func:`current_writers`; ``acquired`` is its cache), and the creation time (ms)
     of the newest segment they come from (``None``: nothing flushed). ``applied`` is not
-    changed; the caller applies the ranges and moves it on."""
+    changed; the caller applies the ranges and moves it on.
+
+    A writer numbers its segments one after the other: from the newest one ``meta``
+    references, each next number is asked for by name (``head``), not by listing the
+    writer's segments, until one is not there. ``sizes`` (segment -> size) keeps what was
+    found for the next call, so a poll asks only for the segment after the newest one it saw
+    (and the reader, which keeps footers, reads only new footers)."""
     newest: dict[str, int] = {}  # writer id -> the newest segment number meta references
     for op in meta.operators.values():
         for h in op.subtasks:
@@ -87,17 +95,17 @@ def flushed_ranges(
     pos = dict(applied)
     out: list[ChangelogRange] = []
     created: int | None = None
+    for name in [k for k in sizes if (p := parse_segment_key(k)) is None or p[1] < newest.get(p[0], 1 << 62)]:
+        del sizes[name]  # (before what meta references: never asked for again)
     for writer, first in sorted(newest.items()):
-        segments = []
-        for info in reader.store.list(f"{CHANGELOG_PREFIX}{writer}/"):
-            parsed = parse_segment_key(info.key)
-            if parsed is not None and parsed[1] >= first:
-                segments.append((parsed[1], info.key, info.size))
-        expected = first
-        for n, name, size in sorted(segments):
-            if n != expected:  # (one still uploading: what follows waits for the next poll)
-                break
-            expected += 1
+        for n in itertools.count(first):
+            name = segment_key(writer, n)
+            size = sizes.get(name)
+            if size is None:
+                info = reader.store.head(name)
+                if info is None:  # (not uploaded yet, or still uploading: what follows waits for the next poll)
+                    break
+                size = sizes[name] = info.size
             footer = reader.footer(name, size)  # (read once: the caller's reader keeps footers between polls)
             used = False
             for span in footer.streams:

@@ -117,6 +117,7 @@ class Follower:
         self._acquired: dict[int, int] = {}  # writer lease generation -> its acquisition time (ms)
         # one reader for every poll: a segment's footer is read once, then only its new blocks
         self._reader = SegmentReader(self._store)
+        self._sizes: dict[str, int] = {}  # flushed segments found, by name: their sizes
         self.changes_applied = 0  # change records applied after the restores (not counting what they restored)
         self.restores = 0
         self.last_restore_reason: str | None = None
@@ -320,7 +321,7 @@ class Follower:
         newest: int | None = None
         for uid, rep in list(self._replicas.items()):
             try:
-                ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, self._acquired)
+                ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, self._acquired, self._sizes)
                 if ranges:
                     prepared[uid] = rep.read(reader, ranges)
             except CorruptionError as e:  # (a segment collected or replaced while listed: next poll)
