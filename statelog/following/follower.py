@@ -54,6 +54,7 @@ __all__ = ["Follower", "follow"]
 log = logging.getLogger(__name__)
 
 FOOTERS_KEPT = 1024  # segment footers the follower's reader keeps between polls
+LINGER_BYTES = 64 << 20  # segment bytes a poll keeps for the other streams of the same segments
 
 Operators = Iterable[str] | Mapping[str, Iterable[StateDescriptor]] | None
 
@@ -117,6 +118,7 @@ class Follower:
         self._acquired: dict[int, int] = {}  # writer lease generation -> its acquisition time (ms)
         # one reader for every poll: a segment's footer is read once, then only its new blocks
         self._reader = SegmentReader(self._store)
+        self._reader.linger_bytes = LINGER_BYTES
         self._sizes: dict[str, int] = {}  # flushed segments found, by name: their sizes
         self.changes_applied = 0  # change records applied after the restores (not counting what they restored)
         self.restores = 0
