@@ -4,14 +4,20 @@
 
 A writer process updates a ``ValueState<int64>`` of ``KEYS`` int keys (first written once
 and checkpointed) at ``RATE`` updates/s, paced, with a checkpoint every second, for
-``SECONDS`` s. In this process two followers (``statelog.follow``), one per consistency
-level, poll every ``POLL_S`` s in their background threads; every ``SAMPLE_S`` s after the
-first ``WARMUP_S`` s the benchmark reads both positions: the lag at "checkpoint" is ``lag_s`` (now minus the
-timestamp of the checkpoint the state is at), at "flushed" ``data_lag_s`` (now minus the
-time of the newest change applied). Per round the p50 and p99 of the samples; over the
-rounds the median with its spread (``(max - min) / median``), and the writer's achieved
-rate and the followers' restores (1 each: they kept up without restoring again).
-Lookups: ``lookup_p99_us``, the p99 of ``follower.get`` of random keys at "checkpoint".
+``SECONDS`` s. Two followers (``statelog.follow``), one per consistency level, each in a
+process of its own (no GIL shared with the writer or each other), poll every ``POLL_S`` s in
+their background threads; every ``SAMPLE_S`` s after the first ``WARMUP_S`` s of updates
+each reads its position: the lag at "checkpoint" is ``lag_s`` (now minus the timestamp of
+the checkpoint the state is at), at "flushed" ``data_lag_s`` (now minus the time of the
+newest change applied). Per round the p50 and p99 of the samples
+(``lag_p99_s_checkpoint``, ``lag_p99_s_flushed``), the CPU of each follower's polling thread
+per change it applied (``follower_cpu_us_per_change_<level>``, from /proc) and the
+writer process's CPU per update, its checkpoints and uploads included
+(``writer_cpu_us_per_update``); over the rounds the median with its spread
+(``(max - min) / median``), and the writer's achieved rate and the followers' restores (1
+each: they kept up without restoring again). Lookups: ``lookup_p99_us``, the p99 of
+``follower.get`` of random keys at "checkpoint", in the follower's process after the writer
+stopped.
 
 The machine is shared and loaded by other processes while this runs: the figures are upper
 bounds of what an idle machine gives.

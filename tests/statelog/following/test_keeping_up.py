@@ -1,7 +1,8 @@
 """What a follower's poll costs while it keeps up: a poll without a newer checkpoint reads no
 metadata; catching up reads only the segments after what it applied, each once; "flushed"
 finds new segments by name (no listing) and reads a footer once; a block of puts to one
-namespace is applied in bulk with the same result as record by record."""
+namespace is applied in bulk with the same result as record by record. (Followers restore at
+once here: an on-demand restore reads in the background, beside the polls counted.)"""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_a_poll_without_a_newer_checkpoint_reads_no_metadata(file_root: RootSpec
     job, b, states = _writer(file_root)
     _update(b, states, range(20), 0)
     job.checkpoint()
-    with statelog.follow(file_root.url, poll_s=None) as f:
+    with statelog.follow(file_root.url, poll_s=None, on_demand=False) as f:
         calls = StoreCalls(f._store, monkeypatch)
         f.poll()
         assert [c for c in calls.calls if c[0] != "list"] == []  # one listing of checkpoint keys only
@@ -80,7 +81,7 @@ def test_catching_up_reads_only_the_segments_after_what_it_applied(file_root: Ro
     job, b, states = _writer(file_root)
     _update(b, states, range(200), 0)
     job.checkpoint()
-    with statelog.follow(file_root.url, poll_s=None) as f:
+    with statelog.follow(file_root.url, poll_s=None, on_demand=False) as f:
         calls = StoreCalls(f._store, monkeypatch)
         for n in range(1, 7):
             applied = dict(f._replicas[UID].applied)
@@ -108,7 +109,7 @@ def test_flushed_finds_new_segments_by_name_and_reads_each_footer_once(file_root
     job, b, states = _writer(file_root)
     _update(b, states, range(50), 0)
     job.checkpoint()
-    with statelog.follow(file_root.url, consistency="flushed", poll_s=None) as f:
+    with statelog.follow(file_root.url, consistency="flushed", poll_s=None, on_demand=False) as f:
         calls = StoreCalls(f._store, monkeypatch)
         for n in range(1, 4):
             _update(b, states, range(50), n)
