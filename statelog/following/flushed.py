@@ -14,12 +14,14 @@ not listed yet).
 from __future__ import annotations
 
 import itertools
+import logging
 
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment_ref import SegmentRef
 from statelog.checkpoint.lease_objects import read_object
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
 from statelog.errors import CorruptionError, ObjectNotFoundError
+from statelog.following.replica import OperatorReplica, Prepared
 from statelog.keys.groups import KeyGroupRange
 from statelog.layout import (
     WRITER_LEASE_PREFIX,
@@ -28,7 +30,9 @@ from statelog.layout import (
     segment_key,
 )
 
-__all__ = ["current_writers", "flushed_ranges"]
+__all__ = ["current_writers", "flushed_ranges", "read_flushed"]
+
+log = logging.getLogger(__name__)
 
 
 def current_writers(reader: SegmentReader, meta: CheckpointMetadata, writers: set[str], acquired: dict[int, int]) -> set[str]:
@@ -120,3 +124,26 @@ def flushed_ranges(
             if not used:  # (else its blocks are read next, from the bytes read with the footer)
                 reader.forget(name)
     return out, created
+
+
+def read_flushed(
+    reader: SegmentReader, meta: CheckpointMetadata, replicas: dict[str, OperatorReplica], acquired: dict[int, int],
+    sizes: dict[str, int],
+) -> tuple[dict[str, Prepared], int | None]:
+    """Per replica the flushed changes after what it applied (:func:`flushed_ranges`), read
+    for its ``install``, and the creation time (ms) of the newest segment they come from. A
+    replica whose segments were collected or replaced while found is left for the next poll."""
+    prepared: dict[str, Prepared] = {}
+    newest: int | None = None
+    for uid, rep in list(replicas.items()):
+        try:
+            ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, acquired, sizes)
+            if ranges:
+                prepared[uid] = rep.read(reader, ranges)
+        except CorruptionError as e:
+            reader.trim(0)
+            log.info("follower: flushed changelog of operator %r not read this time: %s", uid, e)
+            continue
+        if created is not None:
+            newest = created if newest is None else max(newest, created)
+    return prepared, newest

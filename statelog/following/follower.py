@@ -27,14 +27,9 @@ from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
-from statelog.errors import (
-    CheckpointNotFoundError,
-    ConfigError,
-    CorruptionError,
-    StatelogError,
-    StateNotFoundError,
-)
-from statelog.following.flushed import flushed_ranges
+from statelog.errors import ConfigError, CorruptionError, StatelogError, StateNotFoundError
+from statelog.following.flushed import read_flushed
+from statelog.following.newest import newer_checkpoint
 from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
 from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
 from statelog.materialization.manifest import Manifest
@@ -44,7 +39,6 @@ from statelog.options.engine import (
     check_state_dir,
     check_state_store,
 )
-from statelog.restore.plan import resolve_checkpoint
 from statelog.state.backend import KeyedStateBackend
 from statelog.state.timers import Timer
 from statelog.store import open_store
@@ -228,7 +222,10 @@ class Follower:
         with self._poll_lock:
             if self._stop.is_set():
                 raise StatelogError("this follower is closed")
-            latest = self._newer()
+            at = None if self._meta is None else self._meta.checkpoint_id
+            self._latest_id, latest = newer_checkpoint(
+                self._catalog, at, job_id=self._job_id, max_parallelism=self._max_parallelism
+            )  # fmt: skip
             if latest is not None:
                 self._advance(latest)
             try:
@@ -239,25 +236,6 @@ class Follower:
         with self._moved:
             self._moved.notify_all()
         return self.position
-
-    def _newer(self) -> CheckpointMetadata | None:
-        """The newest completed checkpoint when it is not the one the state is at (``None``:
-        none or the same). Costs a listing of the checkpoint keys; the metadata object is read
-        only when a newer key is listed (ids are never reused: a writer numbers its
-        checkpoints after the newest one of the root)."""
-        ids = self._catalog.checkpoint_ids()
-        if not ids:
-            return None
-        self._latest_id = ids[-1]
-        if self._meta is not None and ids[-1] == self._meta.checkpoint_id:
-            return None
-        try:
-            meta = self._catalog.load(ids[-1])
-        except CheckpointNotFoundError:  # (removed by retention since it was listed: the next poll lists again)
-            return None
-        latest = resolve_checkpoint(self._catalog, meta, job_id=self._job_id, max_parallelism=self._max_parallelism)
-        assert latest is not None
-        return latest
 
     def _followed(self, meta: CheckpointMetadata) -> list[str]:
         return sorted(uid for uid in meta.operators if self._only is None or uid in self._only)
@@ -318,20 +296,7 @@ class Follower:
             log.info("follower of %s restored checkpoint %d", self.root, meta.checkpoint_id)
 
     def _apply_flushed(self, meta: CheckpointMetadata) -> None:
-        reader = self._reader
-        prepared: dict[str, Prepared] = {}
-        newest: int | None = None
-        for uid, rep in list(self._replicas.items()):
-            try:
-                ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, self._acquired, self._sizes)
-                if ranges:
-                    prepared[uid] = rep.read(reader, ranges)
-            except CorruptionError as e:  # (a segment collected or replaced while listed: next poll)
-                reader.trim(0)
-                log.info("follower of %s: flushed changelog not read this time: %s", self.root, e)
-                continue
-            if created is not None:
-                newest = created if newest is None else max(newest, created)
+        prepared, newest = read_flushed(self._reader, meta, self._replicas, self._acquired, self._sizes)
         if not prepared:
             return
         with self._lock:
