@@ -41,7 +41,7 @@ from statelog import ValueStateDescriptor
 
 KEYS, RATE, SECONDS, ROUNDS = 1_000_000, 50_000, 20.0, 3
 QUICK = {"KEYS": 20_000, "RATE": 20_000, "SECONDS": 4.0, "ROUNDS": 1}
-POLL_S, SAMPLE_S, WARMUP_S = 0.05, 0.05, 2.0
+POLL_S, SAMPLE_S, WARMUP_S = 0.02, 0.05, 2.0
 UID = "bench"
 VALUE = ValueStateDescriptor("v", pa.int64(), default=0)
 
