@@ -125,7 +125,10 @@ def test_flushed_finds_new_segments_by_name_and_reads_each_footer_once(file_root
     job.close()
 
 
-def test_puts_to_one_namespace_are_applied_in_bulk_as_record_by_record(file_root: RootSpec, monkeypatch) -> None:
+@pytest.mark.parametrize("state_store", ["memory", "disk"])
+def test_puts_to_one_namespace_are_applied_in_bulk_as_record_by_record(
+    file_root: RootSpec, monkeypatch, state_store: str, tmp_path
+) -> None:
     """A block of puts only, to one namespace, of a value state and a value state with TTL,
     then a block with deletes: the follower's state is the writer's (the bulk path used)."""
     job, b, states = _writer(file_root)
@@ -139,7 +142,8 @@ def test_puts_to_one_namespace_are_applied_in_bulk_as_record_by_record(file_root
         put_many(self, nsb, keys, values, expires)
 
     monkeypatch.setattr(KeyedState, "put_many", counted)
-    with statelog.follow(file_root.url, operators={UID: [VALUE, TTL_VALUE]}, poll_s=None) as f:
+    with statelog.follow(file_root.url, operators={UID: [VALUE, TTL_VALUE]}, poll_s=None, state_store=state_store,
+                         state_dir=str(tmp_path / "follower")) as f:  # fmt: skip
         _update(b, states, range(0, 100, 3), 1)  # puts only
         job.checkpoint()
         f.poll()
