@@ -49,19 +49,22 @@ class ChangeBatch:
         """The columns of :meth:`rows` as Python lists (user keys and values decoded)."""
         t = self.table
         meta = t.schema.metadata or {}
-        value_type = PICKLE if meta.get(fmt.META_VALUE_ENC) == b"pickle" else None
         ukey_type = PICKLE if meta.get(fmt.META_UKEY_ENC) == b"pickle" else None
         cols = [t.column(i) for i in range(8)]
-        values = cols[6].to_pylist()
-        if value_type is PICKLE:
-            if pa.types.is_list(cols[6].type):
-                values = [None if v is None else [pickle.loads(x) for x in v] for v in values]
-            else:
-                values = [None if v is None else pickle.loads(v) for v in values]
-        elif pa.types.is_map(cols[6].type):
-            values = [None if v is None else dict(v) for v in values]
         ukeys = from_arrow(cols[5].combine_chunks(), ukey_type) if ukey_type is PICKLE else cols[5].to_pylist()
-        return [*(c.to_pylist() for c in cols[:5]), ukeys, values, cols[7].to_pylist()]
+        return [*(c.to_pylist() for c in cols[:5]), ukeys, self.values(), cols[7].to_pylist()]
+
+    def values(self) -> list[Any]:
+        """The value column as Python values (decoded as :meth:`rows` gives them)."""
+        col = self.table.column(6)
+        values = col.to_pylist()
+        if (self.table.schema.metadata or {}).get(fmt.META_VALUE_ENC) == b"pickle":
+            if pa.types.is_list(col.type):
+                return [None if v is None else [pickle.loads(x) for x in v] for v in values]
+            return [None if v is None else pickle.loads(v) for v in values]
+        if pa.types.is_map(col.type):
+            return [None if v is None else dict(v) for v in values]
+        return values
 
 
 class SegmentReader:
@@ -88,6 +91,11 @@ class SegmentReader:
         self._held: set[str] = set()  # segments whose bytes (in _whole) are kept
         self._kept: dict[tuple[str, int], _KeptBlock] = {}  # (segment, block offset)
         self._kept_size = 0
+        # with linger_bytes (a reader that its owner trims, :meth:`trim`): the bytes of segments
+        # read whole stay until then, for the other streams of the same segments
+        self.linger_bytes = 0
+        self._lingering: set[str] = set()
+        self._lingering_size = 0
 
     def _get(self, name: str) -> bytes:
         try:
@@ -157,6 +165,18 @@ class SegmentReader:
     def forget(self, name: str) -> None:
         with self._lock:
             self._whole.pop(name, None)
+
+    def trim(self, footers: int) -> None:
+        """Let go of the bytes of segments read whole (not kept; lingering ones too) and of all but the
+        ``footers`` footers cached last: a reader that lives long (a follower's) reads each
+        footer once and later only the blocks it is asked for."""
+        with self._lock:
+            for name in [n for n in self._whole if n not in self._held]:
+                del self._whole[name]
+            self._lingering.clear()
+            self._lingering_size = 0
+            for name in list(self._footers)[: max(0, len(self._footers) - footers)]:
+                del self._footers[name]
 
     def drop_kept(self) -> None:
         """Let go of the blocks kept for later reads (``keep_bytes``)."""
@@ -250,8 +270,19 @@ class SegmentReader:
                         table = table.take(numpy_integers(rows))
                     yield info, table, True
         finally:
-            if not (keep and self._hold(seg.name, seg.size)):
+            if not (keep and self._hold(seg.name, seg.size)) and not self._linger(seg.name):
                 self.forget(seg.name)
+
+    def _linger(self, name: str) -> bool:
+        """Leave the bytes of segment ``name`` (read whole) for other streams' reads until
+        :meth:`trim`, if ``linger_bytes`` leaves room."""
+        with self._lock:
+            data = self._whole.get(name)
+            if data is None or name in self._lingering or self._lingering_size + len(data) > self.linger_bytes:
+                return name in self._lingering
+            self._lingering.add(name)
+            self._lingering_size += len(data)
+            return True
 
     def _hold(self, name: str, size: int) -> bool:
         """Keep the bytes of segment ``name`` (read whole) if ``keep_bytes`` leaves room."""

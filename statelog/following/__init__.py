@@ -8,6 +8,7 @@ keeps up with its checkpoints.
   changelog position it has applied per stream; whether a checkpoint extends it;
 * ``flushed.py``: the changelog segments flushed after the newest checkpoint (consistency
   ``"flushed"``);
+* ``newest.py``: noticing a newer checkpoint (a listing; metadata read only when newer);
 * ``position.py``: the consistency levels and the follower's position.
 
 A follower never takes the writer lease and never writes to the root. docs/follow.md says

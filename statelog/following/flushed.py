@@ -13,20 +13,26 @@ not listed yet).
 
 from __future__ import annotations
 
+import itertools
+import logging
+
 from statelog.changelog.reader import SegmentReader
 from statelog.changelog.segment_ref import SegmentRef
 from statelog.checkpoint.lease_objects import read_object
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
 from statelog.errors import CorruptionError, ObjectNotFoundError
+from statelog.following.replica import OperatorReplica, Prepared
 from statelog.keys.groups import KeyGroupRange
 from statelog.layout import (
-    CHANGELOG_PREFIX,
     WRITER_LEASE_PREFIX,
     lease_generation_key,
     parse_segment_key,
+    segment_key,
 )
 
-__all__ = ["current_writers", "flushed_ranges"]
+__all__ = ["current_writers", "flushed_ranges", "read_flushed"]
+
+log = logging.getLogger(__name__)
 
 
 def current_writers(reader: SegmentReader, meta: CheckpointMetadata, writers: set[str], acquired: dict[int, int]) -> set[str]:
@@ -65,13 +71,19 @@ def _created_ms(writer: str) -> int:
 
 def flushed_ranges(
     reader: SegmentReader, meta: CheckpointMetadata, applied: dict[str, int], kgr: KeyGroupRange,
-    acquired: dict[int, int],
+    acquired: dict[int, int], sizes: dict[str, int],
 ) -> tuple[list[ChangelogRange], int | None]:
     """The ranges of the streams in ``applied`` (stream -> position applied) flushed after
     it, in the segments of the current writers that ``meta`` references
     (:func:`current_writers`; ``acquired`` is its cache), and the creation time (ms)
     of the newest segment they come from (``None``: nothing flushed). ``applied`` is not
-    changed; the caller applies the ranges and moves it on."""
+    changed; the caller applies the ranges and moves it on.
+
+    A writer numbers its segments one after the other: from the newest one ``meta``
+    references, each next number is asked for by name (``head``), not by listing the
+    writer's segments, until one is not there. ``sizes`` (segment -> size) keeps what was
+    found for the next call, so a poll asks only for the segment after the newest one it saw
+    (and the reader, which keeps footers, reads only new footers)."""
     newest: dict[str, int] = {}  # writer id -> the newest segment number meta references
     for op in meta.operators.values():
         for h in op.subtasks:
@@ -87,18 +99,19 @@ def flushed_ranges(
     pos = dict(applied)
     out: list[ChangelogRange] = []
     created: int | None = None
+    for name in [k for k in sizes if (p := parse_segment_key(k)) is None or p[1] < newest.get(p[0], 1 << 62)]:
+        del sizes[name]  # (before what meta references: never asked for again)
     for writer, first in sorted(newest.items()):
-        segments = []
-        for info in reader.store.list(f"{CHANGELOG_PREFIX}{writer}/"):
-            parsed = parse_segment_key(info.key)
-            if parsed is not None and parsed[1] >= first:
-                segments.append((parsed[1], info.key, info.size))
-        expected = first
-        for n, name, size in sorted(segments):
-            if n != expected:  # (one still uploading: what follows waits for the next poll)
-                break
-            expected += 1
-            footer = reader.footer(name, size)
+        for n in itertools.count(first):
+            name = segment_key(writer, n)
+            size = sizes.get(name)
+            if size is None:
+                info = reader.store.head(name)
+                if info is None:  # (not uploaded yet, or still uploading: what follows waits for the next poll)
+                    break
+                size = sizes[name] = info.size
+            footer = reader.footer(name, size)  # (read once: the caller's reader keeps footers between polls)
+            used = False
             for span in footer.streams:
                 at = pos.get(span.stream)
                 if at is None or span.end <= at or span.start > at:
@@ -107,5 +120,30 @@ def flushed_ranges(
                 out.append(ChangelogRange(span.stream, at, span.end, kgr, (ref,)))
                 pos[span.stream] = span.end
                 created = footer.created_ms if created is None else max(created, footer.created_ms)
-            reader.forget(name)
+                used = True
+            if not used:  # (else its blocks are read next, from the bytes read with the footer)
+                reader.forget(name)
     return out, created
+
+
+def read_flushed(
+    reader: SegmentReader, meta: CheckpointMetadata, replicas: dict[str, OperatorReplica], acquired: dict[int, int],
+    sizes: dict[str, int],
+) -> tuple[dict[str, Prepared], int | None]:
+    """Per replica the flushed changes after what it applied (:func:`flushed_ranges`), read
+    for its ``install``, and the creation time (ms) of the newest segment they come from. A
+    replica whose segments were collected or replaced while found is left for the next poll."""
+    prepared: dict[str, Prepared] = {}
+    newest: int | None = None
+    for uid, rep in list(replicas.items()):
+        try:
+            ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, acquired, sizes)
+            if ranges:
+                prepared[uid] = rep.read(reader, ranges)
+        except CorruptionError as e:
+            reader.trim(0)
+            log.info("follower: flushed changelog of operator %r not read this time: %s", uid, e)
+            continue
+        if created is not None:
+            newest = created if newest is None else max(newest, created)
+    return prepared, newest

@@ -28,7 +28,8 @@ from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError, CorruptionError, StatelogError, StateNotFoundError
-from statelog.following.flushed import flushed_ranges
+from statelog.following.flushed import read_flushed
+from statelog.following.newest import newer_checkpoint
 from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
 from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
 from statelog.materialization.manifest import Manifest
@@ -38,7 +39,6 @@ from statelog.options.engine import (
     check_state_dir,
     check_state_store,
 )
-from statelog.restore.plan import resolve_checkpoint
 from statelog.state.backend import KeyedStateBackend
 from statelog.state.timers import Timer
 from statelog.store import open_store
@@ -46,6 +46,9 @@ from statelog.store import open_store
 __all__ = ["Follower", "follow"]
 
 log = logging.getLogger(__name__)
+
+FOOTERS_KEPT = 1024  # segment footers the follower's reader keeps between polls
+LINGER_BYTES = 64 << 20  # segment bytes a poll keeps for the other streams of the same segments
 
 Operators = Iterable[str] | Mapping[str, Iterable[StateDescriptor]] | None
 
@@ -107,6 +110,11 @@ class Follower:
         self._ahead = 0  # records applied beyond the checkpoint (consistency "flushed")
         self._flushed_ms: int | None = None
         self._acquired: dict[int, int] = {}  # writer lease generation -> its acquisition time (ms)
+        # one reader for every poll: a segment's footer is read once, then only its new blocks
+        self._reader = SegmentReader(self._store)
+        self._reader.linger_bytes = LINGER_BYTES
+        self._sizes: dict[str, int] = {}  # flushed segments found, by name: their sizes
+        self.changes_applied = 0  # change records applied after the restores (not counting what they restored)
         self.restores = 0
         self.last_restore_reason: str | None = None
         self.last_error: BaseException | None = None
@@ -214,15 +222,17 @@ class Follower:
         with self._poll_lock:
             if self._stop.is_set():
                 raise StatelogError("this follower is closed")
-            latest = self._catalog.latest()
+            at = None if self._meta is None else self._meta.checkpoint_id
+            self._latest_id, latest = newer_checkpoint(
+                self._catalog, at, job_id=self._job_id, max_parallelism=self._max_parallelism
+            )  # fmt: skip
             if latest is not None:
-                latest = resolve_checkpoint(self._catalog, latest, job_id=self._job_id, max_parallelism=self._max_parallelism)
-                assert latest is not None
-                self._latest_id = latest.checkpoint_id
-                if self._meta is None or latest.checkpoint_id != self._meta.checkpoint_id:
-                    self._advance(latest)
-            if self.consistency is Consistency.FLUSHED and self._meta is not None:
-                self._apply_flushed(self._meta)
+                self._advance(latest)
+            try:
+                if self.consistency is Consistency.FLUSHED and self._meta is not None:
+                    self._apply_flushed(self._meta)
+            finally:
+                self._reader.trim(FOOTERS_KEPT)
         with self._moved:
             self._moved.notify_all()
         return self.position
@@ -237,7 +247,7 @@ class Follower:
         same_writer = old is not None and meta.writer_generation is not None and (
             meta.writer_generation == old.writer_generation
         )
-        reader = SegmentReader(self._store)
+        reader = self._reader
         prepared: dict[str, Prepared] = {}
         fresh: dict[str, OperatorReplica] = {}
         reasons: list[str] = []
@@ -251,6 +261,7 @@ class Follower:
                         prepared[uid] = rep.prepare(reader, meta)
                         continue
                     except CorruptionError as e:  # (collected: a segment it needs is gone)
+                        reader.trim(0)
                         why = f"the changelog after what it applied is gone: {e}"
                 if rep is not None:
                     reasons.append(f"operator {uid!r}: {why}")
@@ -262,6 +273,7 @@ class Follower:
         with self._lock:
             for uid, p in prepared.items():
                 self._replicas[uid].install(p)
+                self.changes_applied += p.count
             gone = [rep for uid, rep in self._replicas.items() if uid in fresh or uid not in meta.operators]
             for rep in gone:
                 del self._replicas[rep.uid]
@@ -284,24 +296,13 @@ class Follower:
             log.info("follower of %s restored checkpoint %d", self.root, meta.checkpoint_id)
 
     def _apply_flushed(self, meta: CheckpointMetadata) -> None:
-        reader = SegmentReader(self._store)
-        prepared: dict[str, Prepared] = {}
-        newest: int | None = None
-        for uid, rep in list(self._replicas.items()):
-            try:
-                ranges, created = flushed_ranges(reader, meta, rep.applied, rep.key_groups, self._acquired)
-                if ranges:
-                    prepared[uid] = rep.read(reader, ranges)
-            except CorruptionError as e:  # (a segment collected or replaced while listed: next poll)
-                log.info("follower of %s: flushed changelog not read this time: %s", self.root, e)
-                continue
-            if created is not None:
-                newest = created if newest is None else max(newest, created)
+        prepared, newest = read_flushed(self._reader, meta, self._replicas, self._acquired, self._sizes)
         if not prepared:
             return
         with self._lock:
             for uid, p in prepared.items():
                 self._replicas[uid].install(p)
+                self.changes_applied += p.count
             self._ahead = sum(rep.ahead_of(meta) for rep in self._replicas.values())
             if newest is not None:
                 self._flushed_ms = newest

@@ -16,9 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from statelog.arrays import binary_array
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from statelog.changelog.format import TIMER_STATES
-from statelog.changelog.reader import SegmentReader
+from statelog.changelog.ops import Op
+from statelog.changelog.reader import ChangeBatch, SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
 from statelog.descriptors import AggregatingStateDescriptor, StateDescriptor, StateInfo, StateKind
 from statelog.errors import StatelogError, StateNotFoundError
@@ -38,6 +41,7 @@ __all__ = ["OperatorReplica", "Prepared", "ReplicaOptions"]
 log = logging.getLogger(__name__)
 
 Record = tuple[bytes, bytes, int, Any, Any, "int | None"]
+_PUT = Op.PUT.value
 
 
 @dataclass
@@ -54,12 +58,48 @@ class ReplicaOptions:
     descriptors: dict[str, dict[str, StateDescriptor]] = field(default_factory=dict)
 
 
+@dataclass
+class Puts:
+    """A block's change records when all are puts to one namespace (a value-like state's
+    usual changes): its decoded keys and values, applied in one bulk update."""
+
+    nsb: bytes
+    keys: list[Any]
+    values: list[Any]
+    expires: list[int | None]
+    key_bytes: pa.ChunkedArray
+
+    def records(self) -> tuple[list[Record], dict[bytes, Any]]:
+        """The same changes as records, and their keys by key bytes (a state that is not
+        value-like: its applier applies them, or refuses the op as corrupt)."""
+        kbs, n = self.key_bytes.to_pylist(), len(self.keys)
+        recs = list(zip(kbs, [self.nsb] * n, [_PUT] * n, [None] * n, self.values, self.expires, strict=True))
+        return recs, dict(zip(kbs, self.keys, strict=True))
+
+
+Chunk = list[Record] | Puts
+
+
+def _puts(batch: ChangeBatch) -> Puts | None:
+    """The records of ``batch`` as :class:`Puts` when they are all puts to one namespace
+    (checked on the Arrow columns), else ``None``."""
+    t = batch.table
+    if batch.state in TIMER_STATES or not t.num_rows:
+        return None
+    ops, ns = t.column("op"), t.column("namespace")
+    if pc.min_max(ops).as_py() != {"min": _PUT, "max": _PUT} or pc.count_distinct(ns).as_py() != 1:
+        return None
+    keys = t.column("key")
+    return Puts(ns[0].as_py(), decode_key_array(keys), batch.values(), t.column("expires_ms").to_pylist(), keys)
+
+
 class Prepared:
     """Change records read for one replica, per state in order, not applied yet."""
 
     def __init__(self, ranges: list[ChangelogRange]) -> None:
         self.ranges = ranges
-        self.records: dict[str, list[Record]] = {}
+        self.records: dict[str, list[Chunk]] = {}  # per state, in order
+        self.keys: dict[bytes, Any] = {}  # key bytes -> decoded key, of the records' keys
         self.count = 0
         self.meta: CheckpointMetadata | None = None  # the checkpoint they catch up to
 
@@ -96,7 +136,6 @@ class OperatorReplica:
         for r in _ranges(meta, uid):
             self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
         self.base = _base(meta, uid)  # the materializations the applied state builds on
-        self._keys: dict[bytes, Any] = {}
 
     def _register(self, meta: CheckpointMetadata) -> None:
         op = meta.operators.get(self.uid)
@@ -169,14 +208,24 @@ class OperatorReplica:
         return prepared
 
     def read(self, reader: SegmentReader, ranges: list[ChangelogRange]) -> Prepared:
-        """Read the records of ``ranges`` (in order per state) for :meth:`install`."""
+        """Read the records of ``ranges`` (in order per state) for :meth:`install`: only the
+        segments that hold records of a range (a checkpoint's range lists every segment since
+        its materialization; the follower applied most of them), a batch's columns at once
+        and its keys decoded in bulk (:func:`~statelog.keys.columns.decode_key_array`)."""
         out = Prepared(ranges)
         for r in ranges:
-            for batch in reader.read_range(r.stream, r.start, r.end, r.key_groups, r.segments):
-                recs = out.records.setdefault(batch.state, [])
-                for _seq, _kg, op, kb, nsb, ukey, value, exp in batch.rows():
-                    recs.append((kb, nsb, op, ukey, value, exp))
+            segments = [s for s in r.segments if s.end > r.start and s.start < r.end]
+            for batch in reader.read_range(r.stream, r.start, r.end, r.key_groups, segments):
+                chunks = out.records.setdefault(batch.state, [])
                 out.count += batch.table.num_rows
+                puts = _puts(batch)
+                if puts is not None:
+                    chunks.append(puts)
+                    continue
+                _seqs, _kgs, ops, kbs, nsbs, ukeys, values, exps = batch.columns()
+                chunks.append(list(zip(kbs, nsbs, ops, ukeys, values, exps, strict=True)))
+                if batch.state not in TIMER_STATES:
+                    out.keys.update(zip(kbs, decode_key_array(batch.table.column("key")), strict=True))
         return out
 
     def install(self, prepared: Prepared) -> None:
@@ -186,7 +235,7 @@ class OperatorReplica:
         if prepared.meta is not None:
             self._register(prepared.meta)
         with gc_paused():  # (no reference cycles among the entries; see statelog.restore.collector)
-            self._apply(prepared.records)
+            self._apply(prepared.records, prepared.keys)
         for r in prepared.ranges:
             self.applied[r.stream] = max(self.applied.get(r.stream, 0), r.end)
         if prepared.meta is not None:
@@ -195,24 +244,29 @@ class OperatorReplica:
             for stream in [s for s in self.applied if s not in kept]:
                 del self.applied[stream]
 
-    def _apply(self, records: dict[str, list[Record]]) -> None:
+    def _apply(self, records: dict[str, list[Chunk]], keys: dict[bytes, Any]) -> None:
         backend = self.backend
-        for name, recs in records.items():
+        for name, chunks in records.items():
             if name in TIMER_STATES:
                 d = TIMER_STATES.index(name)
-                for kb, nsb, op, _ukey, value, _exp in recs:
-                    backend.timers.apply(d, kb, nsb, op, value)
+                for chunk in chunks:
+                    assert isinstance(chunk, list)
+                    for kb, nsb, op, _ukey, value, _exp in chunk:
+                        backend.timers.apply(d, kb, nsb, op, value)
                 continue
             state = backend._states.get(name)
             if state is None:
                 raise StatelogError(f"operator {self.uid!r}: changelog of state {name!r}, which no checkpoint describes")
-            new = list({r[0] for r in recs if r[0] not in self._keys})
-            if new:
-                self._keys.update(zip(new, decode_key_array(binary_array(new)), strict=True))
-            state.apply_many(recs, self._keys)
+            info = self.infos.get(name)
+            value_like = info is not None and info.kind not in (StateKind.LIST, StateKind.MAP)
+            for chunk in chunks:
+                if not isinstance(chunk, Puts):
+                    state.apply_many(chunk, keys)
+                elif value_like:
+                    state.put_many(chunk.nsb, chunk.keys, chunk.values, chunk.expires)
+                else:
+                    state.apply_many(*chunk.records())
             state.prune()
-        if len(self._keys) > 1 << 16:
-            self._keys.clear()
 
     def ahead_of(self, meta: CheckpointMetadata) -> int:
         """The records applied beyond checkpoint ``meta`` (flushed changes after it)."""
