@@ -27,6 +27,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -97,7 +98,7 @@ def _first_null(arr: pa.Array) -> int | None:
     return int(pc.index(arr.is_null(), True).as_py())
 
 
-def _encoded(table: pa.Table, bytes_col: str, col: str, where: Where, default: bytes | None) -> pa.Array:
+def encoded(table: pa.Table, bytes_col: str, col: str, where: Where, default: bytes | None) -> pa.Array:
     """The encoded keys (namespaces) of the rows: the ``*_bytes`` column, else ``col`` encoded."""
     names = table.column_names
     if bytes_col in names:
@@ -115,8 +116,11 @@ def _encoded(table: pa.Table, bytes_col: str, col: str, where: Where, default: b
         if default is None:
             raise where.error(f"{col}/{bytes_col}", f"missing: give {bytes_col} (encoded) or {col} (typed)")
         return pa.array([default] * table.num_rows, pa.binary())
+    column = table.column(col)
+    if pa.types.is_integer(column.type) and column.null_count == 0 and not pa.types.is_uint64(column.type):
+        return _int_keys(column)
     out = []
-    for i, v in enumerate(table.column(col).to_pylist()):
+    for i, v in enumerate(column.to_pylist()):
         if v is None and default is None:
             raise where.error(col, "null key: keys are never null (write the key None as key_bytes b'\\x00')", i)
         try:
@@ -126,10 +130,21 @@ def _encoded(table: pa.Table, bytes_col: str, col: str, where: Where, default: b
     return pa.array(out, pa.binary())
 
 
+def _int_keys(column: pa.ChunkedArray) -> pa.Array:
+    """``encode_key`` of int64-range integers in bulk (docs/format.md 3.1: tag 0x03, then
+    ``v + 2**63`` as 8 bytes big-endian)."""
+    v = column.combine_chunks().cast(pa.int64()).to_numpy(zero_copy_only=False)
+    out = np.empty((len(v), 9), dtype=np.uint8)
+    out[:, 0] = 0x03
+    out[:, 1:] = (v.astype(np.uint64) ^ np.uint64(1 << 63)).astype(">u8").view(np.uint8).reshape(-1, 8)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(9), len(v), [None, pa.py_buffer(out.tobytes())]).cast(
+        pa.binary())
+
+
 def to_state_table(info: StateInfo, data: pa.Table, max_parallelism: int, where: Where) -> pa.Table:
     """The state table (docs/format.md section 9) of view-shaped rows ``data``, sorted, checked."""
-    keys = _encoded(data, "key_bytes", "key", where, None)
-    nss = _encoded(data, "namespace_bytes", "namespace", where, b"\x00")
+    keys = encoded(data, "key_bytes", "key", where, None)
+    nss = encoded(data, "namespace_bytes", "namespace", where, b"\x00")
     kgs = key_groups(keys.to_pylist(), max_parallelism) if data.num_rows else pa.array([], pa.int32())
     schema = table_schema(info)
     if info.name in TIMER_STATES:

@@ -10,9 +10,12 @@ import pytest
 import statelog
 from statelog import ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
 from statelog.errors import ConfigError
+from statelog.keys.encoding import decode_key, encode_key
 from statelog.layout import savepoint_prefix
 from statelog.readers.restore import FAR_PAST_MS
+from statelog.state_info import StateInfo
 from statelog.state_processor import SavepointWriter, state_info
+from statelog.state_processor.convert import Where, to_state_table
 from statelog.store import open_store
 from statelog.testing import FaultInjectingStore
 from tests.support.s3server import RootSpec
@@ -25,6 +28,7 @@ SEEN = ListStateDescriptor("seen", pa.string())
 ATTRS = MapStateDescriptor("attrs", pa.int64(), key_type=pa.string())
 AVG = statelog.AggregatingStateDescriptor("avg", AVG_TYPE, aggregate=Avg())
 KEYS = [f"user-{i}" for i in range(50)]
+COUNT_INFO = StateInfo.from_descriptor(COUNT)
 
 
 def _write(url: str, name: str = "boot", **kw: object) -> statelog.CheckpointMetadata:
@@ -156,3 +160,14 @@ def test_a_failed_write_publishes_nothing_and_leaves_nothing(file_root: RootSpec
         w.publish()
     assert list(inner.list(savepoint_prefix("broken"))) == []
     inner.close()
+
+
+def test_integer_keys_are_encoded_in_bulk_exactly_as_encode_key() -> None:
+    keys = [0, 1, -1, 2**63 - 1, -(2**63), 42, -5]
+    table = to_state_table(COUNT_INFO, pa.table({"key": pa.array(keys, pa.int64()), "value": keys}), 32, Where("op", "count"))
+    assert sorted(table.column("key").to_pylist()) == sorted(encode_key(k) for k in keys)
+    assert table.column("key_group").to_pylist() == [statelog.key_group_of(decode_key(b), 32)
+                                                     for b in table.column("key").to_pylist()]
+    small = to_state_table(COUNT_INFO, pa.table({"key": pa.array([3, -3], pa.int8()), "value": [1, 2]}), 32,
+                           Where("op", "count"))
+    assert sorted(small.column("key").to_pylist()) == sorted([encode_key(3), encode_key(-3)])
