@@ -13,6 +13,7 @@ import sys
 
 BENCHMARKS = {
     "backend": "bench.backend",
+    "bootstrap": "bench.bootstrap",
     "backpressure": "bench.backpressure",
     "follow": "bench.follow",
     "kafka": "bench.kafka",

@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter, InputPartition
 from pyspark.sql.types import StructType
 
+from statelog.errors import ConfigError
 from statelog.readers import options as opt
 from statelog.readers.changes import plan_feed
 from statelog.readers.restore import restored_backend
@@ -39,6 +40,7 @@ from statelog.readers.state import StatePlan, plan_state, state_batches, state_s
 from statelog.spark.changes import ChangeFeedReader
 from statelog.spark.rows import key_group_partitions
 from statelog.spark.schema import arrow_schema, spark_schema
+from statelog.spark.writer import SavepointDataWriter
 
 
 class StateReader(DataSourceReader):
@@ -88,6 +90,13 @@ class StatelogDataSource(DataSource):
         if isinstance(plan, StatePlan):
             return spark_schema(state_schema(plan.state_info, parse_key_type(plan.key_type)))
         return spark_schema(plan.schema())
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write.format("statelog")``: one state into a new savepoint (:mod:`statelog.spark.writer`)."""
+        if overwrite:
+            raise ConfigError('format("statelog") writes a new savepoint and never overwrites: use mode("append") '
+                              "(the default errorifexists is fine too) and a savepoint name not in use")
+        return SavepointDataWriter(self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         plan = self._plan()

@@ -68,6 +68,8 @@ COMMANDS: tuple[Command, ...] = (
         subcommands=(
             Command("create", "write a savepoint of a retained checkpoint", f"{_MNT}:cmd_savepoint_create",
                     f"{_MNT}:declare_savepoint_create"),
+            Command("write", "write a new savepoint with one state from Parquet files of its view's rows",
+                    "tools.cli.state_writer:cmd_savepoint_write", "tools.cli.state_writer:declare_savepoint_write"),
             Command("list", "list the savepoints", f"{_MNT}:cmd_savepoint_list"),
             Command("delete", "delete a savepoint (metadata first, then its files)", f"{_MNT}:cmd_savepoint_delete",
                     f"{_MNT}:declare_savepoint_delete"),

@@ -1,0 +1,114 @@
+"""Writing state from Spark: a checkpoint read with Spark and written back unchanged as a savepoint
+has every row (read with Spark and in-process, as DuckDB reads), also with a new
+max_parallelism; ``df.write.format("statelog")`` writes one state; a failed write publishes nothing."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import statelog
+from statelog.layout import savepoint_prefix
+from statelog.spark.writer import by_unit, write_savepoint
+from statelog.state_processor import read_state, states_of
+from statelog.store import open_store
+from tests.support.spark import jobs
+from tools.roots import open_root
+from tools.verify import verify_root
+
+
+def _read(spark: Any, root: str, which: Any, uid: str, state: str) -> Any:
+    return statelog.spark.read_state(spark, root, uid, state, checkpoint=which)
+
+
+def _local_rows(root: str, which: Any, uid: str, state: str) -> set[tuple]:
+    with statelog.open(root, create=False) as job:
+        t = read_state(job, job.resolve_checkpoint(which), uid, state)
+    out = set()
+    for r in t.to_pylist():
+        r.pop("key_group")
+        if "value_pickle" in r:
+            r["value"] = pickle.loads(r.pop("value_pickle"))
+        out.add(tuple((k, jobs.norm(v)) for k, v in sorted(r.items())))
+    return out
+
+
+@pytest.mark.parametrize("max_parallelism", [jobs.MAXP, 48])
+def test_round_trip_through_spark(spark: Any, built_file: jobs.Built, tmp_path: Path, max_parallelism: int) -> None:
+    b = built_file
+    with statelog.open(b.root, create=False) as job:
+        infos = states_of(job.load_checkpoint(b.c3))
+    target = (tmp_path / "sp").as_uri()
+    # every state with a new max_parallelism; one of each kind (and the timers) with the same one
+    names = jobs.STATES if max_parallelism != jobs.MAXP else ["count", "seen", "attrs", "avg", "__timers_event"]
+    states = {("op", s): (infos["op"][s], _read(spark, b.root, b.c3, "op", s)) for s in names}
+    states[("words", "n")] = (infos["words"]["n"], _read(spark, b.root, b.c3, "words", "n"))
+    meta = write_savepoint(target, "copy", states, max_parallelism=max_parallelism, parallelism={"op": 2})
+    assert (meta.kind, meta.max_parallelism, meta.operators["op"].parallelism) == ("savepoint", max_parallelism, 2)
+    with open_root(target, {}) as root:
+        report = verify_root(root)
+    assert report.ok and report.savepoints == ["copy"], report.faults
+    for uid, s in [*(("op", s) for s in names), ("words", "n")]:
+        if s in ("count", "seen", "ttl_m", "pmap", "__timers_event"):  # Spark SQL on a few, in-process on all
+            assert jobs.spark_rows(_read(spark, target, "savepoint:copy", uid, s), s) == \
+                jobs.spark_rows(_read(spark, b.root, b.c3, uid, s), s), s
+        assert _local_rows(target, "savepoint:copy", uid, s) == _local_rows(b.root, b.c3, uid, s), s
+
+
+def _writer(df: Any, root: str, name: str, **options: Any) -> Any:
+    w = df.write.format("statelog").mode("append").option("root", root).option("savepoint", name)
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    return w
+
+
+def test_df_write_format_statelog(spark: Any, tmp_path: Path) -> None:
+    root = (tmp_path / "r").as_uri()
+    df = spark.createDataFrame([(f"k{i}", i, [f"x{i}"]) for i in range(300)], "key string, value long, seen array<string>")
+    _writer(by_unit(df.select("key", "value"), 64), root, "boot", operator="counter", state="count",
+            kind="value", valueType="int64", maxParallelism=64, parallelism=3).save()
+    got = _read(spark, root, "savepoint:boot", "counter", "count").selectExpr("key", "value").collect()
+    assert sorted((r["key"], r["value"]) for r in got) == [(f"k{i}", i) for i in sorted(range(300), key=lambda i: f"k{i}")]
+    with statelog.open(root, create=False) as job:
+        meta = job.load_savepoint("boot")
+        assert meta.operators["counter"].parallelism == 3
+        b = job.backend("counter", subtask=0, parallelism=1, restore="savepoint:boot", changelog=False)
+        b.get_state(statelog.ValueStateDescriptor("count", pa.int64()))
+        assert len(list(b.entries("count"))) == 300
+    info = meta.operators["counter"].states["count"].to_json() | {"name": "count2"}
+    _writer(by_unit(df.select("key", "value"), 64), root, "boot2", operator="counter", state="count2",
+            stateInfo=json.dumps(info)).save()
+    assert _read(spark, root, "savepoint:boot2", "counter", "count2").count() == 300
+
+
+def _nothing_below(root: str, name: str) -> None:
+    store = open_store(root)
+    try:
+        assert list(store.list(savepoint_prefix(name))) == []
+        assert not store.exists(f"{savepoint_prefix(name)}_metadata.json")
+    finally:
+        store.close()
+
+
+def test_bad_rows_and_split_units_publish_nothing(spark: Any, tmp_path: Path) -> None:
+    root = (tmp_path / "r").as_uri()
+    dup = spark.createDataFrame([("a", 1), ("b", 2), ("a", 3)], "key string, value long")
+    with pytest.raises(Exception, match="operator 'counter', state 'count', column 'key': duplicate key 'a'"):
+        _writer(by_unit(dup, 16), root, "dup", operator="counter", state="count", kind="value",
+                valueType="int64", maxParallelism=16).save()
+    _nothing_below(root, "dup")
+    spread = spark.createDataFrame([(f"k{i}", i) for i in range(200)], "key string, value long").repartition(4)
+    with pytest.raises(Exception, match="came in more than one partition; repartition with"):
+        _writer(spread, root, "spread", operator="counter", state="count", kind="value", valueType="int64").save()
+    _nothing_below(root, "spread")
+    with pytest.raises(Exception, match="unknown state kind 'set'"):
+        _writer(dup, root, "kind", operator="counter", state="s", kind="set", valueType="int64").save()
+    one = spark.createDataFrame([("a", 1)], "key string, value long")
+    _writer(by_unit(one, 16), root, "ok", operator="c", state="n", kind="value", valueType="int64").save()
+    with pytest.raises(Exception, match="savepoint 'ok' already exists"):
+        _writer(by_unit(one, 16), root, "ok", operator="c", state="n", kind="value", valueType="int64").save()
