@@ -102,7 +102,9 @@ def test_random_worker_kills_in_aligned_mode(
         f"{time.monotonic() - t0:.1f}s"
     )
     assert kills.count >= KILLS, f"the job ended before all kills landed: {kills}"
-    assert kills.after_checkpoint >= KILLS - 2
+    # the kills that land before the job's first checkpoint restart it from nothing; how many do
+    # depends on the machine's load at the start (3 of 12 seen on a busy CI machine), not on KILLS
+    assert kills.after_checkpoint >= KILLS // 2, kills
     assert result.attempts >= KILLS + 1
     assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(16_000)
     assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(8000)
@@ -157,7 +159,7 @@ def test_random_worker_kills_in_unaligned_mode(file_root: RootSpec, tmp_path: Pa
         f"({with_inflight} with in-flight data), {took:.1f}s"
     )
     assert kills.count >= KILLS, f"the job ended before all kills landed: {kills}"
-    assert kills.after_checkpoint >= KILLS - 2
+    assert kills.after_checkpoint >= KILLS // 2, kills
     assert result.attempts >= KILLS + 1
     assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(16_000)
     assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(8000)
