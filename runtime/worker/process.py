@@ -315,6 +315,8 @@ class Worker:
                     self._inflight += 1
         stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.strategy_bytes if pending else 0
         stats["worker"] = self.index
+        if self.job.local_copies is not None:
+            stats["local_copies"] = self.job.local_copies.figures()
         timeout = self.config.checkpoint_timeout_s
         started = time.monotonic()
 

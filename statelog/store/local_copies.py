@@ -24,6 +24,7 @@ Layout: ``<directory>/<CRC-32 of the root URL %08x>/<object key>`` with a sideca
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -62,6 +63,7 @@ class CopyStats:
     copies_made: int = 0
     evictions: int = 0
     dropped: int = 0  # copies that failed verification
+    skipped: int = 0  # copies not made: the disk refused them (full, read-only)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, int]:
@@ -91,10 +93,20 @@ class LocalCopies:
         for key, size in self._scan():
             self._lru[key] = size
             self._size += size
+        # processes sharing the directory each account for what they found and what they copied
+        # since: together they may have gone over the budget, which the next one to start restores
+        for victim in self._over_budget():
+            self._unlink(victim)
 
     @property
     def size_bytes(self) -> int:
         return self._size
+
+    def figures(self) -> dict[str, int]:
+        """The counters (:class:`CopyStats`) with the directory's size and budget, for metrics."""
+        with self.stats._lock:
+            out = self.stats.as_dict()
+        return {**out, "size_bytes": self._size, "budget_bytes": self.budget}
 
     def _scan(self) -> Iterator[tuple[str, int]]:
         """The copies already in the directory, oldest use first."""
@@ -124,16 +136,25 @@ class LocalCopies:
         if size > self.budget:
             return
         path, side = self._paths(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
             side_tmp = tmp.with_name(tmp.name + SIDECAR)
             side_tmp.write_text(f"{size} {zlib.crc32(data)}")
             os.replace(side_tmp, side)
         except OSError as e:  # a full or read-only disk costs speed, never correctness
-            log.warning("could not keep a local copy of %s in %s: %s", key, self.base, e)
+            log.warning("could not keep a local copy of %s in %s (%s): the object is read from the store "
+                        "next time", key, self.base, e.strerror or e)
+            with self._lock:
+                old = self._lru.pop(key, None)
+                self._size -= old or 0
+                self._verified.pop(key, None)
+                self.stats.skipped += 1
+            for leftover in (tmp, tmp.with_name(tmp.name + SIDECAR)):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
             self._unlink(key)
             return
         with self._lock:
@@ -158,8 +179,11 @@ class LocalCopies:
 
     def _unlink(self, key: str) -> None:
         path, side = self._paths(key)
-        side.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
+        for p in (side, path):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError as e:  # a read-only directory: the copy stays, unaccounted, until it can go
+                log.warning("could not delete the local copy %s: %s", p, e.strerror or e)
 
     def drop(self, key: str, reason: str | None = None) -> None:
         with self._lock:
@@ -316,8 +340,15 @@ class LocalCopyStore(ObjectStore):
         self.inner.close()
 
 
+DIRECTORY_ENV = "STATELOG_LOCAL_COPIES_DIR"
+
+
 def default_directory() -> Path:
-    """Where local copies go unless told: ``$XDG_CACHE_HOME/statelog/copies`` (``~/.cache``)."""
+    """Where local copies go unless told: ``$STATELOG_LOCAL_COPIES_DIR`` if set (e.g. one
+    directory per host that all its executors share), else ``$XDG_CACHE_HOME/statelog/copies``
+    (``~/.cache/statelog/copies``)."""
+    if os.environ.get(DIRECTORY_ENV):
+        return Path(os.environ[DIRECTORY_ENV])
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "statelog" / "copies"
 
