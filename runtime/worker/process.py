@@ -236,8 +236,8 @@ class Worker:
         if copies is None:
             return {}
         st = copies.stats
-        return {"objects_local": st.hits, "objects_remote": st.misses,
-                "bytes_local": st.bytes_local, "bytes_remote": st.bytes_remote}  # fmt: skip
+        return {"objects_local": st.hits, "objects_remote": st.misses, "bytes_local": st.bytes_local,
+                "bytes_remote": st.bytes_remote, "copies_dropped": st.dropped}  # fmt: skip
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
