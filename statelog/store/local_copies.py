@@ -356,11 +356,13 @@ def default_directory() -> Path:
 def local_copies_setting(setting: object, label: str = "local_copies") -> dict[str, Any] | None:
     """``setting`` checked and spelled out (``directory``, ``budget_bytes``), ``None`` for off:
     ``None``/``False``: off; ``True``: :func:`default_directory` with the default budget; a
-    path: that directory; a mapping with ``directory`` and/or ``budget_bytes``. Nothing is
-    created here."""
+    path: that directory; a mapping with ``directory`` and/or ``budget_bytes``. Without a
+    directory, ``directory`` is ``None``: :func:`default_directory` of the process that opens
+    the copies (a runtime worker on a Spark executor resolves it on its own host, not the
+    driver's). Nothing is created here."""
     if setting is None or setting is False:
         return None
-    directory: object = default_directory()
+    directory: object = None
     budget: object = DEFAULT_BUDGET_BYTES
     if isinstance(setting, str | os.PathLike):
         directory = setting
@@ -368,18 +370,18 @@ def local_copies_setting(setting: object, label: str = "local_copies") -> dict[s
         unknown = set(setting) - {"directory", "budget_bytes"}
         if unknown:
             raise ConfigError(f"unknown {label} option(s) {sorted(map(str, unknown))}; use directory and budget_bytes")
-        directory = setting.get("directory", directory)
+        directory = setting.get("directory")
         budget = setting.get("budget_bytes", budget)
     elif setting is not True:
         raise ConfigError(
             f"{label} must be True, False, None, a directory or a dict with directory and "
             f"budget_bytes, got {type(setting).__name__}"
         )
-    if not isinstance(directory, str | os.PathLike) or not str(directory):
+    if directory is not None and (not isinstance(directory, str | os.PathLike) or not str(directory)):
         raise ConfigError(f"{label}' directory must be a non-empty path, got {directory!r}")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         raise ConfigError(f"{label}' budget_bytes must be an int of bytes >= 0, got {budget!r}")
-    return {"directory": os.fspath(directory), "budget_bytes": budget}
+    return {"directory": None if directory is None else os.fspath(directory), "budget_bytes": budget}
 
 
 def with_local_copies(store: ObjectStore, setting: object) -> ObjectStore:
@@ -387,4 +389,5 @@ def with_local_copies(store: ObjectStore, setting: object) -> ObjectStore:
     checked = local_copies_setting(setting)
     if checked is None:
         return store
-    return LocalCopyStore(store, LocalCopies(checked["directory"], store.url, checked["budget_bytes"]))
+    directory = checked["directory"] if checked["directory"] is not None else default_directory()
+    return LocalCopyStore(store, LocalCopies(directory, store.url, checked["budget_bytes"]))

@@ -25,7 +25,14 @@ from statelog.layout import (
     parse_key,
 )
 from statelog.store import open_store
-from statelog.store.local_copies import COPIED_KINDS, SIDECAR, LocalCopies, LocalCopyStore
+from statelog.store.local_copies import (
+    COPIED_KINDS,
+    DIRECTORY_ENV,
+    SIDECAR,
+    LocalCopies,
+    LocalCopyStore,
+    local_copies_setting,
+)
 from statelog.testing import FaultInjectingStore
 
 SEG = "changelog/1700000000000-0123456789ab/0000000001.seg"
@@ -196,3 +203,51 @@ def test_the_loops_metrics_show_the_local_copies(tmp_path: Path) -> None:
         assert f"statelog_job_{name}" in text, name
     budget = [line for line in text.splitlines() if line.startswith("statelog_job_local_copies_budget_bytes{")]
     assert float(budget[0].split()[-1]) == 1 << 24
+
+
+def test_the_default_directory_is_resolved_by_the_process_that_opens_the_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a checked setting carries no directory of the process that checked it (a Spark driver),
+    # so each executor's worker uses its own host's directory
+    assert local_copies_setting(True) == {"directory": None, "budget_bytes": 1 << 30}
+    assert local_copies_setting({"budget_bytes": 5}) == {"directory": None, "budget_bytes": 5}
+    monkeypatch.setenv(DIRECTORY_ENV, str(tmp_path / "host-copies"))
+    with statelog.open((tmp_path / "root").as_uri(), max_parallelism=8, local_copies=True) as job:
+        assert job.local_copies is not None
+        assert job.local_copies.base.parent == tmp_path / "host-copies"
+
+
+def test_rescaling_reads_the_copies_there_are_and_fetches_the_rest(tmp_path: Path) -> None:
+    root, copies = (tmp_path / "root").as_uri(), tmp_path / "copies"
+    setting = {"directory": str(copies), "budget_bytes": 1 << 26}
+    m = 16
+    with statelog.open(root, max_parallelism=m, local_copies=setting) as job:
+        old = [job.backend("op", subtask=i, parallelism=2) for i in range(2)]
+        states = [b.get_state(COUNT) for b in old]
+        for k in range(600):
+            s = statelog.subtask_for_key_group(m, 2, statelog.key_group_of(k, m))
+            old[s].set_current_key(k)
+            states[s].update(k)
+            if k % 200 == 199:  # a segment per checkpoint
+                job.checkpoint()
+    kept = sorted(p for p in copies.rglob("*.seg"))
+    assert len(kept) >= 3
+    for p in kept[::2]:  # this host lost some of its copies
+        p.unlink()
+        p.with_name(p.name + SIDECAR).unlink()
+    for attempt in range(2):
+        with statelog.open(root, on_demand_restore=False, local_copies=setting) as job:
+            for i in range(3):  # 2 -> 3: each new subtask reads parts of both old subtasks' changelogs
+                b = job.backend("op", subtask=i, parallelism=3, restore="latest", changelog=False)
+                state = b.get_state(COUNT)
+                mine = [k for k in range(600) if statelog.subtask_for_key_group(m, 3, statelog.key_group_of(k, m)) == i]
+                for k in mine[:20]:
+                    b.set_current_key(k)
+                    assert state.value() == k
+            st = job.local_copies.stats if job.local_copies is not None else None
+            assert st is not None
+            if attempt == 0:  # the copies there were served, the lost ones fetched (and copied)
+                assert st.hits > 0 and st.misses > 0 and st.copies_made == st.misses, st
+            else:
+                assert st.misses == 0 and st.hits > 0, st
