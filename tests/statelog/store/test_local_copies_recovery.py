@@ -11,12 +11,14 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
+import zlib
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 import statelog
+from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.layout import (
     JOB_KEY,
@@ -251,3 +253,37 @@ def test_rescaling_reads_the_copies_there_are_and_fetches_the_rest(tmp_path: Pat
                 assert st.hits > 0 and st.misses > 0 and st.copies_made == st.misses, st
             else:
                 assert st.misses == 0 and st.hits > 0, st
+
+
+def test_a_table_copy_that_does_not_match_its_manifest_is_dropped_even_with_a_consistent_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, copies = (tmp_path / "root").as_uri(), tmp_path / "copies"
+    setting = {"directory": str(copies), "budget_bytes": 1 << 26}
+    with statelog.open(root, max_parallelism=8, local_copies=setting) as job:
+        b = job.backend("op")
+        state = b.get_state(COUNT)
+        for k in range(100):
+            b.set_current_key(k)
+            state.update(k)
+        materialize(job.store, job.checkpoint())
+        job.adopt_latest_materialization(max_age_s=0.0)
+        b.set_current_key(1000)
+        state.update(1)
+        job.checkpoint()  # builds on the materialization: a restore reads its tables
+    tables = sorted(copies.rglob("*.parquet"))
+    assert tables
+    for p in tables:  # other bytes under a record that matches them: only the manifest can tell
+        other = p.read_bytes()[::-1]
+        p.write_bytes(other)
+        p.with_name(p.name + SIDECAR).write_text(f"{len(other)} {zlib.crc32(other)}")
+    with caplog.at_level(logging.WARNING, logger="statelog.store.local_copies"), \
+            statelog.open(root, on_demand_restore=False, local_copies=setting) as job:  # fmt: skip
+        b = job.backend("op", restore="latest")
+        state = b.get_state(COUNT)
+        for k in (0, 5, 99):
+            b.set_current_key(k)
+            assert state.value() == k
+        st = job.local_copies.stats if job.local_copies is not None else None
+        assert st is not None and st.dropped == len(tables) and st.misses >= len(tables), st
+    assert "the object that references it records" in caplog.text
