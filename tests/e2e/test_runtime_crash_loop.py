@@ -28,7 +28,7 @@ from runtime import FixedDelay, read_committed
 from runtime.api.windows import WINDOW_STATE
 from statelog import PICKLE, AggregatingStateDescriptor
 from tests.support import jobs
-from tests.support.chaos import kill_workers
+from tests.support.chaos import damage_copies, kill_workers
 from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
@@ -126,27 +126,6 @@ def test_twenty_random_worker_kills_in_aligned_mode(
 
 
 DAMAGED_KILLS = 6
-
-
-def damage_copies(directory: Path, rng: random.Random) -> int:
-    """Flip a byte of or truncate every local copy in ``directory`` (their records stay): how many."""
-    damaged = 0
-    for p in directory.rglob("*"):
-        if not p.is_file() or p.name.endswith(".copy") or p.name.endswith(".tmp"):
-            continue
-        try:
-            data = p.read_bytes()
-            if not data:
-                continue
-            if rng.random() < 0.5:
-                i = rng.randrange(len(data))
-                p.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
-            else:
-                p.write_bytes(data[: len(data) // 2])
-            damaged += 1
-        except FileNotFoundError:  # evicted or replaced meanwhile
-            continue
-    return damaged
 
 
 @pytest.mark.slow
