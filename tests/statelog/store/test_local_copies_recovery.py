@@ -22,6 +22,7 @@ from materializer.build import materialize
 from statelog import ValueStateDescriptor
 from statelog.layout import (
     JOB_KEY,
+    ObjectKind,
     checkpoint_key,
     lease_generation_key,
     parse_key,
@@ -255,7 +256,7 @@ def test_rescaling_reads_the_copies_there_are_and_fetches_the_rest(tmp_path: Pat
                 assert st.misses == 0 and st.hits > 0, st
 
 
-def test_a_table_copy_that_does_not_match_its_manifest_is_dropped_even_with_a_consistent_record(
+def test_copies_that_do_not_match_what_references_them_are_dropped_even_with_a_consistent_record(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root, copies = (tmp_path / "root").as_uri(), tmp_path / "copies"
@@ -272,8 +273,11 @@ def test_a_table_copy_that_does_not_match_its_manifest_is_dropped_even_with_a_co
         state.update(1)
         job.checkpoint()  # builds on the materialization: a restore reads its tables
     tables = sorted(copies.rglob("*.parquet"))
-    assert tables
-    for p in tables:  # other bytes under a record that matches them: only the manifest can tell
+    (base,) = copies.iterdir()  # the root's directory
+    manifests = [p for p in base.rglob("*.json")
+                 if (k := parse_key(p.relative_to(base).as_posix())) is not None and k.kind is ObjectKind.MANIFEST]
+    assert tables and len(manifests) == 1
+    for p in tables + manifests:  # other bytes under a record that matches them: only the reference can tell
         other = p.read_bytes()[::-1]
         p.write_bytes(other)
         p.with_name(p.name + SIDECAR).write_text(f"{len(other)} {zlib.crc32(other)}")
@@ -285,5 +289,5 @@ def test_a_table_copy_that_does_not_match_its_manifest_is_dropped_even_with_a_co
             b.set_current_key(k)
             assert state.value() == k
         st = job.local_copies.stats if job.local_copies is not None else None
-        assert st is not None and st.dropped == len(tables) and st.misses >= len(tables), st
+        assert st is not None and st.dropped == len(tables) + 1 and st.misses >= len(tables) + 1, st
     assert "the object that references it records" in caplog.text
