@@ -169,8 +169,9 @@ def _median(xs: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
 
 
-def run(quick: bool = False, root: str | None = None, progress: bool = True, rounds: int | None = None) -> dict[str, Any]:
-    sizes = QUICK_SIZES if quick else SIZES
+def run(quick: bool = False, root: str | None = None, progress: bool = True, rounds: int | None = None,
+        sizes: tuple[int, ...] | None = None, s3: bool = True) -> dict[str, Any]:  # fmt: skip
+    sizes = sizes or (QUICK_SIZES if quick else SIZES)
     rounds = rounds or (2 if quick else ROUNDS)
     result: dict[str, Any] = {
         "sizes": list(sizes), "rounds": rounds, "tail_share": TAIL_SHARE,
@@ -178,7 +179,7 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
     }  # fmt: skip
     tmp = Path(tempfile.mkdtemp(prefix="bench-local-copies-"))
     try:
-        with _stores(root, True) as stores:
+        with _stores(root, s3) as stores:
             for store, base, options in stores:
                 for n in sizes:
                     url = f"{base.rstrip('/')}/copies-n{n}"
@@ -209,6 +210,10 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
                         result[f"{prefix}_remote_fully_loaded_s"] = _median([m["fully_loaded_s"] for m in runs["remote_eager"]])
                         result[f"{prefix}_local_first_record_s"] = _median([m["first_record_s"] for m in runs["local_on_demand"]])
                         result[f"{prefix}_remote_first_record_s"] = _median([m["first_record_s"] for m in runs["remote_on_demand"]])
+                        if throttled:  # the headline figure: remote fully-loaded time / local
+                            result[f"local_copies_speedup_{prefix}"] = round(
+                                result[f"{prefix}_remote_fully_loaded_s"]["median"]
+                                / max(result[f"{prefix}_local_fully_loaded_s"]["median"], 1e-9), 2)
                         result[f"{prefix}_ratio_remote_over_local_fully_loaded"] = _median(
                             [r["fully_loaded_s"] / max(lo["fully_loaded_s"], 1e-9)
                              for r, lo in zip(runs["remote_eager"], runs["local_eager"], strict=True)])  # fmt: skip

@@ -24,6 +24,12 @@ States of up to ``SMALL`` keys get twice the rounds: their loads take 0.1-0.5 s,
 machine's noise (+-30 %) weighs most, and their rounds are cheap. ``cpu_s`` is the process's
 CPU time from the open to fully loaded (every thread).
 
+``python -m bench recovery --json --local-copies [--sizes ...] [--rounds 5] [--no-s3]`` runs
+:mod:`bench.local_copies`: restores with this host's local copies of what it wrote against
+restores from the store, on ``file://``, SeaweedFS and SeaweedFS behind a throttle (20 ms per
+request, 50 MB/s); ``local_copies_speedup_<case>`` is the remote fully-loaded time over the
+local one for each throttled case.
+
 ``python -m bench.recovery --json --small-tail [--rounds 9] [--no-s3]`` measures instead a
 tail of many small segments: ``SMALL_TAIL_CHECKPOINTS`` checkpoints of
 ``SMALL_TAIL_UPDATES`` updates each (a segment each, no materialization) over
@@ -266,11 +272,16 @@ def _median(xs: list[float]) -> dict[str, float]:
 
 
 def run(quick: bool = False, root: str | None = None, progress: bool = True, sizes: tuple[int, ...] | None = None,
-        rounds: int = 9, s3: bool = True) -> dict[str, Any]:  # fmt: skip
+        rounds: int = 9, s3: bool = True, local_copies: bool = True) -> dict[str, Any]:  # fmt: skip
     import statelog
+    from bench import local_copies as copies_bench  # it imports this module's helpers
 
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     result: dict[str, Any] = {"sizes": list(sizes), "rounds": rounds, "tail_share": TAIL_SHARE}
+    if local_copies:  # local copies vs the store, file://, SeaweedFS and SeaweedFS throttled
+        copies = copies_bench.run(quick=quick, root=root, progress=progress, sizes=sizes,
+                                  rounds=min(rounds, copies_bench.ROUNDS), s3=s3)  # fmt: skip
+        result.update({k if k.startswith("local_copies_") else f"local_copies_{k}": v for k, v in copies.items()})
     with _stores(root, s3) as stores:
         for store, base, options in stores:
             for n in sizes:
@@ -327,7 +338,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", action="store_true")
     p.add_argument("--small-tail", action="store_true", help="a tail of many small segments, keys read one by one")
+    p.add_argument("--local-copies", action="store_true",
+                   help="restores with local copies fully loaded vs without (bench/local_copies.py), S3 also throttled")
     a = p.parse_args(argv)
+    if a.local_copies:
+        from bench import local_copies  # bench.local_copies imports this module's helpers
+
+        sizes = tuple(int(x) for x in a.sizes.split(",")) if a.sizes else None
+        result = local_copies.run(quick=a.quick, progress=not a.json, rounds=a.rounds, sizes=sizes, s3=not a.no_s3)
+        print(json.dumps(result, sort_keys=True) if a.json else json.dumps(result, indent=1, sort_keys=True))
+        return 0
     if a.small_tail:
         result = run_small_tail(a.rounds, not a.no_s3, not a.json)
         print(json.dumps(result, sort_keys=True) if a.json else json.dumps(result, indent=1, sort_keys=True))

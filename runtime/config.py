@@ -221,11 +221,13 @@ class JobConfig(Options):
                               "directories under state_dir", check_state_store)
     state_memory: int = option(DEFAULT_STATE_MEMORY, "the cache of a disk store per task", STATE_MEMORY)
     state_dir: str | None = option(None, "local directory of the disk stores", check_state_dir)
-    local_copies: dict[str, Any] | None = option(None, "keep the changelog segments, tables and manifests each "
-                                                 "worker writes or reads in a local directory and restore from "
-                                                 "them first: True, a directory or a dict with directory and "
-                                                 "budget_bytes (statelog/store/local_copies.py); None: off",
-                                                 lambda label, v: local_copies_setting(v, label))
+    local_copies: bool | dict[str, Any] | None = option(True, "keep the changelog segments, tables and manifests "
+                                                        "each worker writes or reads in a local directory and "
+                                                        "restore from them first: True (the default: "
+                                                        "$XDG_CACHE_HOME/statelog/copies, 1 GiB), a directory or "
+                                                        "a dict with directory and budget_bytes "
+                                                        "(statelog/store/local_copies.py); False or None: off",
+                                                        lambda label, v: local_copies_setting(v, label))
     metrics_port: int | None = option(None, "Prometheus metrics at /metrics and a health probe at /healthz "
                                       "of the job master (statelog/metrics.py); None: off, 0: any free port",
                                       check_port)

@@ -120,6 +120,7 @@ class StateJob:
         self.catalog = JobCatalog(self.store)
         self._backends: list[KeyedStateBackend] = []
         self.metrics = LoopMetrics(metrics_job or job_label(self.root), lambda: self._backends, lambda: self.fenced)
+        self.metrics.local_copies = self.local_copies
         try:
             info = self.catalog.open_job(max_parallelism, create=create, recover=recover_descriptor)
             if metrics_port is not None:

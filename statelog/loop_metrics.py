@@ -58,6 +58,7 @@ class LoopMetrics:
         self.last: dict[str, float] = {}
         self._told: set[str] = set()  # which of records_in / records_out the loop reports
         self._previous_entry: tuple[int, float] | None = None  # (records in, monotonic s) at the last entry
+        self.local_copies: Any = None  # the job's statelog.store.local_copies.LocalCopies, if any
 
     # -- what the loop tells -------------------------------------------------------------------
 
@@ -153,6 +154,7 @@ class LoopMetrics:
                     "lag": dict(self.lag), "buckets": list(self._buckets), "duration_sum": self._duration_sum,
                     "watermark_ms": self.watermark_ms, "fenced": self._fenced() is not None,
                     "bucket_bounds": DURATION_BUCKETS,
+                    "local_copies": self.local_copies.figures() if self.local_copies is not None else None,
                     "backends": list(self._backends())}  # fmt: skip
 
     def close(self) -> None:

@@ -97,6 +97,8 @@ class LoopCollector:
         yield g
         yield from state_families(m.name, ((b.operator_uid, b.subtask, b.size_figures())
                                            for b in snap["backends"]))  # fmt: skip
+        if snap.get("local_copies") is not None:
+            yield from local_copies_families(m.name, [("loop", snap["local_copies"])])
 
 
 
@@ -129,3 +131,37 @@ def state_families(job: str, figures: Iterable[tuple[str, int, dict[str, int]]])
     yield disk
     yield hits
     yield misses
+
+
+LOCAL_COPY_COUNTERS = (
+    ("hits", "local_copies_hits", "reads of segments, tables and manifests served from a verified local copy"),
+    ("misses", "local_copies_misses", "reads of segments, tables and manifests that went to the store (no copy)"),
+    ("evictions", "local_copies_evictions", "local copies deleted to stay within the budget (least recently "
+     "used first)"),
+    ("dropped", "local_copies_dropped", "local copies that failed verification (size or CRC-32), deleted and "
+     "read from the store"),
+    ("skipped", "local_copies_skipped", "local copies not made because the disk refused them (full, read-only)"),
+    ("copies_made", "local_copies_made", "local copies written"),
+    ("bytes_local", "local_copies_read_bytes", "bytes read from local copies"),
+    ("bytes_remote", "local_copies_remote_read_bytes", "bytes of copied object kinds read from the store"),
+)
+
+
+def local_copies_families(job: str, figures: Iterable[tuple[str, dict[str, int]]]) -> Iterator[Metric]:
+    """The local copies' metrics of ``(process, LocalCopies.figures())`` (``process``: ``loop``
+    for a consumer loop, ``worker-<n>`` for the runtime's workers)."""
+    labels = ["job", "process"]
+    rows = list(figures)
+    for key, name, doc in LOCAL_COPY_COUNTERS:
+        c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+        for process, fig in rows:
+            c.add_metric([job, process], fig.get(key, 0))
+        yield c
+    size = GaugeMetricFamily(PREFIX + "local_copies_bytes", "bytes of the local copies this process accounts "
+                             "for in its directory", labels=labels)  # fmt: skip
+    budget = GaugeMetricFamily(PREFIX + "local_copies_budget_bytes", "the local copies' budget", labels=labels)
+    for process, fig in rows:
+        size.add_metric([job, process], fig.get("size_bytes", 0))
+        budget.add_metric([job, process], fig.get("budget_bytes", 0))
+    yield size
+    yield budget

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from statelog.store.local_copies import DIRECTORY_ENV
 from tests.support.kafka.broker import KafkaBroker, start_kafka
 from tests.support.s3server import RootSpec, S3Server, start_seaweedfs
 
@@ -112,8 +115,17 @@ SPARK_CONF_DIR = Path(__file__).parent / "support" / "spark" / "conf"
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ["SPARK_CONF_DIR"] = str(SPARK_CONF_DIR)  # before any JVM starts; inherited
+    # the runtime and the consumer loop keep local copies by default: in a directory of this
+    # session, not the user's cache (inherited by the workers)
+    os.environ[DIRECTORY_ENV] = config._statelog_copies = tempfile.mkdtemp(prefix="statelog-test-copies-")  # type: ignore[attr-defined]
     if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
         config.pluginmanager.register(_GroupCheck(), "statelog-group-check")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    copies = getattr(config, "_statelog_copies", None)
+    if copies is not None:
+        shutil.rmtree(copies, ignore_errors=True)
 
 
 class _GroupCheck:

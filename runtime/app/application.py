@@ -70,8 +70,10 @@ class Application:
         self.options = ApplicationOptions.from_mapping(options if options is not None else kwargs)
         if not isinstance(root, str | StateJob):
             raise ConfigError(f"Application needs a job root URL or a StateJob, got {type(root).__name__}")
-        if isinstance(root, StateJob) and (self.options.open_options or self.options.metrics_port is not None):
-            raise ConfigError("open_options and metrics_port apply when the Application opens the root; pass "
+        given = options if isinstance(options, Mapping) else kwargs
+        if isinstance(root, StateJob) and (self.options.open_options or self.options.metrics_port is not None
+                                           or "local_copies" in given):
+            raise ConfigError("open_options, local_copies and metrics_port apply when the Application opens the root; pass "
                               "them to statelog.open yourself when you give it a StateJob")
         self.records = 0  # records given to the user's function
         self.checkpoints = 0  # checkpoints taken by this application (the final one included)
@@ -84,7 +86,7 @@ class Application:
             self.job = root
         else:
             self.job = statelog.open(root, **(opts.open_options or {}), metrics_port=opts.metrics_port,
-                                     metrics_host=opts.metrics_host)
+                                     metrics_host=opts.metrics_host, local_copies=opts.local_copies)
         try:
             restored = self.job.resolve_checkpoint(opts.restore)
             self.restored_from = restored

@@ -23,6 +23,7 @@ from statelog.options.values import (
     non_empty_name,
     parse_checkpoint_ref,
 )
+from statelog.store.local_copies import local_copies_setting
 
 # how the application sets the current key of a record (the ``key`` option)
 KEY_STR = "str"  # msg.key() decoded as UTF-8 text
@@ -164,6 +165,13 @@ class ApplicationOptions(Options):
                                   check_bool)
     open_options: dict[str, Any] | None = option(None, "keyword arguments of statelog.open when the "
                                                  "application opens the root", check_open_options)
+    local_copies: bool | dict[str, Any] | None = option(True, "keep local copies of the segments, tables and "
+                                                        "manifests this process writes or reads and restore from "
+                                                        "them first: True (the default: $XDG_CACHE_HOME/statelog/"
+                                                        "copies, 1 GiB), a directory or a dict with directory and "
+                                                        "budget_bytes (statelog.open's local_copies); False: off",
+                                                        lambda label, v: local_copies_setting(v, label),
+                                                        none_ok=True)
     metrics_port: int | None = option(None, "serve Prometheus metrics on this port (0: any free one; "
                                       "None: off); the address is app.job.metrics.url", check_port,
                                       none_ok=True)
@@ -184,6 +192,8 @@ class ApplicationOptions(Options):
             )
         if self.open_options and {"metrics_port", "metrics_host"} & self.open_options.keys():
             raise ConfigError("set metrics_port and metrics_host as options of the Application, not in open_options")
+        if self.open_options and "local_copies" in self.open_options:
+            raise ConfigError("set local_copies as an option of the Application, not in open_options")
         for topic in self.partitions or {}:
             if topic not in self.topics:
                 raise ConfigError(f"{self.label('partitions')} names topic {topic!r}, which is not in "

@@ -26,7 +26,7 @@ from statelog.job import StateJob
 
 log = logging.getLogger(__name__)
 
-COPY_COUNTS = frozenset({"objects_local", "objects_remote", "bytes_local", "bytes_remote"})
+COPY_COUNTS = frozenset({"objects_local", "objects_remote", "bytes_local", "bytes_remote", "copies_dropped"})
 
 STOP_TIMEOUT_S = 20.0
 # a worker's channel error names a dead peer as the cause if one is seen dead within this long

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from statelog.loop_metrics_export import state_families
+from statelog.loop_metrics_export import local_copies_families, state_families
 from statelog.metrics import ProcessMetrics
 
 PREFIX = "statelog_job_"
@@ -46,6 +46,7 @@ class JobMetrics(Collector):
         self.last: dict[str, Any] = {}  # the newest completed checkpoint: id, stats, changelog bytes
         self.tasks: dict[str, dict[str, float]] = {}  # task key -> its newest reported counters
         self.state: dict[str, list[Any]] = {}  # task key -> its backends' (operator, subtask, size figures)
+        self.copies: dict[int, dict[str, int]] = {}  # worker index -> its local copies' figures
         # channel "<edge>.<upstream subtask>-<downstream subtask>" -> what its two ends reported last
         self.channels: dict[str, dict[str, float]] = {}
 
@@ -60,6 +61,8 @@ class JobMetrics(Collector):
         self.tasks[task] = {k: float(stats[k]) for k in _TASK_KEYS if k in stats}
         if "state" in stats:
             self.state[task] = list(stats["state"])
+        if "local_copies" in stats and "worker" in stats:
+            self.copies[int(stats["worker"])] = dict(stats["local_copies"])
         for label, values in (stats.get("channels") or {}).items():
             self.channels.setdefault(label, {}).update(values)
 
@@ -121,6 +124,8 @@ class JobMetrics(Collector):
                             "(Unix time)", last["timestamp_ms"] / 1000)  # fmt: skip
         yield from self._task_metrics()
         yield from state_families(m.name, (fig for _task, figs in sorted(self.state.items()) for fig in figs))
+        if self.copies:
+            yield from local_copies_families(m.name, ((f"worker-{w}", fig) for w, fig in sorted(self.copies.items())))
         yield from self._channel_metrics()
 
     def _task_metrics(self) -> Iterator[Metric]:

@@ -236,8 +236,8 @@ class Worker:
         if copies is None:
             return {}
         st = copies.stats
-        return {"objects_local": st.hits, "objects_remote": st.misses,
-                "bytes_local": st.bytes_local, "bytes_remote": st.bytes_remote}  # fmt: skip
+        return {"objects_local": st.hits, "objects_remote": st.misses, "bytes_local": st.bytes_local,
+                "bytes_remote": st.bytes_remote, "copies_dropped": st.dropped}  # fmt: skip
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -315,6 +315,8 @@ class Worker:
                     self._inflight += 1
         stats["bytes_uploaded"] = self.job.writer.bytes_uploaded + self.strategy_bytes if pending else 0
         stats["worker"] = self.index
+        if self.job.local_copies is not None:
+            stats["local_copies"] = self.job.local_copies.figures()
         timeout = self.config.checkpoint_timeout_s
         started = time.monotonic()
 

@@ -269,8 +269,9 @@ def load_manifest(
     key = ref if isinstance(ref, str) else ref.manifest
     m = cache.get(key) if cache is not None else None
     if m is None:
-        try:
-            data = store.get(key)
+        size, crc = (ref.bytes, ref.crc32) if isinstance(ref, MaterializedPart) else (None, None)
+        try:  # a local copy only if it is the bytes the reference records
+            data = store.get_expected(key, size, crc) if size is not None and crc is not None else store.get(key)
         except ObjectNotFoundError:
             raise CorruptionError(
                 f"materialization manifest {key} is missing from {store.url}; the checkpoint that references "

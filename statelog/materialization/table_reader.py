@@ -45,7 +45,7 @@ def read_table_file(
 def fetch_table_file(store: ObjectStore, f: TableFile) -> bytes:
     """The bytes of a table file, checked against the size and CRC-32 its manifest recorded."""
     try:
-        data = store.get(f.path)
+        data = store.get_expected(f.path, f.bytes, f.crc32)  # a local copy only if it matches these
     except ObjectNotFoundError:
         raise f.missing(store) from None
     if len(data) != f.bytes or zlib.crc32(data) != f.crc32:

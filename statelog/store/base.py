@@ -60,6 +60,13 @@ class ObjectStore(abc.ABC):
     def get(self, key: str) -> bytes:
         """Return the whole object; :class:`~statelog.errors.ObjectNotFoundError` if absent."""
 
+    def get_expected(self, key: str, size: int, crc32: int) -> bytes:
+        """``get(key)`` of an object whose size and CRC-32 the referencing object records (a
+        manifest's table file). The caller still checks them; a store that keeps local copies
+        (``statelog.store.local_copies``) serves its copy only if it matches them, else drops
+        it and reads the store."""
+        return self.get(key)
+
     @abc.abstractmethod
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """Return ``length`` bytes from ``offset`` (fewer only at the end of the object).

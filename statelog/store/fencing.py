@@ -40,6 +40,9 @@ class FencedStore(ObjectStore):
     def get(self, key: str) -> bytes:
         return self.inner.get(key)
 
+    def get_expected(self, key: str, size: int, crc32: int) -> bytes:
+        return self.inner.get_expected(key, size, crc32)
+
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         return self.inner.get_range(key, offset, length)
 

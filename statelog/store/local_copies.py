@@ -24,21 +24,22 @@ Layout: ``<directory>/<CRC-32 of the root URL %08x>/<object key>`` with a sideca
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import zlib
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from statelog.errors import ConfigError
 from statelog.layout import ObjectKind, parse_key
 from statelog.store.base import ObjectInfo, ObjectStore
+from statelog.store.copy_directory import DEFAULT_BUDGET_BYTES, SIDECAR, CopyStats, LocalCopies
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "COPIED_KINDS", "DEFAULT_BUDGET_BYTES", "DIRECTORY_ENV", "SIDECAR", "CopyStats", "LocalCopies",
+    "LocalCopyStore", "default_directory", "local_copies_setting", "with_local_copies",
+]  # fmt: skip
+
 
 COPIED_KINDS = frozenset({
     ObjectKind.SEGMENT,
@@ -47,195 +48,6 @@ COPIED_KINDS = frozenset({
     ObjectKind.SAVEPOINT_TABLE,
     ObjectKind.SAVEPOINT_MANIFEST,
 })
-SIDECAR = ".copy"
-DEFAULT_BUDGET_BYTES = 1 << 30
-
-
-@dataclass
-class CopyStats:
-    """What the local copies saved: objects and bytes read locally vs from the store."""
-
-    hits: int = 0
-    misses: int = 0
-    bytes_local: int = 0
-    bytes_remote: int = 0
-    copies_made: int = 0
-    evictions: int = 0
-    dropped: int = 0  # copies that failed verification
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-
-class LocalCopies:
-    """The copies of one root in one directory, within a size budget (LRU eviction)."""
-
-    def __init__(self, directory: str | os.PathLike[str], root_url: str, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
-        if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
-            raise ConfigError(f"the local copies' budget must be an int of bytes >= 0, got {budget_bytes!r}")
-        self.base = Path(directory) / f"{zlib.crc32(root_url.encode()):08x}"
-        try:
-            self.base.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(
-                f"cannot use {str(directory)!r} for local copies ({e.strerror}); give a writable "
-                "directory or turn local copies off"
-            ) from None
-        self.budget = budget_bytes
-        self.stats = CopyStats()
-        self._lock = threading.Lock()
-        self._lru: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently used first
-        self._size = 0
-        self._verified: dict[str, tuple[int, int]] = {}  # key -> (size, mtime_ns) verified whole
-        for key, size in self._scan():
-            self._lru[key] = size
-            self._size += size
-
-    @property
-    def size_bytes(self) -> int:
-        return self._size
-
-    def _scan(self) -> Iterator[tuple[str, int]]:
-        """The copies already in the directory, oldest use first."""
-        found: list[tuple[int, str, int]] = []
-        for dirpath, _, files in os.walk(self.base):
-            for name in files:
-                if not name.endswith(SIDECAR):
-                    continue
-                side = Path(dirpath) / name
-                data = side.with_name(name[: -len(SIDECAR)])
-                try:
-                    st = data.stat()
-                except FileNotFoundError:
-                    side.unlink(missing_ok=True)
-                    continue
-                found.append((st.st_mtime_ns, data.relative_to(self.base).as_posix(), st.st_size))
-        for _, key, size in sorted(found):
-            yield key, size
-
-    def _paths(self, key: str) -> tuple[Path, Path]:
-        path = self.base / key
-        return path, path.with_name(path.name + SIDECAR)
-
-    def add(self, key: str, data: bytes) -> None:
-        """Keep a copy of ``key`` (the bytes the store holds); evict others to fit the budget."""
-        size = len(data)
-        if size > self.budget:
-            return
-        path, side = self._paths(key)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-            side_tmp = tmp.with_name(tmp.name + SIDECAR)
-            side_tmp.write_text(f"{size} {zlib.crc32(data)}")
-            os.replace(side_tmp, side)
-        except OSError as e:  # a full or read-only disk costs speed, never correctness
-            log.warning("could not keep a local copy of %s in %s: %s", key, self.base, e)
-            self._unlink(key)
-            return
-        with self._lock:
-            old = self._lru.pop(key, None)
-            self._size += size - (old or 0)
-            self._lru[key] = size
-            self._verified.pop(key, None)
-            self.stats.copies_made += 1
-            victims = self._over_budget()
-        for victim in victims:
-            self._unlink(victim)
-
-    def _over_budget(self) -> list[str]:
-        victims = []
-        while self._size > self.budget and self._lru:
-            victim, vsize = self._lru.popitem(last=False)
-            self._size -= vsize
-            self._verified.pop(victim, None)
-            self.stats.evictions += 1
-            victims.append(victim)
-        return victims
-
-    def _unlink(self, key: str) -> None:
-        path, side = self._paths(key)
-        side.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
-
-    def drop(self, key: str, reason: str | None = None) -> None:
-        with self._lock:
-            size = self._lru.pop(key, None)
-            if size is not None:
-                self._size -= size
-            self._verified.pop(key, None)
-            if reason is not None:
-                self.stats.dropped += 1
-        if reason is not None:
-            log.warning("dropped the local copy of %s in %s (%s); reading it from the store", key, self.base, reason)
-        self._unlink(key)
-
-    def _touch(self, key: str) -> None:
-        with self._lock:
-            if key in self._lru:
-                self._lru.move_to_end(key)
-
-    def _recorded(self, key: str) -> tuple[int, int] | None:
-        _, side = self._paths(key)
-        try:
-            size, crc = side.read_text().split()
-            return int(size), int(crc)
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            self.drop(key, "its record is unreadable")
-            return None
-
-    def get(self, key: str) -> bytes | None:
-        """The verified copy of ``key``, or ``None`` (no copy, or a damaged one, dropped)."""
-        recorded = self._recorded(key)
-        if recorded is None:
-            return None
-        path, _ = self._paths(key)
-        try:
-            data = path.read_bytes()
-            mtime = path.stat().st_mtime_ns
-        except FileNotFoundError:  # evicted meanwhile (by this or another process)
-            self.drop(key)
-            return None
-        except OSError as e:
-            self.drop(key, f"unreadable: {e}")
-            return None
-        size, crc = recorded
-        if len(data) != size or zlib.crc32(data) != crc:
-            self.drop(key, f"{len(data)} bytes with CRC-32 {zlib.crc32(data):08x}, recorded {size} bytes with {crc:08x}")
-            return None
-        with self._lock:
-            self._verified[key] = (size, mtime)
-        self._touch(key)
-        return data
-
-    def get_range(self, key: str, offset: int, length: int) -> bytes | None:
-        """``length`` bytes from ``offset`` of the verified copy of ``key``, or ``None``. The
-        copy is verified whole the first time this process reads from it."""
-        path, _ = self._paths(key)
-        try:
-            st = path.stat()
-        except FileNotFoundError:
-            return None
-        with self._lock:
-            verified = self._verified.get(key) == (st.st_size, st.st_mtime_ns)
-        if not verified and self.get(key) is None:
-            return None
-        size = st.st_size
-        start = max(0, size + offset) if offset < 0 else min(offset, size)
-        try:
-            with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read(max(0, length))
-        except FileNotFoundError:
-            self.drop(key)
-            return None
-        self._touch(key)
-        return data
 
 
 class LocalCopyStore(ObjectStore):
@@ -279,6 +91,28 @@ class LocalCopyStore(ObjectStore):
         self.copies.add(key, data)
         return data
 
+    def get_expected(self, key: str, size: int, crc32: int) -> bytes:
+        """The copy only if it is the ``size`` bytes with ``crc32`` the referencing object
+        records; a copy that is not is dropped (logged) and the object read from the store."""
+        if not self.copied(key):
+            return self.inner.get_expected(key, size, crc32)
+        local = self.copies.get(key)
+        if local is not None:
+            if len(local) == size and zlib.crc32(local) == crc32:
+                with self.copies.stats._lock:
+                    self.copies.stats.hits += 1
+                    self.copies.stats.bytes_local += len(local)
+                return local
+            self.copies.drop(key, f"it is {len(local)} bytes with CRC-32 {zlib.crc32(local):08x}, the object that "
+                                  f"references it records {size} bytes with {crc32:08x}")  # fmt: skip
+        data = self.inner.get_expected(key, size, crc32)
+        with self.copies.stats._lock:
+            self.copies.stats.misses += 1
+            self.copies.stats.bytes_remote += len(data)
+        if len(data) == size and zlib.crc32(data) == crc32:
+            self.copies.add(key, data)
+        return data
+
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         if not self.copied(key):
             return self.inner.get_range(key, offset, length)
@@ -316,8 +150,15 @@ class LocalCopyStore(ObjectStore):
         self.inner.close()
 
 
+DIRECTORY_ENV = "STATELOG_LOCAL_COPIES_DIR"
+
+
 def default_directory() -> Path:
-    """Where local copies go unless told: ``$XDG_CACHE_HOME/statelog/copies`` (``~/.cache``)."""
+    """Where local copies go unless told: ``$STATELOG_LOCAL_COPIES_DIR`` if set (e.g. one
+    directory per host that all its executors share), else ``$XDG_CACHE_HOME/statelog/copies``
+    (``~/.cache/statelog/copies``)."""
+    if os.environ.get(DIRECTORY_ENV):
+        return Path(os.environ[DIRECTORY_ENV])
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "statelog" / "copies"
 
@@ -325,11 +166,13 @@ def default_directory() -> Path:
 def local_copies_setting(setting: object, label: str = "local_copies") -> dict[str, Any] | None:
     """``setting`` checked and spelled out (``directory``, ``budget_bytes``), ``None`` for off:
     ``None``/``False``: off; ``True``: :func:`default_directory` with the default budget; a
-    path: that directory; a mapping with ``directory`` and/or ``budget_bytes``. Nothing is
-    created here."""
+    path: that directory; a mapping with ``directory`` and/or ``budget_bytes``. Without a
+    directory, ``directory`` is ``None``: :func:`default_directory` of the process that opens
+    the copies (a runtime worker on a Spark executor resolves it on its own host, not the
+    driver's). Nothing is created here."""
     if setting is None or setting is False:
         return None
-    directory: object = default_directory()
+    directory: object = None
     budget: object = DEFAULT_BUDGET_BYTES
     if isinstance(setting, str | os.PathLike):
         directory = setting
@@ -337,18 +180,18 @@ def local_copies_setting(setting: object, label: str = "local_copies") -> dict[s
         unknown = set(setting) - {"directory", "budget_bytes"}
         if unknown:
             raise ConfigError(f"unknown {label} option(s) {sorted(map(str, unknown))}; use directory and budget_bytes")
-        directory = setting.get("directory", directory)
+        directory = setting.get("directory")
         budget = setting.get("budget_bytes", budget)
     elif setting is not True:
         raise ConfigError(
             f"{label} must be True, False, None, a directory or a dict with directory and "
             f"budget_bytes, got {type(setting).__name__}"
         )
-    if not isinstance(directory, str | os.PathLike) or not str(directory):
+    if directory is not None and (not isinstance(directory, str | os.PathLike) or not str(directory)):
         raise ConfigError(f"{label}' directory must be a non-empty path, got {directory!r}")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
         raise ConfigError(f"{label}' budget_bytes must be an int of bytes >= 0, got {budget!r}")
-    return {"directory": os.fspath(directory), "budget_bytes": budget}
+    return {"directory": None if directory is None else os.fspath(directory), "budget_bytes": budget}
 
 
 def with_local_copies(store: ObjectStore, setting: object) -> ObjectStore:
@@ -356,4 +199,5 @@ def with_local_copies(store: ObjectStore, setting: object) -> ObjectStore:
     checked = local_copies_setting(setting)
     if checked is None:
         return store
-    return LocalCopyStore(store, LocalCopies(checked["directory"], store.url, checked["budget_bytes"]))
+    directory = checked["directory"] if checked["directory"] is not None else default_directory()
+    return LocalCopyStore(store, LocalCopies(directory, store.url, checked["budget_bytes"]))

@@ -3,7 +3,9 @@ crashes (in-memory state and unflushed buffers dropped); every restore equals th
 
 from __future__ import annotations
 
+import random
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 import statelog
 from statelog import StateJob
 from statelog.restore.ondemand.options import OnDemandOptions
+from tests.support.chaos import damage_copies
 from tests.support.harness import Clock, Driver, Model
 from tests.support.state_ops import DISK_CACHE_ENTRIES, MODES, STATE_OPS, is_lazy
 
@@ -36,11 +39,13 @@ def reads_alone(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
         monkeypatch.setattr(sys.modules[__name__], "ON_DEMAND", OnDemandOptions(segment_read_cost_bytes=0))
 
 
-def open_job(root: str, options: dict, writer_options: dict | None = None, on_demand: str = "eager") -> StateJob:
-    """A job of restore mode ``on_demand`` (:data:`MODES`)."""
+def open_job(root: str, options: dict, writer_options: dict | None = None, on_demand: str = "eager",
+             copies: Path | None = None) -> StateJob:  # fmt: skip
+    """A job of restore mode ``on_demand`` (:data:`MODES`), with local copies in ``copies``."""
     job = statelog.open(root, store_options=options, writer_options=writer_options, retain_checkpoints=3,
                         on_demand_restore=is_lazy(on_demand),
-                        state_store="disk" if on_demand.startswith("disk") else "memory")  # fmt: skip
+                        state_store="disk" if on_demand.startswith("disk") else "memory",
+                        local_copies=None if copies is None else {"directory": str(copies)})  # fmt: skip
     job.on_demand_background = not on_demand.endswith("touched")
     job.on_demand_options = ON_DEMAND
     job.state_cache_entries = DISK_CACHE_ENTRIES
@@ -48,15 +53,29 @@ def open_job(root: str, options: dict, writer_options: dict | None = None, on_de
 
 
 def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mode: str = "eager",
-                 persist_delay: float = 0.002, **writer: int) -> int:
+                 persist_delay: float = 0.002, copies: Path | None = None, damage: str | None = None,
+                 copy_stats: list[tuple[int, int]] | None = None, **writer: int) -> int:  # fmt: skip
     """Run ``ops``; on each crash restore a random retained checkpoint and compare. Returns #restores.
+
+    ``copies``: the jobs keep local copies there; ``damage`` (``"flip"``, ``"truncate"``):
+    every copy is damaged so before each restore; ``copy_stats`` collects each job's hits and
+    misses of the copies.
 
     Eager restores are compared at once; on-demand ones first process the next operations
     (loading the key groups they touch) and are compared at the next crash or at the end,
     so checkpoints are taken while key groups are still unloaded."""
     clock = Clock()
     writer_options = {"coalesce": coalesce, "persist_delay": persist_delay, **writer}
-    job = open_job(root, options, writer_options, mode)
+    rng = random.Random(len(ops))
+
+    def reopen(writer_options: dict | None) -> StateJob:
+        if copy_stats is not None and job.local_copies is not None:
+            copy_stats.append((job.local_copies.stats.hits, job.local_copies.stats.misses))
+        if damage is not None and copies is not None:
+            damage_copies(copies, rng, damage)
+        return open_job(root, options, writer_options, mode, copies)
+
+    job = open_job(root, options, writer_options, mode, copies)
     model = Model()
     snapshots: dict[int, Model] = {}
     driver = Driver(job.backend("op", clock=clock), model, clock)
@@ -89,7 +108,7 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mod
             if wait_flush:
                 job.writer.flush()  # everything durable, but no checkpoint references the tail
             job.close(flush=False)  # crash: buffered records and in-memory state are gone
-            job = open_job(root, options, writer_options, mode)
+            job = reopen(writer_options)
             retained = job.catalog.checkpoint_ids()
             assert set(retained) <= set(snapshots)
             if retained:
@@ -114,10 +133,12 @@ def run_scenario(root: str, options: dict, ops: list[tuple], coalesce: bool, mod
     final = driver.model.copy()
     driver.check_equal()
     job.close(flush=False)
-    job = open_job(root, options, None, mode)
+    job = reopen(None)
     restored = Driver(job.backend("op", restore=meta.checkpoint_id, clock=clock), final, clock)
     restored.check_equal()
     job.close()
+    if copy_stats is not None and job.local_copies is not None:
+        copy_stats.append((job.local_copies.stats.hits, job.local_copies.stats.misses))
     return restores
 
 
@@ -129,6 +150,24 @@ def test_restore_equals_model_file(tmp_path_factory, monkeypatch, ops, coalesce,
     reads_alone(monkeypatch, mode)
     root = tmp_path_factory.mktemp("prop").as_uri()
     run_scenario(root, {}, ops, coalesce, mode)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=20, max_size=120), coalesce=st.booleans())
+@pytest.mark.parametrize("damage", [None, "flip", "truncate"], ids=["intact", "flipped", "truncated"])
+@pytest.mark.parametrize("mode", ["eager", "on-demand"])
+def test_restore_equals_model_with_local_copies(tmp_path_factory, monkeypatch, ops, coalesce, mode, damage):
+    """Every job keeps local copies; ``flipped``/``truncated``: before each restore every copy
+    is damaged (its record kept), so restores drop them and read the store."""
+    reads_alone(monkeypatch, mode)
+    base = tmp_path_factory.mktemp("prop")
+    stats: list[tuple[int, int]] = []
+    run_scenario((base / "root").as_uri(), {}, ops, coalesce, mode, copies=base / "copies", damage=damage,
+                 copy_stats=stats)  # fmt: skip
+    assert stats
+    if damage is None:  # every object the jobs read, one of them wrote on this host
+        assert all(misses == 0 for _hits, misses in stats), stats
 
 
 @pytest.mark.slow

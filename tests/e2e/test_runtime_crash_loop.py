@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from runtime import FixedDelay, read_committed
 from runtime.api.windows import WINDOW_STATE
 from statelog import PICKLE, AggregatingStateDescriptor
 from tests.support import jobs
-from tests.support.chaos import kill_workers
+from tests.support.chaos import damage_copies, kill_workers
 from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
@@ -120,8 +121,52 @@ def test_random_worker_kills_in_aligned_mode(
         assert stats["on_demand"] is on_demand and stats["workers"] >= 1
         assert stats["first_record_s"] > 0 and stats["fully_loaded_s"] > 0
     print("restore stats per attempt:", {a: (s["first_record_s"], s["fully_loaded_s"]) for a, s in restored.items()})
+    # local copies are on by default: the restarted workers read what their predecessors wrote
+    # on this host from the copies
+    assert any(s.get("objects_local", 0) > 0 for s in restored.values()), restored
     if store == "disk":  # every killed worker's directory was deleted by its successor, the rest at close
         assert not list((tmp_path / "working-state").iterdir())
+
+
+DAMAGED_KILLS = 6
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_worker_kills_with_every_local_copy_damaged_before_the_restores(file_root: RootSpec, tmp_path: Path) -> None:
+    """Before each kill every local copy is flipped or truncated: the restarted workers drop
+    them, read the objects from the store and the output and checkpoints stay exact."""
+    copies = tmp_path / "copies"
+    env = make_env(file_root, restart_strategy=FixedDelay(attempts=4 * DAMAGED_KILLS, delay_s=0.0),
+                   retain_checkpoints=1000, on_demand_restore=False,
+                   local_copies={"directory": str(copies), "budget_bytes": 1 << 28})  # fmt: skip
+    gate = tmp_path / "gate"
+    jobs.build_clicks(env, tmp_path / "windows", 6000, rate=2000, gate=gate)
+    jobs.build_join(env, tmp_path / "join", 3000, order_rate=1000, payment_rate=1000, gate=gate)
+    client = env.execute_async("crash-loop-damaged-copies")
+    assert client.wait_running(1, timeout=60)
+    rng, attempt, kills, damaged = random.Random(23), 0, 0, 0
+    with start_background(file_root.url, interval_s=1.0, run_gc=False):
+        while kills < DAMAGED_KILLS and client.wait_running(attempt + 1, timeout=60):
+            time.sleep(rng.uniform(0.3, 0.9))
+            attempt, pids = client.running_attempt, client.worker_pids()
+            if client.done or not pids:
+                break
+            damaged += damage_copies(copies, rng)
+            try:
+                os.kill(rng.choice(pids), signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            kills += 1
+        jobs.open_gate(gate)
+        result = client.wait(300)
+    assert kills == DAMAGED_KILLS and damaged > 0
+    assert sorted(read_committed(tmp_path / "windows")) == jobs.golden_windows(6000)
+    assert sorted(read_committed(tmp_path / "join")) == jobs.golden_join(3000)
+    check_checkpoints(file_root, tmp_path / "windows")
+    restored = {a: s for a, s in result.restore_stats.items() if a > 1}
+    assert sum(s.get("copies_dropped", 0) for s in restored.values()) > 0, restored
+    print("damaged copies:", damaged, "restore stats:", restored)
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Killing worker processes of a running job at random moments (SIGKILL)."""
+"""Killing worker processes of a running job at random moments (SIGKILL), and damaging the
+local copies they restore from."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from runtime import JobClient
 
@@ -49,3 +51,26 @@ def kill_workers(
         if client.completed_checkpoints:
             out.after_checkpoint += 1
     return out
+
+
+def damage_copies(directory: Path, rng: random.Random, how: str = "either") -> int:
+    """Flip a byte of (``how="flip"``) or truncate to half (``"truncate"``; ``"either"``: one
+    of them at random) every local copy in ``directory``; their ``.copy`` records stay. How
+    many were damaged."""
+    damaged = 0
+    for p in directory.rglob("*"):
+        if not p.is_file() or p.name.endswith((".copy", ".tmp")):
+            continue
+        try:
+            data = p.read_bytes()
+            if not data:
+                continue
+            if how == "flip" or (how == "either" and rng.random() < 0.5):
+                i = rng.randrange(len(data))
+                p.write_bytes(data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1:])
+            else:
+                p.write_bytes(data[: len(data) // 2])
+            damaged += 1
+        except FileNotFoundError:  # evicted or replaced meanwhile
+            continue
+    return damaged

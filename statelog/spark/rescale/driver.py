@@ -20,6 +20,7 @@ from statelog.spark.rescale.plan import RestoreTask, plan_restore
 from statelog.spark.rescale.publish import RestoreResult, publish_savepoint
 from statelog.spark.rescale.write import run_task
 from statelog.spark.tasks import run_tasks
+from statelog.store.local_copies import local_copies_setting
 from statelog.store.options import StoreOptions, resolve_store_options
 
 if TYPE_CHECKING:
@@ -73,8 +74,13 @@ def restore(
     store_options: Mapping[str, Any] | None = None,
     progress: Progress | None = None,
     plan: RestorePlan | None = None,
+    local_copies: bool | str | Mapping[str, Any] | None = None,
 ) -> RestoreResult:
     """Run the restore job; returns what it wrote (the savepoint exists when this returns).
+
+    ``local_copies`` (``statelog.open``'s setting, off by default): each task reads the old
+    state from the local copies on its executor's host first (a directory the executors of a
+    host share, e.g. ``$STATELOG_LOCAL_COPIES_DIR`` set by ``spark.executorEnv``).
 
     ``plan`` is what :func:`prepare` returned for the same arguments (the CLI prepares, and so
     checks, before it starts Spark); without it the plan is prepared here.
@@ -87,7 +93,8 @@ def restore(
         log.info("restore job: %s -> savepoint %r, %d task(s)", plan.where, plan.name, len(plan.tasks))
         # resolved here, with the driver's AWS_* environment: the executors may lack it
         resolved = resolve_store_options(job.root, store_options)
-        results = _run(spark, job.root, resolved, plan.name, plan.tasks, progress)
+        results = _run(spark, job.root, resolved, plan.name, plan.tasks, progress,
+                       local_copies_setting(local_copies))  # checked here, the directory resolved per host
         errors = [r["error"] for r in results if "error" in r]
         if errors:
             raise StatelogError(
@@ -101,6 +108,7 @@ def restore(
 
 
 def _run(spark: SparkSession, root: str, store_options: Mapping[str, Any] | None, name: str,
-         tasks: list[RestoreTask], progress: Progress | None) -> list[dict[str, Any]]:
-    fn = partial(run_task, root, StoreOptions(store_options), name)
+         tasks: list[RestoreTask], progress: Progress | None,
+         local_copies: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    fn = partial(run_task, root, StoreOptions(store_options), name, local_copies=local_copies)
     return run_tasks(spark, fn, tasks, f"statelog-restore-{name}", "the restore job", progress)

@@ -17,13 +17,17 @@ from statelog.layout import new_materialization_id, savepoint_data_prefix, table
 from statelog.materialization.table_writer import StateTableWriter, new_stats
 from statelog.spark.rescale.plan import RestoreTask
 from statelog.store import open_store
+from statelog.store.local_copies import LocalCopyStore, with_local_copies
 
 
-def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task: RestoreTask) -> dict[str, Any]:
-    """Write the state tables of one new subtask; returns the tables (or an error message)."""
+def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task: RestoreTask,
+             local_copies: object = None) -> dict[str, Any]:  # fmt: skip
+    """Write the state tables of one new subtask; returns the tables (or an error message).
+    ``local_copies`` (``statelog.open``'s setting, resolved on the executor's host): the old
+    state is read from the copies on this host first, and the result carries their figures."""
     t0 = time.monotonic()
     try:
-        store = open_store(root, dict(store_options or {}) or None)
+        store = with_local_copies(open_store(root, dict(store_options or {}) or None), local_copies)
     except StatelogError as e:
         return {"number": task.number, "error": f"{type(e).__name__}: {e}"}
     try:
@@ -38,8 +42,11 @@ def run_task(root: str, store_options: Mapping[str, Any] | None, name: str, task
         with StateTableWriter(store) as writer:
             mop = writer.write_operator(meta, task.uid, 0, table_dir(mid, savepoint_data_prefix(name)), True, stats)
         stats["duration_ms"] = round((time.monotonic() - t0) * 1000, 1)
-        return {"number": task.number, "operator": mop.to_json(), "stats": stats,
-                "seconds": round(time.monotonic() - t0, 3)}
+        out = {"number": task.number, "operator": mop.to_json(), "stats": stats,
+               "seconds": round(time.monotonic() - t0, 3)}  # fmt: skip
+        if isinstance(store, LocalCopyStore):
+            out["local_copies"] = store.copies.figures()
+        return out
     except StatelogError as e:
         return {"number": task.number, "error": f"{type(e).__name__}: {e}"}
     finally:

@@ -78,6 +78,10 @@ def test_per_record_then_per_batch_restart_exactly_once(kafka_broker, file_root)
             app2.stop()
 
     final2 = app2.run(per_batch, batch=True)
+    # local copies are on by default: the restart on this host read nothing its predecessor wrote
+    # from the store
+    copies = app2.job.local_copies
+    assert copies is not None and copies.stats.hits > 0 and copies.stats.misses == 0, copies.stats
     everything = first + second
     assert final2.sources[topic] == end_offsets(everything, 3)
     assert counts_at(file_root.url, UID) == dict(Counter(k for _, _, k in everything))
@@ -238,3 +242,7 @@ def test_metrics_port_is_refused_with_an_open_job(kafka_broker, file_root) -> No
         Application(job, topics="t", kafka=kafka_broker.config(), metrics_port=0)
     with pytest.raises(ConfigError, match="not in open_options"):
         Application(file_root.url, topics="t", kafka=kafka_broker.config(), open_options={"metrics_port": 0})
+    with statelog.open(file_root.url) as job, pytest.raises(ConfigError, match="local_copies"):
+        Application(job, topics="t", kafka=kafka_broker.config(), local_copies=False)
+    with pytest.raises(ConfigError, match="local_copies as an option of the Application"):
+        Application(file_root.url, topics="t", kafka=kafka_broker.config(), open_options={"local_copies": False})

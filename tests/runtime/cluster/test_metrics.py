@@ -112,6 +112,14 @@ def test_job_metrics_agree_with_the_published_checkpoints(file_root: RootSpec, t
     assert {dict(lb)["subtask"] for _n, lb in entries} == {"0", "1"}
     assert {dict(lb)["process"] for n, lb in last if n == "process_resident_memory_bytes"} >= {
         "master", "worker-0", "worker-1"}  # fmt: skip
+    # local copies are on by default: each worker copied what it wrote, within the default budget
+    made = {dict(lb)["process"]: v for (n, lb), v in last.items() if n == "statelog_job_local_copies_made_total"}
+    assert set(made) == {"worker-0", "worker-1"} and all(v > 0 for v in made.values()), made
+    budgets = [v for (n, _lb), v in last.items() if n == "statelog_job_local_copies_budget_bytes"]
+    assert budgets and all(v == 1 << 30 for v in budgets)
+    for name in ("statelog_job_local_copies_hits_total", "statelog_job_local_copies_misses_total",
+                 "statelog_job_local_copies_evictions_total", "statelog_job_local_copies_bytes"):  # fmt: skip
+        assert {dict(lb)["process"] for n, lb in last if n == name} == set(made), name
 
 
 def test_a_taken_metrics_port_fails_the_start(file_root: RootSpec, tmp_path: Path) -> None:

@@ -43,3 +43,28 @@ def test_a_restore_task_writes_only_its_tables(tmp_path):
         assert rows == {"v": 50, "l": 50}
     finally:
         job.close()
+
+
+def test_restore_tasks_read_the_local_copies_on_their_host_and_fetch_the_rest(tmp_path):
+    copies = tmp_path / "copies"
+    setting = {"directory": str(copies), "budget_bytes": 1 << 26}
+    with statelog.open((tmp_path / "root").as_uri(), local_copies=setting) as job:
+        b = job.backend("op")
+        v = b.get_state(ValueStateDescriptor("v", pa.int64()))
+        for k in range(300):
+            b.set_current_key(k)
+            v.update(k)
+            if k % 100 == 99:
+                meta = job.checkpoint()
+        root = job.root
+    segments = sorted(copies.rglob("*.seg"))
+    assert len(segments) >= 3
+    segments[0].unlink()  # one copy this host lost
+    tasks = plan_restore(meta, 2)
+    results = [run_task(root, None, "sp", t, local_copies=setting) for t in tasks]
+    assert all("error" not in r for r in results), results
+    figures = [r["local_copies"] for r in results]
+    assert sum(f["hits"] for f in figures) > 0
+    assert 0 < sum(f["misses"] for f in figures) <= len(tasks)  # only the lost copy, fetched once per task
+    assert all(f["bytes_remote"] < f["bytes_local"] for f in figures)
+    assert all("local_copies" not in r for r in [run_task(root, None, "sp2", t) for t in tasks])
