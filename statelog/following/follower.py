@@ -214,18 +214,22 @@ class Follower:
         with self._poll_lock:
             if self._stop.is_set():
                 raise StatelogError("this follower is closed")
-            latest = self._catalog.latest()
-            if latest is not None:
-                latest = resolve_checkpoint(self._catalog, latest, job_id=self._job_id, max_parallelism=self._max_parallelism)
-                assert latest is not None
-                self._latest_id = latest.checkpoint_id
-                if self._meta is None or latest.checkpoint_id != self._meta.checkpoint_id:
-                    self._advance(latest)
-            if self.consistency is Consistency.FLUSHED and self._meta is not None:
-                self._apply_flushed(self._meta)
+            self._poll_once()
         with self._moved:
             self._moved.notify_all()
         return self.position
+
+    def _poll_once(self) -> None:
+        """One poll's work (under the poll lock)."""
+        latest = self._catalog.latest()
+        if latest is not None:
+            latest = resolve_checkpoint(self._catalog, latest, job_id=self._job_id, max_parallelism=self._max_parallelism)
+            assert latest is not None
+            self._latest_id = latest.checkpoint_id
+            if self._meta is None or latest.checkpoint_id != self._meta.checkpoint_id:
+                self._advance(latest)
+        if self.consistency is Consistency.FLUSHED and self._meta is not None:
+            self._apply_flushed(self._meta)
 
     def _followed(self, meta: CheckpointMetadata) -> list[str]:
         return sorted(uid for uid in meta.operators if self._only is None or uid in self._only)
