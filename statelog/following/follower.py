@@ -29,6 +29,7 @@ from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError, CorruptionError, StatelogError, StateNotFoundError
 from statelog.following.flushed import flushed_ranges
+from statelog.following.pin import DEFAULT_PIN_TTL_S, FollowerPin, check_pin_ttl
 from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
 from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
 from statelog.materialization.manifest import Manifest
@@ -82,6 +83,7 @@ class Follower:
         state_dir: str | None = None,
         on_demand: bool = True,
         clock: Callable[[], int] | None = None,
+        pin_ttl_s: float | None = DEFAULT_PIN_TTL_S,
     ) -> None:
         self.consistency = check_consistency(consistency)
         if poll_s is not None and (not isinstance(poll_s, int | float) or not poll_s > 0):
@@ -99,6 +101,7 @@ class Follower:
             self._store.close()
             raise
         self.root = self._store.url
+        self._pin = FollowerPin(self._store, check_pin_ttl(pin_ttl_s))  # what GC keeps for it (pin.py)
         self._job_id, self._max_parallelism = info.job_id, info.max_parallelism
         self._replicas: dict[str, OperatorReplica] = {}
         self._manifests: dict[str, Manifest] = {}
@@ -219,15 +222,17 @@ class Follower:
             self._moved.notify_all()
         return self.position
 
-    def _poll_once(self) -> None:
-        """One poll's work (under the poll lock)."""
+    def _poll_once(self) -> None:  # one poll's work, under the poll lock
         latest = self._catalog.latest()
         if latest is not None:
             latest = resolve_checkpoint(self._catalog, latest, job_id=self._job_id, max_parallelism=self._max_parallelism)
             assert latest is not None
             self._latest_id = latest.checkpoint_id
             if self._meta is None or latest.checkpoint_id != self._meta.checkpoint_id:
+                self._pin.pin(latest.checkpoint_id, *(() if self._meta is None else (self._meta.checkpoint_id,)))
                 self._advance(latest)
+                self._pin.pin(latest.checkpoint_id)
+        self._pin.renew()
         if self.consistency is Consistency.FLUSHED and self._meta is not None:
             self._apply_flushed(self._meta)
 
@@ -354,6 +359,7 @@ class Follower:
             for rep in self._replicas.values():
                 rep.close()
             self._replicas.clear()
+        self._pin.release()
         self._store.close()
 
     def __enter__(self) -> Follower:
@@ -369,5 +375,7 @@ def follow(root: str, **kwargs: Any) -> Follower:
     ``operators`` (uids, or uid -> descriptors to read with), ``consistency``
     (``"checkpoint"`` or ``"flushed"``), ``state_store`` (``"memory"`` or ``"disk"``, with
     ``state_memory`` and ``state_dir``), ``store_options``, ``poll_s`` (``None``: no
-    background thread, call :meth:`Follower.poll`), ``on_demand`` and ``clock`` (TTL, ms)."""
+    background thread, call :meth:`Follower.poll`), ``on_demand``, ``clock`` (TTL, ms) and
+    ``pin_ttl_s`` (the ttl of its lease, which pins the checkpoints it needs against GC;
+    ``None``: no lease; docs/follow.md, "Followers and GC")."""
     return Follower(root, **kwargs)
