@@ -1,8 +1,8 @@
 """The hot standby: ``statelog.open(root, standby=True)``.
 
 :func:`stand_by` runs a :class:`~statelog.following.follower.Follower` of the root (the
-working set the job's backends would use, consistency ``"checkpoint"``) and tries to take
-the writer lease until it is free: released by a clean close, or expired (a holder that
+working set the job's backends would use, consistency ``"checkpoint"``, restored at once:
+fully loaded before it takes over) and tries to take the writer lease until it is free: released by a clean close, or expired (a holder that
 stopped renewing; at once when the holder was a process of this host that is gone). Once
 the lease is held no other process can publish a checkpoint, so the follower's last poll
 (:func:`hand_over`), made under the lease, catches up
@@ -54,7 +54,9 @@ def hand_over(follower: Follower) -> tuple[CheckpointMetadata | None, dict[str, 
         follower._thread.join()
     try:
         with follower._poll_lock, follower._lock:
-            follower._poll_once()  # (a checkpoint published since its last poll)
+            ids = follower._catalog.checkpoint_ids()  # (one listing: a checkpoint published since its last poll?)
+            if follower._meta is None or not ids or ids[-1] != follower._meta.checkpoint_id:
+                follower._poll_once()
             meta, replicas = follower._meta, dict(follower._replicas)
             follower._replicas.clear()
     finally:
@@ -72,7 +74,7 @@ def hand_over(follower: Follower) -> tuple[CheckpointMetadata | None, dict[str, 
 class Takeover:
     """What a standby took over: the checkpoint its replicas are exactly at (``None``: the
     root had none), the replicas per operator not handed to a backend yet, when the lease was
-    acquired (``time.monotonic()``) and how long the standby waited for it."""
+    acquired (``time.time()``) and how long the standby waited for it."""
 
     meta: CheckpointMetadata | None
     replicas: dict[str, OperatorReplica] = field(default_factory=dict)
@@ -140,7 +142,7 @@ def stand_by(
     newest completed checkpoint (module docstring). Blocks until then."""
     started = time.monotonic()
     follower = Follower(root, store_options=store_options, consistency="checkpoint", state_store=state_store,
-                        state_memory=state_memory, state_dir=state_dir,
+                        state_memory=state_memory, state_dir=state_dir, on_demand=False,  # (fully loaded before it takes over)
                         poll_s=DEFAULT_STANDBY_POLL_S if poll_s is None else poll_s)  # fmt: skip
     try:
         log.info("standby of %s: following (checkpoint %s) until the writer lease is free", root,
@@ -152,11 +154,11 @@ def stand_by(
                 break
             except LeaseHeldError:
                 continue  # (acquire observed a live holder for a while: observe again)
-        acquired = time.monotonic()
+        acquired, acquired_wall = time.monotonic(), time.time()
     except BaseException:
         follower.close()
         raise
     meta, replicas = hand_over(follower)
     log.info("standby of %s: took the writer lease after %.3fs at checkpoint %s", root, acquired - started,
              None if meta is None else meta.checkpoint_id)
-    return Takeover(meta, replicas, acquired, acquired - started)
+    return Takeover(meta, replicas, acquired_wall, acquired - started)
