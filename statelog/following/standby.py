@@ -9,8 +9,8 @@ the lease is held no other process can publish a checkpoint, so the follower's l
 with any checkpoint published between its previous poll and the takeover; its replicas are
 then exactly the newest completed checkpoint. :class:`Takeover` hands each replica to
 :meth:`StateJob.backend <statelog.job.StateJob.backend>` as the operator's writing backend
-(:func:`statelog.state.promote.attach_changelog`): no state is read again, so the first record
-after the takeover waits for the lease only.
+(:func:`statelog.following.promote.attach_changelog`): no state is read again, so the first
+record after the takeover waits for the lease only.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.checkpoint.root_lease import RootLease
 from statelog.errors import ConfigError, LeaseHeldError
 from statelog.following.follower import Follower
+from statelog.following.promote import attach_changelog
 from statelog.following.replica import OperatorReplica
 from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import Manifest
 from statelog.restore.plan import handles_of, plan_reads
 from statelog.state.backend import KeyedStateBackend
-from statelog.state.promote import attach_changelog
 from statelog.store.base import ObjectStore
 
 __all__ = ["DEFAULT_STANDBY_POLL_S", "Takeover", "hand_over", "stand_by", "stand_by_job"]

@@ -93,7 +93,7 @@ class KeyedStateBackend:
         self._streams: dict[str, ChangelogStream] = {}
         self._states: dict[str, KeyedState] = {}
         # states registered with a descriptor made from the stored state (a follower's replica
-        # that became this writer: statelog.state.promote); get_state may give each its own once
+        # that became this writer: statelog.following.promote); get_state may give each its own once
         self.rebindable: set[str] = set()
         self.key_context = KeyContext(operator_uid, clock or wall_clock_ms, writer is not None)
         # the store of the states' entries: Python dicts unless given (the disk-backed working

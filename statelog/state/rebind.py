@@ -1,6 +1,6 @@
 """Giving a registered state another descriptor of the same stored state, and a changelog
 stream, in place (its entries stay): used when a follower's replica becomes a writing backend
-(:mod:`statelog.state.promote`)."""
+(:mod:`statelog.following.promote`)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ one in place: the hot standby's takeover (:mod:`statelog.following.standby`).
 stream of the job's writer and makes the backend's checkpoints build on the checkpoint the
 replica is exactly at (its materialized parts and changelog ranges, as a restore of that
 checkpoint would), without touching a single entry: the takeover costs the same at 10^3 and
-10^7 keys. :func:`rebind` gives a registered state the caller's descriptor (its default, its
+10^7 keys. :func:`~statelog.state.rebind.rebind` gives a registered state the caller's descriptor (its default, its
 reduce or aggregate function) when the descriptor describes the same stored state
-(:mod:`statelog.state.rebind`).
+(it runs from ``get_state``).
 """
 
 from __future__ import annotations
