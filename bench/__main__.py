@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="startup only: the steps of restart_first_record_s (medians)")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="startup only: measure without a bytecode cache of its own (as the environment has it)")
+    parser.add_argument("--keys", default=None,
+                        help="follow only: the key counts of the takeover figures, comma-separated (default 10^6,10^7)")
+    parser.add_argument("--takeover-only", action="store_true", help="follow only: the takeover figures only")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = {}
@@ -62,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.name != "startup":
             parser.error("--no-bytecode-cache applies to the startup benchmark only")
         extra["bytecode_cache"] = False
+    if args.keys is not None or args.takeover_only:
+        if args.name != "follow":
+            parser.error("--keys and --takeover-only apply to the follow benchmark only")
+        try:
+            extra["keys"] = [int(k) for k in args.keys.split(",")] if args.keys else None
+        except ValueError:
+            parser.error(f"--keys takes key counts separated by commas, e.g. 1000000,10000000; got {args.keys!r}")
+        extra["takeover_only"] = args.takeover_only
     result = module.run(quick=args.quick, root=args.root, progress=not args.json, **extra)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -1,6 +1,6 @@
 """Followers: how far a follower is behind a writer, at consistency "checkpoint" and "flushed".
 
-``python -m bench follow [--json] [--quick]`` (or ``python -m bench.follow``)
+``python -m bench follow [--json] [--quick] [--keys N,N] [--takeover-only]`` (or ``python -m bench.follow``)
 
 A writer process updates a ``ValueState<int64>`` of ``KEYS`` int keys (first written once
 and checkpointed) at ``RATE`` updates/s, paced, with a checkpoint every second, for
@@ -18,6 +18,12 @@ writer process's CPU per update, its checkpoints and uploads included
 each: they kept up without restoring again). Lookups: ``lookup_p99_us``, the p99 of
 ``follower.get`` of random keys at "checkpoint", in the follower's process after the writer
 stopped.
+
+Takeover (:mod:`bench.follow_takeover`): ``takeover_first_record_s_<keys>``, seconds from the
+writer lease freeing (clean close or SIGKILL) to the first record a hot standby processes,
+against a cold on-demand restore and an eager restore of the same root, for each key count
+of ``--keys`` (default 10^6 and 10^7; ``--quick``: 20,000), over ``TAKEOVER_ROUNDS`` rounds.
+``--takeover-only`` skips the freshness figures.
 
 The machine is shared and loaded by other processes while this runs: the figures are upper
 bounds of what an idle machine gives.
@@ -37,11 +43,13 @@ from typing import Any
 import pyarrow as pa
 
 import statelog
+from bench import follow_takeover
 from statelog import ValueStateDescriptor
 
 KEYS, RATE, SECONDS, ROUNDS = 1_000_000, 50_000, 20.0, 3
 QUICK = {"KEYS": 20_000, "RATE": 20_000, "SECONDS": 4.0, "ROUNDS": 1}
 POLL_S, SAMPLE_S, WARMUP_S = 0.02, 0.05, 2.0
+TAKEOVER_KEYS, TAKEOVER_ROUNDS = [1_000_000, 10_000_000], 3
 UID = "bench"
 VALUE = ValueStateDescriptor("v", pa.int64(), default=0)
 
@@ -159,7 +167,16 @@ def _round(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
     return _freshness(root, keys, rate, seconds)
 
 
-def run(quick: bool = False, root: str | None = None, progress: bool = True) -> dict[str, Any]:
+def run(quick: bool = False, root: str | None = None, progress: bool = True, keys: list[int] | None = None,
+        takeover_only: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {} if takeover_only else _freshness_rounds(quick, root, progress)
+    takeover_keys = keys or ([QUICK["KEYS"]] if quick else TAKEOVER_KEYS)
+    out.update(follow_takeover.run(takeover_keys, 1 if quick else TAKEOVER_ROUNDS, root, progress))
+    out["machine"] = "shared, loaded by other processes"
+    return out
+
+
+def _freshness_rounds(quick: bool, root: str | None, progress: bool) -> dict[str, Any]:
     keys, rate, seconds, rounds = (
         (QUICK["KEYS"], QUICK["RATE"], QUICK["SECONDS"], QUICK["ROUNDS"]) if quick else (KEYS, RATE, SECONDS, ROUNDS)
     )
@@ -184,4 +201,7 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(run(quick="--quick" in sys.argv, progress="--json" not in sys.argv), sort_keys=True))
+    keys_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--keys=")), None)
+    print(json.dumps(run(quick="--quick" in sys.argv, progress="--json" not in sys.argv,
+                         keys=[int(k) for k in keys_arg.split(",")] if keys_arg else None,
+                         takeover_only="--takeover-only" in sys.argv), sort_keys=True))

@@ -29,6 +29,7 @@ from statelog.checkpoint.publish import CheckpointPublisher
 from statelog.checkpoint.root_lease import RootLease
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
 from statelog.errors import ConfigError, FencedError
+from statelog.following.standby import Takeover, stand_by_job
 from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
 from statelog.loop_metrics import LoopMetrics, job_label
 from statelog.materialization.adoption import MaterializationWatch
@@ -57,6 +58,7 @@ from statelog.store.local_copies import LocalCopyStore, with_local_copies
 
 log = logging.getLogger(__name__)
 
+
 def _check_arguments(
     metrics_port: Any, metrics_job: Any, writer_lease: bool, writer_lease_ttl_s: Any, writer_owner: Any
 ) -> int | None:
@@ -73,7 +75,11 @@ def _check_arguments(
 
 
 class StateJob:
-    """State storage of one job root, as seen from one process."""
+    """State storage of one job root, as seen from one process.
+
+    Size: the facade of the engine for one process (backends, the writer lease, checkpoints,
+    materializations, standby); each method delegates to the module that does the work.
+    """
 
     def __init__(
         self,
@@ -98,6 +104,7 @@ class StateJob:
         metrics_host: str = "127.0.0.1",
         metrics_job: str | None = None,
         local_copies: bool | str | Mapping[str, Any] | None = None,
+        standby: bool = False,
     ) -> None:
         metrics_port = _check_arguments(metrics_port, metrics_job, writer_lease, writer_lease_ttl_s, writer_owner)
         self.state_store = check_state_store("state_store", state_store)
@@ -140,6 +147,8 @@ class StateJob:
         self._writer: ChangelogWriter | None = None
         self._materializations = MaterializationWatch(self.store, log)
         self.materialization_poll_s = 1.0  # how often checkpoint() lists newer materializations
+        self.takeover: Takeover | None = None  # standby=True: what it took over (statelog/following/standby.py)
+        self.takeover = stand_by_job(self, store_options) if standby else None
 
     def __repr__(self) -> str:
         # the store's repr hides credentials (statelog.store.options); nothing else here is secret
@@ -216,6 +225,11 @@ class StateJob:
         meta = self.resolve_checkpoint(restore)
         lazy = self.on_demand_restore if on_demand is None else on_demand
         restored, loader = None, None
+        taken = self.takeover.take(self.store, self.writer, self._materializations.manifests, operator_uid, parallelism,
+                                   meta, disk, clock) if self.takeover is not None and changelog else None
+        if taken is not None:  # a standby's replica (statelog/following/standby.py): nothing is read
+            self._backends.append(taken)
+            return taken
         if meta is not None:
             restored, loader = start_restore(
                 self.store, meta, operator_uid, kgr, self._materializations.manifests, on_demand=lazy, disk=disk,
@@ -363,6 +377,8 @@ class StateJob:
                 self._writer = None
         finally:
             self._checkpoints.history.close()  # its waiting entries, under the lease (never raises)
+            if self.takeover is not None:
+                self.takeover.close()
             if self._lease is not None:
                 self._lease.release()  # a successor may start at once
             self.store.close()

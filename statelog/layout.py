@@ -58,6 +58,7 @@ __all__ = [
     "STATE_DUMP_PREFIX",
     "WRITER_LEASE_PREFIX",
     "HISTORY_PREFIX",
+    "FOLLOWER_LEASE_PREFIX",
     "MATERIALIZER_STATUS_PREFIX",
     "ObjectKey",
     "ObjectKind",
@@ -70,6 +71,7 @@ __all__ = [
     "lease_generation_key",
     "lease_released_key",
     "lease_renewal_key",
+    "follower_lease_key",
     "materializer_status_key",
     "manifest_key",
     "new_materialization_id",
@@ -80,6 +82,7 @@ __all__ = [
     "parse_key",
     "parse_lease_name",
     "parse_manifest_key",
+    "parse_follower_lease_key",
     "parse_materializer_status_key",
     "parse_savepoint_manifest_key",
     "parse_savepoint_metadata_key",
@@ -110,6 +113,7 @@ INFLIGHT_PREFIX = "runtime/inflight/"
 STATE_DUMP_PREFIX = "full-snapshots/"  # state dumps of the benchmarks (bench/baselines/)
 HISTORY_PREFIX = "history/checkpoints/"
 MATERIALIZER_STATUS_PREFIX = "materializer/status/"
+FOLLOWER_LEASE_PREFIX = "followers/"
 
 _MID = r"m-\d{12,}-\d{6,}-[0-9a-f]{8}"
 _SAVEPOINT_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
@@ -131,6 +135,7 @@ _STATE_DUMP_RE = re.compile(r"^full-snapshots/(.+)/(\d{5,})/(\d{12,})\.snapshot$
 _BENCH_DUMP_RE = re.compile(r"^full-snapshots/([^/]+)\.snapshot$")
 _HISTORY_RE = re.compile(r"^history/checkpoints/seg-(\d{12,})-(\d{5,})\.jsonl$")
 _STATUS_RE = re.compile(r"^materializer/status/([0-9a-f]{8})-(\d{13,})\.json$")
+_FOLLOWER_RE = re.compile(r"^followers/(f-[0-9a-f]{16})/(\d{12,})\.json$")
 
 
 class ObjectKind(enum.Enum):
@@ -149,6 +154,7 @@ class ObjectKind(enum.Enum):
     STATE_DUMP = "state dump"
     HISTORY = "checkpoint history segment"
     MATERIALIZER_STATUS = "materializer status"
+    FOLLOWER_LEASE = "follower lease"
 
 
 @dataclass(frozen=True)
@@ -374,6 +380,18 @@ def parse_materializer_status_key(key: str) -> tuple[str, int] | None:
     return (m.group(1), int(m.group(2))) if m else None
 
 
+def follower_lease_key(follower_id: str, n: int) -> str:
+    """The ``n``-th write of the lease of follower ``follower_id`` (``f-<16 hex>``): the
+    checkpoints it pins (objects are write-once: each write has its own key)."""
+    return f"{FOLLOWER_LEASE_PREFIX}{follower_id}/{n:012d}.json"
+
+
+def parse_follower_lease_key(key: str) -> tuple[str, int] | None:
+    """``(follower id, n)`` of a follower lease's key, ``None`` for any other key."""
+    m = _FOLLOWER_RE.match(key)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def is_materializer_status_key(key: str) -> bool:
     return _STATUS_RE.match(key) is not None
 
@@ -426,6 +444,8 @@ def parse_key(key: str) -> ObjectKey | None:
                          subtask=int(m.group(4)))
     if (seg := parse_history_segment_key(key)) is not None:
         return ObjectKey(ObjectKind.HISTORY, key, segment_no=seg[0], entries=seg[1])
+    if (follower := parse_follower_lease_key(key)) is not None:
+        return ObjectKey(ObjectKind.FOLLOWER_LEASE, key, file=follower[0], segment=follower[1])
     if m := _STATUS_RE.match(key):
         return ObjectKey(ObjectKind.MATERIALIZER_STATUS, key, file=f"{m.group(1)}-{m.group(2)}")
     if head == "full-snapshots":

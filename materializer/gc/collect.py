@@ -15,6 +15,7 @@ from materializer.gc.plan import plan_deletions
 from materializer.gc.report import GcReport
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.errors import ConfigError
+from statelog.following.pin import live_pins
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -57,15 +58,22 @@ def collect_garbage(
     mode = "dry run: " if dry_run else ""
     errors: list[str] = []
 
-    # 1. retention: checkpoint metadata first, oldest first
+    # 1. retention: checkpoint metadata first, oldest first; never a checkpoint a live follower
+    # pins (its lease below followers/: statelog/following/pin.py)
     ids = catalog.checkpoint_ids()
-    doomed = ids[:-retain_checkpoints] if retain_checkpoints is not None else []
+    pins, pin_errors = live_pins(store, now)
+    errors.extend(pin_errors)
+    pinned = {c for pin in pins for c in pin.checkpoint_ids}
+    doomed = [c for c in ids[:-retain_checkpoints] if c not in pinned] if retain_checkpoints is not None else []
     deleted_cids = delete_checkpoints(catalog, doomed, dry_run, errors)
     # one that could not be deleted still exists: keep what it references
-    retained = sorted(ids[len(doomed):] + [c for c in doomed if c not in deleted_cids])
+    retained = [c for c in ids if c not in set(deleted_cids)]
     if deleted_cids:
         log.info("%sretention: deleted checkpoint metadata %s (keeping the newest %d)",
                  mode, deleted_cids, retain_checkpoints)
+    kept_for = sorted(pinned & set(ids[:-retain_checkpoints] if retain_checkpoints is not None else ()))
+    if kept_for:
+        log.info("%sretention: kept checkpoint(s) %s that %d live follower(s) pin", mode, kept_for, len(pins))
 
     # 2.-4. what is live, what is protected, what may go
     plan = plan_deletions(store, catalog, retained, deleted_cids, cutoff, mode)

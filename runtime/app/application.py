@@ -59,7 +59,9 @@ class Application:
     :class:`~statelog.job.StateJob` (the application closes it when it stops). The options are
     :class:`~runtime.app.options.ApplicationOptions`, as keyword arguments or as ``options``.
     The constructor restores the state and the offsets, so a bad topic or a held writer lease
-    fails here; if :meth:`run` is never called, call :meth:`close` (or use ``with``).
+    fails here; if :meth:`run` is never called, call :meth:`close` (or use ``with``). With
+    ``standby=True`` the constructor first follows the root until its writer lease is free, then
+    continues from the replica without a restore (``docs/follow.md``, "Hot standby").
     """
 
     def __init__(
@@ -72,9 +74,9 @@ class Application:
             raise ConfigError(f"Application needs a job root URL or a StateJob, got {type(root).__name__}")
         given = options if isinstance(options, Mapping) else kwargs
         if isinstance(root, StateJob) and (self.options.open_options or self.options.metrics_port is not None
-                                           or "local_copies" in given):
-            raise ConfigError("open_options, local_copies and metrics_port apply when the Application opens the root; pass "
-                              "them to statelog.open yourself when you give it a StateJob")
+                                           or "local_copies" in given or self.options.standby):
+            raise ConfigError("open_options, local_copies, metrics_port and standby apply when the Application opens "
+                              "the root; pass them to statelog.open yourself when you give it a StateJob")
         self.records = 0  # records given to the user's function
         self.checkpoints = 0  # checkpoints taken by this application (the final one included)
         self.last_checkpoint: CheckpointMetadata | None = None
@@ -86,7 +88,8 @@ class Application:
             self.job = root
         else:
             self.job = statelog.open(root, **(opts.open_options or {}), metrics_port=opts.metrics_port,
-                                     metrics_host=opts.metrics_host, local_copies=opts.local_copies)
+                                     metrics_host=opts.metrics_host, local_copies=opts.local_copies,
+                                     standby=opts.standby)
         try:
             restored = self.job.resolve_checkpoint(opts.restore)
             self.restored_from = restored

@@ -176,6 +176,8 @@ class ApplicationOptions(Options):
                                       "None: off); the address is app.job.metrics.url", check_port,
                                       none_ok=True)
     metrics_host: str = option("127.0.0.1", "the address the metrics server listens on", _check_host)
+    standby: bool = option(False, "a hot standby: follow the root until its writer lease is free, then take "
+                           "over from the replica without a restore (docs/follow.md)", check_bool)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -194,6 +196,8 @@ class ApplicationOptions(Options):
             raise ConfigError("set metrics_port and metrics_host as options of the Application, not in open_options")
         if self.open_options and "local_copies" in self.open_options:
             raise ConfigError("set local_copies as an option of the Application, not in open_options")
+        if self.open_options and "standby" in self.open_options:
+            raise ConfigError("set standby as an option of the Application, not in open_options")
         for topic in self.partitions or {}:
             if topic not in self.topics:
                 raise ConfigError(f"{self.label('partitions')} names topic {topic!r}, which is not in "

@@ -26,11 +26,13 @@ class RootLease:
     """
 
     def __init__(
-        self, store: ObjectStore, ttl_s: float, owner: str | None, on_fenced: Callable[[FencedError], None]
+        self, store: ObjectStore, ttl_s: float, owner: str | None, on_fenced: Callable[[FencedError], None],
+        poll_s: float | None = None,
     ) -> None:
         self._store = store  # the unfenced store: the lease's own objects
         self._ttl_s = ttl_s
         self._owner = owner
+        self.poll_s = poll_s  # how often a contender lists the lease while it observes a holder
         self._callbacks: list[Callable[[FencedError], None]] = [on_fenced]
         self.lease: WriterLease | None = None
 
@@ -41,7 +43,7 @@ class RootLease:
         :class:`LeaseLostError` once it was lost.
         """
         if self.lease is None:
-            lease = WriterLease(self._store, ttl_s=self._ttl_s, owner=self._owner)
+            lease = WriterLease(self._store, ttl_s=self._ttl_s, owner=self._owner, poll_s=self.poll_s)
             lease.acquire()
             self.lease = lease
             for cb in self._callbacks:

@@ -30,6 +30,7 @@ from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError, CorruptionError, StatelogError, StateNotFoundError
 from statelog.following.flushed import read_flushed
 from statelog.following.newest import newer_checkpoint
+from statelog.following.pin import DEFAULT_PIN_TTL_S, FollowerPin, check_pin_ttl
 from statelog.following.position import Consistency, FollowPosition, Read, check_consistency
 from statelog.following.replica import OperatorReplica, Prepared, ReplicaOptions
 from statelog.materialization.manifest import Manifest
@@ -85,6 +86,7 @@ class Follower:
         state_dir: str | None = None,
         on_demand: bool = True,
         clock: Callable[[], int] | None = None,
+        pin_ttl_s: float | None = DEFAULT_PIN_TTL_S,
     ) -> None:
         self.consistency = check_consistency(consistency)
         if poll_s is not None and (not isinstance(poll_s, int | float) or not poll_s > 0):
@@ -102,6 +104,7 @@ class Follower:
             self._store.close()
             raise
         self.root = self._store.url
+        self._pin = FollowerPin(self._store, check_pin_ttl(pin_ttl_s))  # what GC keeps for it (pin.py)
         self._job_id, self._max_parallelism = info.job_id, info.max_parallelism
         self._replicas: dict[str, OperatorReplica] = {}
         self._manifests: dict[str, Manifest] = {}
@@ -222,20 +225,26 @@ class Follower:
         with self._poll_lock:
             if self._stop.is_set():
                 raise StatelogError("this follower is closed")
-            at = None if self._meta is None else self._meta.checkpoint_id
-            self._latest_id, latest = newer_checkpoint(
-                self._catalog, at, job_id=self._job_id, max_parallelism=self._max_parallelism
-            )  # fmt: skip
-            if latest is not None:
-                self._advance(latest)
-            try:
-                if self.consistency is Consistency.FLUSHED and self._meta is not None:
-                    self._apply_flushed(self._meta)
-            finally:
-                self._reader.trim(FOOTERS_KEPT)
+            self._poll_once()
         with self._moved:
             self._moved.notify_all()
         return self.position
+
+    def _poll_once(self) -> None:  # one poll's work, under the poll lock
+        at = None if self._meta is None else self._meta.checkpoint_id
+        self._latest_id, latest = newer_checkpoint(
+            self._catalog, at, job_id=self._job_id, max_parallelism=self._max_parallelism
+        )  # fmt: skip
+        if latest is not None:
+            self._pin.pin(latest.checkpoint_id, *(() if at is None else (at,)))
+            self._advance(latest)
+            self._pin.pin(latest.checkpoint_id)
+        self._pin.renew()
+        try:
+            if self.consistency is Consistency.FLUSHED and self._meta is not None:
+                self._apply_flushed(self._meta)
+        finally:
+            self._reader.trim(FOOTERS_KEPT)
 
     def _followed(self, meta: CheckpointMetadata) -> list[str]:
         return sorted(uid for uid in meta.operators if self._only is None or uid in self._only)
@@ -351,6 +360,7 @@ class Follower:
             for rep in self._replicas.values():
                 rep.close()
             self._replicas.clear()
+        self._pin.release()
         self._store.close()
 
     def __enter__(self) -> Follower:
@@ -366,5 +376,7 @@ def follow(root: str, **kwargs: Any) -> Follower:
     ``operators`` (uids, or uid -> descriptors to read with), ``consistency``
     (``"checkpoint"`` or ``"flushed"``), ``state_store`` (``"memory"`` or ``"disk"``, with
     ``state_memory`` and ``state_dir``), ``store_options``, ``poll_s`` (``None``: no
-    background thread, call :meth:`Follower.poll`), ``on_demand`` and ``clock`` (TTL, ms)."""
+    background thread, call :meth:`Follower.poll`), ``on_demand``, ``clock`` (TTL, ms) and
+    ``pin_ttl_s`` (the ttl of its lease, which pins the checkpoints it needs against GC;
+    ``None``: no lease; docs/follow.md, "Followers and GC")."""
     return Follower(root, **kwargs)

@@ -35,6 +35,7 @@ from statelog.restore.ondemand.loader import KeyGroupLoader
 from statelog.state.context import NO_KEY, KeyContext
 from statelog.state.keyed import KeyedState
 from statelog.state.kinds import STATE_CLASSES
+from statelog.state.rebind import rebind
 from statelog.state.snapshot import CheckpointBase, PendingSnapshot
 from statelog.state.tables import MemoryWorkingSet, WorkingSet
 from statelog.state.timers import TIMER_INFOS, TimerService
@@ -91,6 +92,9 @@ class KeyedStateBackend:
         self._stream_prefix = stream_prefix or f"{operator_uid}.{subtask}.{uuid.uuid4().hex[:12]}"
         self._streams: dict[str, ChangelogStream] = {}
         self._states: dict[str, KeyedState] = {}
+        # states registered with a descriptor made from the stored state (a follower's replica
+        # that became this writer: statelog.following.promote); get_state may give each its own once
+        self.rebindable: set[str] = set()
         self.key_context = KeyContext(operator_uid, clock or wall_clock_ms, writer is not None)
         # the store of the states' entries: Python dicts unless given (the disk-backed working
         # set of state_store="disk"); its key cache is this backend's
@@ -211,6 +215,9 @@ class KeyedStateBackend:
         """Create (or return the existing) state for ``descriptor``; restored state is replayed."""
         existing = self._states.get(descriptor.name)
         if existing is not None:
+            if descriptor.name in self.rebindable and existing.descriptor != descriptor:
+                rebind(existing, descriptor, existing._stream)
+            self.rebindable.discard(descriptor.name)
             if existing.descriptor != descriptor:
                 raise ConfigError(
                     f"state {descriptor.name!r} of operator {self.operator_uid!r} is already registered "

@@ -41,6 +41,7 @@ KEYS = 40
 EVERY = 100  # records per checkpoint
 RATE = 800  # records/s of a worker that will be killed
 KILLS = 22
+STANDBY_KILLS = 4  # writer kills with a hot standby in place
 
 Record = tuple[int, int, str, int]  # partition, offset, key, value
 
@@ -48,7 +49,8 @@ Record = tuple[int, int, str, int]  # partition, offset, key, value
 class Worker:
     """``python -m tests.support.kafka.consumer_loop_worker``; its stdout lines arrive on a queue."""
 
-    def __init__(self, broker: KafkaBroker, topic: str, root: str, *, finish: bool = False) -> None:
+    def __init__(self, broker: KafkaBroker, topic: str, root: str, *, finish: bool = False,
+                 standby: bool = False) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT), env.get("PYTHONPATH")) if p)
         args = [broker.bootstrap_servers, topic, root, str(EVERY), "0" if finish else str(RATE)]
@@ -59,6 +61,7 @@ class Worker:
                 "tests.support.kafka.consumer_loop_worker",
                 *args,
                 *(["--finish"] if finish else []),
+                *(["--standby"] if standby else []),
             ],
             cwd=PROJECT,
             env=env,
@@ -184,20 +187,13 @@ def run_loop(broker: KafkaBroker, topic: str, root: str, seed: int) -> LoopStats
     return stats
 
 
-@pytest.mark.slow
-def test_consumer_loop_sigkill(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
-    topic = kafka_broker.create_topic(partitions=PARTITIONS)
-    records = produce(kafka_broker, topic, seed=1616)
-    ends = {p: 1 + max(o for q, o, _, _ in records if q == p) for p in range(PARTITIONS)}
-    root = (tmp_path / "root").as_uri()
-    stats = run_loop(kafka_broker, topic, root, seed=20261125)
-    logger.info("consumer loop: %s", stats)
-    assert stats.kills >= 20
-    assert stats.kills_after_progress >= 10, stats
+def check_checkpoints(root: str, topic: str, records: list[Record], ends: dict[int, int], at_least: int) -> None:
+    """Every completed checkpoint's state is the fold of exactly the records before its offsets,
+    which only grow, and the last one read everything."""
     t_check = time.monotonic()
     with statelog.open(root, writer_lease=False) as job:
         ids = job.catalog.checkpoint_ids()
-        assert len(ids) >= 40, ids
+        assert len(ids) >= at_least, ids
         previous: dict[int, int] = {}
         for cid in ids:
             meta = job.load_checkpoint(cid)
@@ -209,7 +205,53 @@ def test_consumer_loop_sigkill(kafka_broker: KafkaBroker, tmp_path: Path) -> Non
             previous = offsets
         assert previous == ends  # the last one read everything
     logger.info("%d checkpoints checked in %.1fs", len(ids), time.monotonic() - t_check)
+
+
+@pytest.mark.slow
+def test_consumer_loop_sigkill(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    topic = kafka_broker.create_topic(partitions=PARTITIONS)
+    records = produce(kafka_broker, topic, seed=1616)
+    ends = {p: 1 + max(o for q, o, _, _ in records if q == p) for p in range(PARTITIONS)}
+    root = (tmp_path / "root").as_uri()
+    stats = run_loop(kafka_broker, topic, root, seed=20261125)
+    logger.info("consumer loop: %s", stats)
+    assert stats.kills >= 20
+    assert stats.kills_after_progress >= 10, stats
+    check_checkpoints(root, topic, records, ends, at_least=40)
     assert max(stats.restored_from) > 0, stats
+
+
+def test_consumer_loop_sigkill_with_a_hot_standby(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+    """The writer is SIGKILLed with a standby in place, a few times: each standby takes over from
+    its replica (no restore) at the newest checkpoint and goes on; every checkpoint, those
+    taken after each takeover included, holds exactly the records before its offsets."""
+    topic = kafka_broker.create_topic(partitions=PARTITIONS)
+    records = produce(kafka_broker, topic, seed=1717)
+    ends = {p: 1 + max(o for q, o, _, _ in records if q == p) for p in range(PARTITIONS)}
+    root = (tmp_path / "root").as_uri()
+    rng = random.Random(20261128)
+    writer = Worker(kafka_broker, topic, root)
+    writer.expect("READY")
+    took_over = []
+    for _ in range(STANDBY_KILLS):
+        standby = Worker(kafka_broker, topic, root, standby=True)
+        standby.expect("STANDBY")
+        time.sleep(rng.uniform(0.8, 1.5))  # the writer checkpoints, the standby follows
+        assert standby.proc.poll() is None and writer.proc.poll() is None
+        writer.kill()
+        announced = max(writer.checkpoints, default=0)
+        _, cid, replica = standby.expect("TOOK_OVER")
+        assert replica == "1", "the standby restored instead of continuing from its replica"
+        assert int(cid) >= announced  # the newest checkpoint, not an older one it had followed
+        standby.expect("READY")
+        took_over.append(int(cid))
+        writer = standby
+    writer.kill()
+    final = Worker(kafka_broker, topic, root, finish=True)
+    final.expect("DONE", timeout=120)
+    assert final.proc.wait(30) == 0
+    assert len(took_over) == STANDBY_KILLS and max(took_over) > 0, took_over
+    check_checkpoints(root, topic, records, ends, at_least=STANDBY_KILLS)
 
 
 def test_second_consumer_loop_on_the_root_is_refused(

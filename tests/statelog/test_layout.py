@@ -61,6 +61,9 @@ def rebuilt(p: ObjectKey) -> str:
         return layout.history_segment_key(p.segment_no, p.entries)
     if k is ObjectKind.MATERIALIZER_STATUS:  # named by a hash of the daemon's owner name
         return f"{layout.MATERIALIZER_STATUS_PREFIX}{p.file}.json"
+    if k is ObjectKind.FOLLOWER_LEASE:
+        assert p.file is not None and p.segment is not None
+        return layout.follower_lease_key(p.file, p.segment)
     if k is ObjectKind.LEASE:
         assert p.lease is not None and p.generation is not None
         if p.lease_object == "acquire":
@@ -120,7 +123,9 @@ def test_every_key_under_a_used_root_parses_and_rebuilds(file_root: RootSpec, tm
         report = collect_garbage(job.store, retain_checkpoints=2, grace_s=0.0)
         assert report.ok and report.checkpoints_deleted
 
+    follower = statelog.follow(file_root.url, poll_s=None)  # its lease, below followers/
     keys = keys_of(file_root)
+    follower.close()
     unknown = sorted(k for k in keys if parse_key(k) is None)
     assert not unknown, f"objects the layout module does not know: {unknown}"
     parsed = {k: parse_key(k) for k in keys}
@@ -147,6 +152,7 @@ def test_builders_and_parsers_are_inverse() -> None:
     assert layout.parse_savepoint_manifest_key(layout.savepoint_manifest_key("nightly")) == "nightly"
     assert layout.parse_savepoint_manifest_key(layout.savepoint_metadata_key("nightly")) is None
     assert layout.parse_inflight_key(layout.inflight_key(3, "4.1")) == (3, "4.1")
+    assert layout.parse_follower_lease_key(layout.follower_lease_key("f-0123456789abcdef", 7)) == ("f-0123456789abcdef", 7)
     assert layout.parse_state_dump_key(layout.state_dump_key("a/b", 1, 9)) == ("a/b", 1, 9)
     for what, key in (("acquire", layout.lease_generation_key("x/", 2)), ("renew", layout.lease_renewal_key("x/", 2, 5)),
                       ("released", layout.lease_released_key("x/", 2))):
@@ -218,5 +224,5 @@ def test_the_format_doc_lists_every_key_pattern_with_the_layout_functions() -> N
     names = {n for r in rows for cell in r.split("|")[3:5] for n in re.findall(r"`([A-Za-z_]+)", cell)}
     assert names and all(hasattr(layout, n) for n in names), sorted(n for n in names if not hasattr(layout, n))
     # one row per key pattern: every parser of the module is named
-    assert len(rows) == 15
+    assert len(rows) == 16
     assert {n for n in layout.__all__ if n.startswith("parse_")} <= names

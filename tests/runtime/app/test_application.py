@@ -246,3 +246,28 @@ def test_metrics_port_is_refused_with_an_open_job(kafka_broker, file_root) -> No
         Application(job, topics="t", kafka=kafka_broker.config(), local_copies=False)
     with pytest.raises(ConfigError, match="local_copies as an option of the Application"):
         Application(file_root.url, topics="t", kafka=kafka_broker.config(), open_options={"local_copies": False})
+
+
+def test_a_standby_application_takes_over_from_its_replica(kafka_broker, file_root) -> None:
+    topic = kafka_broker.create_topic(partitions=2)
+    first = produce_keys(kafka_broker, topic, 500)
+    app = make_app(kafka_broker, file_root.url, topic, checkpoint_every=100)
+    made: list[Application] = []
+    standby = threading.Thread(target=lambda: made.append(make_app(kafka_broker, file_root.url, topic,
+                                                                   checkpoint_every=100, standby=True)))
+    standby.start()  # follows the root while the first application holds it
+    final = app.run(stop_after(app, 500))  # the final checkpoint, then the lease is released
+    standby.join(60)
+    assert made, "the standby application did not take over"
+    app2 = made[0]
+    assert app2.restored_from.checkpoint_id == final.checkpoint_id
+    assert app2.backend.restore_stats.get("standby") is True  # its replica, not a restore
+    assert app2.start_offsets == {topic: final.sources[topic]}
+    second = produce_keys(kafka_broker, topic, 300, first=500)
+    app2.run(stop_after(app2, 300))
+    assert counts_at(file_root.url, UID) == dict(Counter(k for _, _, k in first + second))
+
+
+def test_standby_is_an_option_of_the_application_not_of_open_options(kafka_broker, file_root) -> None:
+    with pytest.raises(ConfigError, match="set standby as an option of the Application"):
+        make_app(kafka_broker, file_root.url, "t", open_options={"standby": True})

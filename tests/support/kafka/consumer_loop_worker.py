@@ -1,13 +1,18 @@
 """A user's own Kafka consumer loop with statelog state, for the consumer-loop crash test.
 
-Run as ``python -m tests.support.kafka.consumer_loop_worker BOOTSTRAP TOPIC ROOT EVERY RATE [--finish]``.
+Run as ``python -m tests.support.kafka.consumer_loop_worker BOOTSTRAP TOPIC ROOT EVERY RATE [--finish] [--standby]``.
 It opens the job root, restores the latest checkpoint (state and Kafka offsets, through
 :class:`statelog.kafka.KafkaOffsets`), then for every record adds 1 to ``count`` and the
 record's integer value to ``total`` of the record's key, and checkpoints every ``EVERY``
 records with the consumer's positions. ``RATE`` caps records per second (0: no cap), so that
 a test can kill it in the middle. Without ``--finish`` it runs until killed (idling once it
 has read everything); with ``--finish`` it checkpoints and exits 0 once its positions reach
-the end of every partition. Lines on stdout (flushed)::
+the end of every partition. With ``--standby`` it opens the root as a hot standby
+(``statelog.open(root, standby=True)``): it follows the root until the writer lease is free,
+then continues from its replica. Lines on stdout (flushed)::
+
+    STANDBY                     (--standby) following, before the takeover
+    TOOK_OVER <checkpoint id or 0> <1: the backend is the replica, 0: restored>
 
     READY <restored checkpoint id or 0> <start offsets as JSON>
     CHECKPOINT <id> <offsets as JSON>
@@ -48,13 +53,16 @@ def _offsets_json(positions: dict[str, dict[int, int]]) -> str:
 
 def main(argv: list[str]) -> int:
     bootstrap, topic, root, every, rate = argv[:5]
-    finish = "--finish" in argv[5:]
+    finish, standby = "--finish" in argv[5:], "--standby" in argv[5:]
     every_n, max_rate = int(every), float(rate)
+    if standby:
+        say("STANDBY")
     job = statelog.open(
         root,
         retain_checkpoints=10_000,
         writer_lease_ttl_s=WRITER_LEASE_TTL_S,
         writer_owner="kafka-loop",
+        standby=standby,
     )
     consumer = Consumer(
         {
@@ -72,6 +80,8 @@ def main(argv: list[str]) -> int:
             say("REFUSED", str(exc).replace("\n", " "))
             return 3
         count, total = backend.get_state(COUNT), backend.get_state(TOTAL)
+        if standby:
+            say("TOOK_OVER", last.checkpoint_id if last else 0, int(backend.restore_stats.get("standby", False)))
         offsets = KafkaOffsets(consumer, [topic])
         start = offsets.restore(last)
         say("READY", last.checkpoint_id if last else 0, _offsets_json(start))
