@@ -15,6 +15,7 @@ BENCHMARKS = {
     "backend": "bench.backend",
     "backpressure": "bench.backpressure",
     "follow": "bench.follow",
+    "follow_lookups": "bench.follow_lookups",
     "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
     "large": "bench.large",

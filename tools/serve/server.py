@@ -82,6 +82,7 @@ class Handler(BaseHTTPRequestHandler):
     server: StateServer
     server_version = "statelog-serve"
     protocol_version = "HTTP/1.1"  # keep-alive: a client's lookups reuse its connection
+    disable_nagle_algorithm = True  # (headers and body are two writes: no wait for the delayed ACK)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)

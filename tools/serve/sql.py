@@ -86,6 +86,7 @@ class ReplicaSQL:
         self._cache_lock = threading.Lock()
         self._version: tuple[int | None, int] | None = None
         self._cache: dict[str, pa.Table] = {}
+        self._db: duckdb.DuckDBPyConnection | None = None
 
     def _tables(self, query: str) -> tuple[dict[str, pa.Table], int | None, int]:
         def build(meta: CheckpointMetadata | None, replicas: dict[str, OperatorReplica],
@@ -112,17 +113,19 @@ class ReplicaSQL:
             check_read_only(query)
         except ConfigError as e:
             raise SQLError(HTTPStatus.BAD_REQUEST, str(e).replace("statelog sql", "SQL over statelog serve")) from None
-        probe = duckdb.connect(":memory:")
+        with self._cache_lock:
+            if self._db is None:  # one locked in-memory database; a cursor (connection) per query
+                self._db = connect(_Tables({}), [])  # type: ignore[arg-type]  # (any object with table(name))
+            con = self._db.cursor()
         try:
-            check_statement(probe, query)
-        except StatelogError as e:
-            raise SQLError(HTTPStatus.BAD_REQUEST, str(e).replace("statelog sql", "SQL over statelog serve")) from None
-        finally:
-            probe.close()
-        tables, checkpoint_id, ahead = self._tables(query)
-        con = connect(_Tables(tables), list(tables))  # type: ignore[arg-type]  # (any object with table(name))
-        try:
-            reader = con.execute(query).to_arrow_reader(min(max_rows + 1, 1 << 20))
+            try:
+                check_statement(con, query)
+            except StatelogError as e:
+                raise SQLError(HTTPStatus.BAD_REQUEST, str(e).replace("statelog sql", "SQL over statelog serve")) from None
+            tables, checkpoint_id, ahead = self._tables(query)
+            for name, table in tables.items():
+                con.register(name, table)
+            reader = con.sql(query).to_arrow_reader(min(max_rows + 1, 1 << 20))
             batches, rows = [], 0
             for batch in reader:
                 batches.append(batch)
@@ -132,8 +135,8 @@ class ReplicaSQL:
             table = pa.Table.from_batches(batches, schema=reader.schema)
         except duckdb.CatalogException as e:
             m = re.search(r"Table with name (.+?) does not exist", str(e))
-            known = ", ".join(sorted(tables)) if tables else "none named"
-            detail = f"no view {m.group(1)!r}; the views are named <operator>__<state> (this query names: {known})" if m else error_line(e)
+            detail = (f"no view {m.group(1)!r}; the views are named <operator>__<state> "
+                      "(as statelog sql names them)") if m else error_line(e)  # fmt: skip
             raise SQLError(HTTPStatus.BAD_REQUEST, detail) from None
         except duckdb.Error as e:
             raise SQLError(HTTPStatus.BAD_REQUEST, error_line(e)) from None
