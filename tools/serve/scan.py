@@ -17,8 +17,11 @@ again, so the pages of one scan are all of one state.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs
@@ -108,26 +111,37 @@ class ScanRequest:
         return accept
 
 
-def _entries(rep: OperatorReplica, state: str, accept: Callable[[Any, Any], bool], skip: int,
-             limit: int) -> tuple[list[tuple[Any, Any, Any]], bool]:
-    """After the first ``skip`` entries ``accept(key, namespace)`` takes, at most ``limit`` more
-    as ``(key, namespace, value)`` (values as a lookup returns them), and whether none is left."""
+def _accepted(rep: OperatorReplica, state: str, accept: Callable[[Any, Any], bool]) -> Iterator[tuple[Any, Any]]:
     rep.check_state(state)
-    seen: set[tuple[Any, Any]] = set()
-    out: list[tuple[Any, Any, Any]] = []
-    for key, ns, _ in rep.backend.entries(state):
-        if (key, ns) in seen or not accept(key, ns):
-            continue  # (a map state yields a key once per map entry)
-        seen.add((key, ns))
-        if len(seen) <= skip:
-            continue
-        if len(out) == limit:
-            return out, False
-        out.append((key, ns, rep.get(state, key, ns)))
-    return out, True
+    for key, ns, _ in rep.backend.entries(state):  # (one entry per key and namespace, every kind)
+        if accept(key, ns):
+            yield key, ns
 
 
-def scan_page(follower: Follower, operator: str, state: str, query: str) -> dict[str, Any]:
+class ScanCursors:
+    """Where the last ``SIZE`` scans stopped: the next page goes on from there instead of
+    walking the state from its start again, while the replica holds the same state (the same
+    checkpoint, flushed records and replica object); otherwise it walks from the start."""
+
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: OrderedDict[tuple[Any, ...], tuple[Any, int, Iterator[tuple[Any, Any]]]] = OrderedDict()
+
+    def take(self, where: tuple[Any, ...], rep: OperatorReplica, ahead: int) -> Iterator[tuple[Any, Any]] | None:
+        with self._lock:
+            held = self._open.pop(where, None)
+        return held[2] if held is not None and held[0] is rep and held[1] == ahead else None
+
+    def keep(self, where: tuple[Any, ...], rep: OperatorReplica, ahead: int, it: Iterator[tuple[Any, Any]]) -> None:
+        with self._lock:
+            self._open[where] = (rep, ahead, it)
+            while len(self._open) > self.SIZE:
+                self._open.popitem(last=False)
+
+
+def scan_page(follower: Follower, operator: str, state: str, query: str, cursors: ScanCursors) -> dict[str, Any]:
     """One page of a scan (see the module's doc)."""
     req = ScanRequest(query)
     max_parallelism = follower.backend(operator).max_parallelism
@@ -144,7 +158,20 @@ def scan_page(follower: Follower, operator: str, state: str, query: str) -> dict
                             f"{checkpoint_id}; start the scan again (without cursor)")
         if operator not in replicas:
             follower.backend(operator)  # raises the lookups' error (no checkpoint yet, unknown operator)
-        return Read(_entries(replicas[operator], state, accept, req.skip, req.limit), checkpoint_id, ahead)
+        rep = replicas[operator]
+        args = tuple(sorted((k, tuple(v)) for k, v in parse_qs(query, keep_blank_values=True).items() if k != "cursor"))
+        it = cursors.take((operator, state, args, checkpoint_id, req.skip), rep, ahead)
+        if it is None:
+            it = _accepted(rep, state, accept)
+            for _ in itertools.islice(it, req.skip):
+                pass
+        out = [(key, ns, rep.get(state, key, ns)) for key, ns in itertools.islice(it, req.limit)]
+        peek = next(it, None)
+        done = peek is None
+        if not done:
+            it = itertools.chain([peek], it)
+            cursors.keep((operator, state, args, checkpoint_id, req.skip + len(out)), rep, ahead, it)
+        return Read((out, done), checkpoint_id, ahead)
 
     read = follower.with_replicas(page)
     entries, done = read.value

@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from statelog.errors import ConfigError, SerializationError, StatelogError, StateNotFoundError
 from statelog.following.follower import Follower
 from statelog.following.json_values import KEY_EXPECTED, key_from_json, to_json
-from tools.serve.scan import ScanError, scan_page
+from tools.serve.scan import ScanCursors, ScanError, scan_page
 from tools.serve.sql import DEFAULT_MAX_ROWS, ReplicaSQL, SQLError, json_rows
 
 __all__ = ["MAX_BODY_BYTES", "make_server"]
@@ -150,7 +150,7 @@ class Handler(BaseHTTPRequestHandler):
             self._method(method, "GET")
             if len(parts) != 4 or not all(parts[2:]):
                 raise RequestError(HTTPStatus.BAD_REQUEST, f"expected /v1/scan/<operator>/<state>, got {url.path!r}")
-            return scan_page(self.server.follower, parts[2], parts[3], url.query)
+            return scan_page(self.server.follower, parts[2], parts[3], url.query, self.server.scans)
         if parts == ["v1", "sql"]:
             self._method(method, "POST")
             return self._sql(self._body())
@@ -227,6 +227,7 @@ class StateServer(ThreadingHTTPServer):
         self.follower = follower
         self.token = token.encode()
         self.sql = ReplicaSQL(follower)
+        self.scans = ScanCursors()
         super().__init__(address, Handler)
 
 

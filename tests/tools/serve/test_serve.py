@@ -251,6 +251,8 @@ def test_scans_by_key_range_and_key_group_page_by_page(file_root: RootSpec, tmp_
         pages = list(client.scan_pages(UID, "count", start=100, end=300, namespace=None, limit=64))
         assert [len(p.value) for p in pages] == [64, 64, 64, 8] and {p.checkpoint_id for p in pages} == {second}
         assert sorted((k, v) for p in pages for k, _, v in p.value) == [(k, k) for k in range(100, 300)]
+        status, out = http(url, f"v1/scan/op/count?from=100&to=300&namespace=null&limit=64&cursor={second}:64")
+        assert status == 200 and [k for k, _, _ in out["entries"]] == [k for k, _, _ in pages[1].value]  # a cursor used
         # every state kind, both namespaces, in a key group
         groups = {statelog.key_group_of(k, 16) for k in KEYS}
         for d in DESCRIPTORS:
