@@ -16,6 +16,7 @@ BENCHMARKS = {
     "bootstrap": "bench.bootstrap",
     "backpressure": "bench.backpressure",
     "follow": "bench.follow",
+    "follow_lookups": "bench.follow_lookups",
     "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
     "large": "bench.large",

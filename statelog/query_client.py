@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from statelog.errors import ConfigError, QueryError
-from statelog.following.json_values import from_json, to_json
+from statelog.following.json_values import from_json, key_from_json, to_json
 from statelog.following.position import Read
 
 __all__ = ["QueryClient", "query"]
+
+_ALL = object()  # a scan of every namespace
 
 
 class QueryClient:
@@ -86,6 +88,46 @@ class QueryClient:
     def get_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> list[Any]:
         """The values at each of ``keys`` (one request), in their order."""
         return list(self.read_many(operator, state, keys, namespace).value)
+
+
+    def scan_pages(self, operator: str, state: str, *, start: Any = None, end: Any = None, key_group: int | None = None,
+                   namespace: Any = _ALL, limit: int = 1000) -> Iterator[Read]:
+        """The entries of ``state`` of ``operator`` page by page (``limit`` entries a request):
+        keys ``start <= key < end`` (each bound optional), of ``key_group``, in ``namespace``
+        (default: every namespace). Each :class:`Read` holds a list of ``(key, namespace,
+        value)``; the pages are all of one checkpoint (``QueryError`` with status 409 when the
+        server moved on during the scan: scan again)."""
+        args: dict[str, str] = {"limit": str(limit)}
+        if start is not None:
+            args["from"] = json.dumps(to_json(start))
+        if end is not None:
+            args["to"] = json.dumps(to_json(end))
+        if key_group is not None:
+            args["key_group"] = str(key_group)
+        if namespace is not _ALL:
+            args["namespace"] = json.dumps(to_json(namespace))
+        path = f"v1/scan/{quote(operator, safe='')}/{quote(state, safe='')}?"
+        while True:
+            out = self._request(path + urlencode(args))
+            entries = [(key_from_json(k, "key"), key_from_json(ns, "namespace"), from_json(v)) for k, ns, v in out["entries"]]
+            yield Read(entries, out["checkpoint_id"], out["flushed_records"])
+            if out["next"] is None:
+                return
+            args["cursor"] = out["next"]
+
+    def scan(self, operator: str, state: str, **kwargs: Any) -> Iterator[tuple[Any, Any, Any]]:
+        """``(key, namespace, value)`` of the entries :meth:`scan_pages` returns, one by one."""
+        for page in self.scan_pages(operator, state, **kwargs):
+            yield from page.value
+
+    def sql(self, query: str, max_rows: int = 10_000) -> dict[str, Any]:
+        """A read-only query (one ``SELECT`` or ``WITH``) over the replica's views
+        ``<operator>__<state>``: ``{"columns", "rows", "truncated", "checkpoint_id",
+        "flushed_records"}`` with its first ``max_rows`` rows (cells decoded as values are:
+        bytes as bytes; timestamps as ISO 8601 strings)."""
+        out = dict(self._request("v1/sql", {"query": query, "max_rows": max_rows}))
+        out["rows"] = [[from_json(cell) for cell in row] for row in out["rows"]]
+        return out
 
 
 def query(url: str, token: str, timeout: float = 30.0) -> QueryClient:

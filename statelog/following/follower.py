@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog
@@ -43,6 +43,8 @@ from statelog.options.engine import (
 from statelog.state.backend import KeyedStateBackend
 from statelog.state.timers import Timer
 from statelog.store import open_store
+
+T = TypeVar("T")
 
 __all__ = ["Follower", "follow"]
 
@@ -199,6 +201,12 @@ class Follower:
         dict, a reducing state's value, an aggregating state's result (its accumulator when
         the descriptor was not given in ``operators``)."""
         return self.read(operator, state, key, namespace).value
+
+    def with_replicas(self, fn: Callable[[CheckpointMetadata | None, dict[str, OperatorReplica], int], T]) -> T:
+        """``fn(checkpoint, replicas by operator, flushed records beyond it)`` with the lock
+        held, so ``fn`` reads one state; it reads only and keeps no replica after returning."""
+        with self._lock:
+            return fn(self._meta, dict(self._replicas), self._ahead)
 
     def timers(self, operator: str, domain: str = "event") -> list[Timer]:
         """The pending timers of ``operator`` in ``domain`` (``"event"`` or ``"processing"``)."""

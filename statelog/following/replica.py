@@ -273,14 +273,19 @@ class OperatorReplica:
         ends = _stream_ends(meta, self.uid)
         return sum(max(0, done - ends.get(s, done)) for s, done in self.applied.items())
 
-    def get(self, name: str, key: Any, namespace: Any) -> Any:
-        """The value of state ``name`` at ``key`` and ``namespace`` (as the state kind's read
-        returns it: value, list, dict of a map; an aggregating state's result, or its
-        accumulator when its aggregate function is not known)."""
+    def check_state(self, name: str) -> StateInfo:
+        """The info of state ``name``; ``StateNotFoundError`` naming the states when there is none."""
         info = self.infos.get(name)
         if info is None:
             known = ", ".join(sorted(self.infos)) or "none"
             raise StateNotFoundError(f"operator {self.uid!r} has no state {name!r} (its states: {known})")
+        return info
+
+    def get(self, name: str, key: Any, namespace: Any) -> Any:
+        """The value of state ``name`` at ``key`` and ``namespace`` (as the state kind's read
+        returns it: value, list, dict of a map; an aggregating state's result, or its
+        accumulator when its aggregate function is not known)."""
+        info = self.check_state(name)
         state = self.states[name]
         self.backend.set_current_key(key)
         state.set_namespace(namespace)

@@ -7,14 +7,19 @@ Endpoints (docs/follow.md, "Serving it"), every one behind ``Authorization: Bear
   checkpoint it was read at (``{"value", "checkpoint_id", "flushed_records"}``);
 * ``POST /v1/lookup`` with ``{"operator", "state", "keys": [...], "namespace"?}``: the values
   of a batch of keys, all read from the same state (``{"values", "checkpoint_id",
-  "flushed_records"}``).
+  "flushed_records"}``);
+* ``GET /v1/scan/<operator>/<state>?[from=..&to=..][&key_group=N][&namespace=..][&limit=N][&cursor=C]``:
+  a page of the state's entries by key range or key group (:mod:`tools.serve.scan`);
+* ``POST /v1/sql`` with ``{"query": "SELECT ...", "max_rows"?: N}``: a read-only query over the
+  replica's views (:mod:`tools.serve.sql`): ``{"columns", "rows", "truncated", "checkpoint_id",
+  "flushed_records"}``.
 
 Values and keys are JSON as :mod:`statelog.following.json_values` encodes them. Every error
 is a JSON object ``{"error": message}`` with its status: 401 (a missing or wrong token, logged
 without the token), 400 (malformed path, key or body), 404 (unknown endpoint, operator or
-state), 405, 413 (body too large), 503 (nothing to read yet, or the store fails). The server
-runs a thread per request (:class:`http.server.ThreadingHTTPServer`); the follower's lock
-keeps each answer to one state.
+state), 405, 409 (a scan's cursor from another checkpoint), 413 (body too large), 503 (nothing to read yet, or the store fails). The server
+runs a thread per connection (:class:`http.server.ThreadingHTTPServer`, HTTP/1.1 keep-alive);
+the follower's lock keeps each answer to one state.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from statelog.errors import ConfigError, SerializationError, StatelogError, StateNotFoundError
 from statelog.following.follower import Follower
 from statelog.following.json_values import KEY_EXPECTED, key_from_json, to_json
+from tools.serve.scan import ScanCursors, ScanError, scan_page
+from tools.serve.sql import DEFAULT_MAX_ROWS, ReplicaSQL, SQLError, json_rows
 
 __all__ = ["MAX_BODY_BYTES", "make_server"]
 
 log = logging.getLogger("tools.serve")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-ENDPOINTS = "GET /v1/position, GET /v1/state/<operator>/<state>?key=<JSON>[&namespace=<JSON>], POST /v1/lookup"
+MAX_SQL_ROWS = 100_000
+ENDPOINTS = ("GET /v1/position, GET /v1/state/<operator>/<state>?key=<JSON>[&namespace=<JSON>], POST /v1/lookup, "
+             "GET /v1/scan/<operator>/<state>, POST /v1/sql")
 
 
 class RequestError(StatelogError):
@@ -72,12 +81,16 @@ class Handler(BaseHTTPRequestHandler):
 
     server: StateServer
     server_version = "statelog-serve"
+    protocol_version = "HTTP/1.1"  # keep-alive: a client's lookups reuse its connection
+    disable_nagle_algorithm = True  # (headers and body are two writes: no wait for the delayed ACK)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: HTTPStatus, body: Any) -> None:
         data = json.dumps(body, allow_nan=False).encode()
+        if status != HTTPStatus.OK:
+            self.close_connection = True  # (a refused request's body may be unread)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -103,7 +116,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             self._send(HTTPStatus.OK, self._route(method))
-        except RequestError as e:
+        except (RequestError, ScanError, SQLError) as e:
             self._send(e.status, {"error": str(e)})
         except StateNotFoundError as e:
             self._send(HTTPStatus.NOT_FOUND, {"error": str(e)})
@@ -133,6 +146,14 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError(HTTPStatus.BAD_REQUEST,
                                    f"expected /v1/state/<operator>/<state>?key=<JSON>, got {url.path!r}")
             return self._state(parts[2], parts[3], url.query)
+        if parts[:2] == ["v1", "scan"]:
+            self._method(method, "GET")
+            if len(parts) != 4 or not all(parts[2:]):
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"expected /v1/scan/<operator>/<state>, got {url.path!r}")
+            return scan_page(self.server.follower, parts[2], parts[3], url.query, self.server.scans)
+        if parts == ["v1", "sql"]:
+            self._method(method, "POST")
+            return self._sql(self._body())
         if parts == ["v1", "lookup"]:
             self._method(method, "POST")
             return self._lookup(self._body())
@@ -159,7 +180,7 @@ class Handler(BaseHTTPRequestHandler):
     def _body(self) -> Any:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
-            raise RequestError(HTTPStatus.BAD_REQUEST, "POST /v1/lookup expects a JSON body with a Content-Length")
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"POST {urlsplit(self.path).path} expects a JSON body with a Content-Length")
         if int(length) > MAX_BODY_BYTES:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"the body has {length} bytes, at most {MAX_BODY_BYTES} are read: send fewer keys per lookup")
@@ -169,6 +190,15 @@ class Handler(BaseHTTPRequestHandler):
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"the body is not JSON ({e}); expected "
                                '{"operator": ..., "state": ..., "keys": [...], "namespace": ...}') from None
+
+    def _sql(self, body: Any) -> Any:
+        expected = f'expected {{"query": "SELECT ...", "max_rows": <1..{MAX_SQL_ROWS}, default {DEFAULT_MAX_ROWS}>}}'
+        if not isinstance(body, dict) or not isinstance(body.get("query"), str) or set(body) - {"query", "max_rows"}:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"{expected}, got {json.dumps(body)[:120]}")
+        max_rows = body.get("max_rows", DEFAULT_MAX_ROWS)
+        if not isinstance(max_rows, int) or isinstance(max_rows, bool) or not 1 <= max_rows <= MAX_SQL_ROWS:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"max_rows: {expected}, got {max_rows!r}")
+        return json_rows(self.server.sql.run(body["query"], max_rows))
 
     def _lookup(self, body: Any) -> Any:
         expected = 'expected {"operator": "<uid>", "state": "<name>", "keys": [<JSON key>, ...], "namespace": <JSON>}'
@@ -196,6 +226,8 @@ class StateServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], follower: Follower, token: str) -> None:
         self.follower = follower
         self.token = token.encode()
+        self.sql = ReplicaSQL(follower)
+        self.scans = ScanCursors()
         super().__init__(address, Handler)
 
 
