@@ -73,7 +73,10 @@ def _check_operators(operators: Operators) -> tuple[set[str] | None, dict[str, d
 
 
 class Follower:
-    """A read-only replica of the keyed state of a job root (see :func:`follow`)."""
+    """A read-only replica of the keyed state of a job root (see :func:`follow`).
+
+    Size: its reads, its polls and its lease pin share one lock and one position; what a poll
+    does is in newest.py, flushed.py, replica.py and pin.py."""
 
     def __init__(
         self,
