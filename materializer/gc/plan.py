@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from materializer.gc.reachable import LiveSet, scan_live
 from materializer.gc.report import Counts, category
 from statelog.checkpoint.catalog import JobCatalog, savepoint_names
-from statelog.layout import CHANGELOG_PREFIX, MATERIALIZATIONS_PREFIX, SAVEPOINT_PREFIX, savepoint_metadata_key
+from statelog.layout import (
+    CHANGELOG_PREFIX,
+    MATERIALIZATIONS_PREFIX,
+    SAVEPOINT_PREFIX,
+    savepoint_metadata_key,
+)
 from statelog.store.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
