@@ -1,7 +1,8 @@
 """Which objects a GC run deletes: the live set, the candidates, the rescan (steps 2 to 4).
 
 :func:`plan_deletions` marks what the retained checkpoints, the savepoints and the recent
-materializations reach, lists the objects below ``changelog/`` and ``materializations/``,
+materializations reach, lists the objects below ``changelog/``, ``materializations/`` and the
+prefixes of unpublished savepoints,
 sorts them into kept (live), protected (recently superseded or younger than the grace period)
 and candidates, rescans the checkpoints published meanwhile, and keeps every candidate that
 unreadable metadata might reference. Nothing is deleted here (:mod:`materializer.gc.delete`).
@@ -111,7 +112,7 @@ def _unpublished_savepoints(
     the leftovers of a write that never published (or still runs). They go only all
     together, and only when the *newest* of them is older than the grace period: a writer
     in progress keeps the whole prefix protected by writing files or by refreshing its
-    in-progress marker (``savepoints/<name>/_writing.json``, docs/format.md).
+    in-progress marker (``savepoints/<name>/_writing-<n>.json``, docs/format.md).
     """
     groups: dict[str, list[ObjectInfo]] = {}
     for obj in store.list(SAVEPOINT_PREFIX):
