@@ -13,13 +13,17 @@ Rules (``docs/gc.md``):
 3. **Candidates**: objects below ``changelog/`` and ``materializations/`` that are not live
    and whose mtime is older than ``grace_s``. Younger ones are *protected by grace*: segments
    of running writers that no checkpoint references yet, and table files of a
-   materialization whose manifest is not written yet.
+   materialization whose manifest is not written yet. Also every object below
+   ``savepoints/<name>/`` of a savepoint without metadata (an unpublished write), all
+   together once the newest of them is older than ``grace_s``; a writer in progress keeps
+   them young with its files and its renewed in-progress marker
+   (:mod:`statelog.state_processor.progress`).
 4. **Rescan**: right before deleting, list the checkpoints (and the newest materialization)
    again; whatever a checkpoint published since the first scan references is removed from
-   the candidates.
+   the candidates, and so are the objects of a savepoint whose metadata appeared since.
 5. **Delete**: manifests first, then table files, then segments. Nothing else is ever
-   deleted: not ``job.json``, not the lease objects below ``materializer/``, nothing below
-   ``savepoints/`` (savepoints are removed only by ``delete_savepoint``).
+   deleted: not ``job.json``, not the lease objects below ``materializer/``, nothing of a
+   published savepoint (savepoints are removed only by ``delete_savepoint``).
 
 Why a crash never hurts: checkpoint metadata goes first, so a retained checkpoint never
 loses an object it references (the objects deleted afterwards are unreachable from every

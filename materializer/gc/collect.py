@@ -35,7 +35,8 @@ def collect_garbage(
 
     Deletes only objects below ``changelog/`` and ``materializations/`` that no retained
     checkpoint, savepoint or recent materialization reaches and whose mtime is older than
-    ``grace_s`` seconds before ``now`` (default: the current time). With ``dry_run`` nothing
+    ``grace_s`` seconds before ``now`` (default: the current time), and the objects of an
+    unpublished savepoint once the newest of them is that old. With ``dry_run`` nothing
     is deleted and the report says what would be. See :mod:`materializer.gc` for the rules.
     Errors reading metadata or deleting objects are reported (``GcReport.errors``) and make
     GC keep whatever they might concern. Refused credentials, a missing bucket and a denied

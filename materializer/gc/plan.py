@@ -1,7 +1,8 @@
 """Which objects a GC run deletes: the live set, the candidates, the rescan (steps 2 to 4).
 
 :func:`plan_deletions` marks what the retained checkpoints, the savepoints and the recent
-materializations reach, lists the objects below ``changelog/`` and ``materializations/``,
+materializations reach, lists the objects below ``changelog/``, ``materializations/`` and the
+prefixes of unpublished savepoints,
 sorts them into kept (live), protected (recently superseded or younger than the grace period)
 and candidates, rescans the checkpoints published meanwhile, and keeps every candidate that
 unreadable metadata might reference. Nothing is deleted here (:mod:`materializer.gc.delete`).
@@ -15,7 +16,12 @@ from dataclasses import dataclass
 from materializer.gc.reachable import LiveSet, scan_live
 from materializer.gc.report import Counts, category
 from statelog.checkpoint.catalog import JobCatalog, savepoint_names
-from statelog.layout import CHANGELOG_PREFIX, MATERIALIZATIONS_PREFIX
+from statelog.layout import (
+    CHANGELOG_PREFIX,
+    MATERIALIZATIONS_PREFIX,
+    SAVEPOINT_PREFIX,
+    savepoint_metadata_key,
+)
 from statelog.store.base import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,7 @@ def plan_deletions(
                 protected.add(obj)
             else:
                 candidates[obj.key] = obj
+    unpublished = _unpublished_savepoints(store, set(names), cutoff, candidates, protected)
 
     # 4. rescan right before deleting: checkpoints published since step 2 may reference
     # candidates (e.g. a backend adopted a materialization it listed before it was
@@ -72,6 +79,12 @@ def plan_deletions(
         live.merge(late)
         for key in sorted(late.keys & candidates.keys()):
             kept.add(candidates.pop(key))
+    # a savepoint published since step 2 is no leftover
+    for name, keys in unpublished.items():
+        if store.exists(savepoint_metadata_key(name)):
+            log.info("%ssavepoint %r was published during GC: keeping it", mode, name)
+            for key in keys:
+                kept.add(candidates.pop(key))
     recent.errors = [e for e in recent.errors if e not in live.errors]
     live.merge(recent)
 
@@ -88,3 +101,31 @@ def plan_deletions(
             log.warning("%sGC keeps %d unreferenced object(s) because metadata could not be read",
                         mode, len(unsafe))
     return GcPlan(names, live, candidates, kept, protected)
+
+
+def _unpublished_savepoints(
+    store: ObjectStore, published: set[str], cutoff: float, candidates: dict[str, ObjectInfo], protected: Counts,
+) -> dict[str, list[str]]:
+    """Add the leftovers of unpublished savepoints to ``candidates``; returns them by name.
+
+    Objects below ``savepoints/<name>/`` without ``savepoints/<name>/_metadata.json`` are
+    the leftovers of a write that never published (or still runs). They go only all
+    together, and only when the *newest* of them is older than the grace period: a writer
+    in progress keeps the whole prefix protected by writing files or by refreshing its
+    in-progress marker (``savepoints/<name>/_writing-<n>.json``, docs/format.md).
+    """
+    groups: dict[str, list[ObjectInfo]] = {}
+    for obj in store.list(SAVEPOINT_PREFIX):
+        name = obj.key[len(SAVEPOINT_PREFIX):].split("/", 1)[0]
+        if name not in published:
+            groups.setdefault(name, []).append(obj)
+    out: dict[str, list[str]] = {}
+    for name, objs in sorted(groups.items()):
+        if max(o.mtime for o in objs) > cutoff:
+            for o in objs:
+                protected.add(o)
+            continue
+        for o in objs:
+            candidates[o.key] = o
+        out[name] = [o.key for o in objs]
+    return out

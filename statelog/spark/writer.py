@@ -47,6 +47,7 @@ from statelog.readers import options as opt
 from statelog.readers.state import key_groups
 from statelog.state_processor import write
 from statelog.state_processor.convert import Where, encoded, to_state_table
+from statelog.state_processor.progress import InProgress
 from statelog.state_processor.writer import as_info, state_info
 from statelog.store import open_store
 from statelog.store.options import StoreOptions, resolve_store_options
@@ -246,6 +247,7 @@ def write_savepoint(root: str, name: str, states: Mapping[tuple[str, str], tuple
         uids = sorted({uid for uid, _ in states})
         per_op: dict[str, dict[str, tuple[StateInfo, list[TableFile]]]] = {}
         rows = 0
+        progress = InProgress(store, name).start()  # keeps GC off the executors' files while the job runs
         try:
             for (uid, _state), (desc, df) in states.items():
                 info = as_info(desc)
@@ -258,11 +260,14 @@ def write_savepoint(root: str, name: str, states: Mapping[tuple[str, str], tuple
                 uid, parallelism if isinstance(parallelism, int) else parallelism.get(uid, 1),
                 tuple(i for i, _ in per_op[uid].values() if not i.name.startswith("__timers")),
                 {n: fs for n, (_, fs) in per_op[uid].items()}) for uid in uids]
-            return write.publish(store, name, mid, job_id, maxp, checkpoint_id, dict(sources or {}), ops,
+            meta = write.publish(store, name, mid, job_id, maxp, checkpoint_id, dict(sources or {}), ops,
                                  {"rows": rows, "files_written": sum(len(fs) for o in ops for fs in o.files.values())})
         except BaseException:
+            progress.stop()
             write.remove_leftovers(store, name)
             raise
+        progress.stop(delete=True)
+        return meta
     finally:
         store.close()
 

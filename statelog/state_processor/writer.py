@@ -20,6 +20,7 @@ from statelog.materialization.table_writer import MaterializeOptions
 from statelog.state.timers import TIMER_INFOS
 from statelog.state_processor import write
 from statelog.state_processor.convert import Where, to_state_table
+from statelog.state_processor.progress import InProgress
 from statelog.store import open_store
 from statelog.store.base import ObjectStore
 from statelog.types import PICKLE, ValueType, check_value_type
@@ -149,6 +150,7 @@ class SavepointWriter:
         mid = write.new_mid(self.checkpoint_id)
         dir_ = write.data_dir(self.name, mid)
         ops = []
+        progress = InProgress(self.store, self.name).start()  # keeps GC off the files while they are written
         try:
             with cf.ThreadPoolExecutor(self.options.upload_threads, thread_name_prefix="statelog-sp") as pool:
                 pending: dict[str, dict[str, list[cf.Future[TableFile]]]] = {}
@@ -167,8 +169,10 @@ class SavepointWriter:
             self.published = write.publish(self.store, self.name, mid, self.job_id, self.max_parallelism,
                                            self.checkpoint_id, self.sources, ops, stats)
         except BaseException:
+            progress.stop()
             write.remove_leftovers(self.store, self.name)
             raise
+        progress.stop(delete=True)
         return self.published
 
 

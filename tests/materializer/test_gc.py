@@ -215,7 +215,6 @@ def test_gc_never_deletes_job_lease_savepoint_or_foreign_objects(file_root: Root
     build(file_root, rounds=2, materialize_after=())
     keep = [
         "materializer/lease/gen-000000000001.json",
-        "savepoints/half-done/data/m-000000000001-000000-00000000/x.parquet",
         "notes/readme.txt",
         "checkpoints/not-a-checkpoint.json",
     ]
