@@ -50,6 +50,7 @@ from statelog.layout import (
     savepoint_prefix,
 )
 from statelog.materialization.manifest import Manifest, load_manifest
+from statelog.state_processor.progress import InProgress
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ def create_savepoint(
         )
     t0 = time.monotonic()
     log.info("creating savepoint %r of checkpoint %d in %s", name, cid, store.url)
+    # GC collects what an unpublished savepoint left once it aged past the grace period: the
+    # marker, refreshed while this runs, keeps a long creation young
+    marker = InProgress(store, name).start()
     try:
         manifest = Materializer(store, options).materialize(
             meta,
@@ -143,11 +147,16 @@ def create_savepoint(
         sp = savepoint_metadata(meta, manifest, int(time.time() * 1000))
         store.put(meta_key, sp.to_bytes())  # the savepoint exists from this moment
     except ObjectExistsError:
+        marker.stop()
         raise ConfigError(
             f"savepoint {name!r} was created concurrently by another process in {store.url}; this "
             f"attempt left its files below {savepoint_data_prefix(name)} (they are not referenced); "
             "choose another name"
         ) from None
+    except BaseException:
+        marker.stop()  # what was written ages with it: GC collects it after the grace period
+        raise
+    marker.stop(delete=True)
     log.info(
         "savepoint %r of checkpoint %d created: %d rows in %d files, %d bytes, in %.2fs",
         name, cid, sp.stats["rows"], sp.stats["files"], sp.stats["bytes"], time.monotonic() - t0,

@@ -11,9 +11,10 @@ import statelog
 from materializer.gc.collect import collect_garbage
 from materializer.savepoint import create_savepoint, delete_savepoint, list_savepoints
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, savepoint_names
-from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError
+from statelog.errors import CheckpointNotFoundError, ConfigError, SavepointNotFoundError, StoreError
 from statelog.layout import savepoint_manifest_key, savepoint_metadata_key
 from statelog.materialization.manifest import load_manifest
+from statelog.state_processor.progress import marker_key
 from statelog.testing import FaultInjectingStore
 from tests.support.gc_job import (
     ATTRS,
@@ -63,6 +64,35 @@ def test_savepoint_layout_and_metadata(store_root: RootSpec) -> None:
         assert row["created"].endswith("Z") and row["created_ms"] >= original.timestamp_ms
     assert read_state(store_root, "savepoint:before-upgrade") == built.expected[3]
     assert verify(store_root) == 0
+
+
+def test_a_creation_keeps_an_in_progress_marker_until_its_metadata_is_written(store_root: RootSpec) -> None:
+    """GC collects what an unpublished savepoint left after the grace period; the creation's
+    refreshed marker keeps its files young while it runs (and ages with them when it fails)."""
+    build(store_root, rounds=2)
+    with store_root.open() as inner:
+        store = FaultInjectingStore(inner)
+        seen: dict[str, list[str]] = {}
+
+        def look(op: str, key: str) -> None:
+            if key in (savepoint_manifest_key("sp"), savepoint_metadata_key("sp")):
+                seen[key] = [k for k in listing(inner, "savepoints/sp/") if "/_writing-" in k]
+
+        store.before("put", look)
+        create_savepoint(store, 2, "sp", options=OPTIONS)
+        assert seen[savepoint_manifest_key("sp")] == [marker_key("sp")]
+        assert seen[savepoint_metadata_key("sp")] == [marker_key("sp")]
+        assert not [k for k in listing(inner, "savepoints/sp/") if "/_writing-" in k]  # deleted once published
+        store.reset()
+
+        def refuse_metadata(op: str, key: str) -> None:
+            if key == savepoint_metadata_key("failed"):
+                raise StoreError("refused", key=key)
+
+        store.before("put", refuse_metadata)
+        with pytest.raises(StoreError, match="refused"):
+            create_savepoint(store, 2, "failed", options=OPTIONS)
+        assert marker_key("failed") in listing(inner, "savepoints/failed/")  # left to age with the files
 
 
 def test_restore_from_savepoint_at_another_parallelism(store_root: RootSpec) -> None:

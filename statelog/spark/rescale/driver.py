@@ -20,6 +20,7 @@ from statelog.spark.rescale.plan import RestoreTask, plan_restore
 from statelog.spark.rescale.publish import RestoreResult, publish_savepoint
 from statelog.spark.rescale.write import run_task
 from statelog.spark.tasks import run_tasks
+from statelog.state_processor.progress import InProgress
 from statelog.store.local_copies import local_copies_setting
 from statelog.store.options import StoreOptions, resolve_store_options
 
@@ -93,18 +94,33 @@ def restore(
         log.info("restore job: %s -> savepoint %r, %d task(s)", plan.where, plan.name, len(plan.tasks))
         # resolved here, with the driver's AWS_* environment: the executors may lack it
         resolved = resolve_store_options(job.root, store_options)
-        results = _run(spark, job.root, resolved, plan.name, plan.tasks, progress,
-                       local_copies_setting(local_copies))  # checked here, the directory resolved per host
-        errors = [r["error"] for r in results if "error" in r]
-        if errors:
-            raise StatelogError(
-                f"the restore job failed ({len(errors)} of {len(plan.tasks)} task(s)); first error: {errors[0]}. "
-                f"Files written below {savepoint_prefix(plan.name)} are not referenced; remove them with "
-                f"`statelog savepoint delete ROOT {plan.name}`"
-            )
-        return publish_savepoint(job, plan.meta, plan.where, plan.name, plan.tasks, results, plan.dropped, t0)
+        # GC collects what an unpublished savepoint left once it aged past the grace period: the
+        # marker, refreshed while the tasks run, keeps a long restore job's files young
+        marker = InProgress(job.store, plan.name).start()
+        try:
+            published = _run_and_publish(spark, job, plan, resolved, progress, local_copies, t0)
+        except BaseException:
+            marker.stop()
+            raise
+        marker.stop(delete=True)
+        return published
     finally:
         job.close()
+
+
+def _run_and_publish(spark: SparkSession, job: StateJob, plan: RestorePlan, resolved: Mapping[str, Any] | None,
+                     progress: Progress | None, local_copies: bool | str | Mapping[str, Any] | None,
+                     t0: float) -> RestoreResult:
+    results = _run(spark, job.root, resolved, plan.name, plan.tasks, progress,
+                   local_copies_setting(local_copies))  # checked here, the directory resolved per host
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        raise StatelogError(
+            f"the restore job failed ({len(errors)} of {len(plan.tasks)} task(s)); first error: {errors[0]}. "
+            f"Files written below {savepoint_prefix(plan.name)} are not referenced; GC removes them after its "
+            f"grace period, or now: `statelog savepoint delete ROOT {plan.name}`"
+        )
+    return publish_savepoint(job, plan.meta, plan.where, plan.name, plan.tasks, results, plan.dropped, t0)
 
 
 def _run(spark: SparkSession, root: str, store_options: Mapping[str, Any] | None, name: str,
