@@ -17,6 +17,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pyarrow as pa
+
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.writer import ChangelogWriter
 from statelog.descriptors import (
@@ -25,6 +28,7 @@ from statelog.descriptors import (
     StateKind,
 )
 from statelog.errors import ConfigError, KeyGroupError, SerializationError, StatelogError
+from statelog.keys.batch import encode_keys, key_groups_of
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of_bytes, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest
@@ -101,6 +105,7 @@ class KeyedStateBackend:
         # the disk store itself (None in memory): a restore bulk-loads into its database
         self._ws: DiskWorkingSet | None = store if store.on_disk else None  # type: ignore[assignment]
         self.set_current_key = self.key_context.set_current_key = store.key_setter(self.key_context, self._admit_key)
+        self.key_context.batch_keys = self.batch_keys
         restored = restored or RestoredChanges()
         self._restored = restored
         self._installer = StateInstaller(self.key_context, subtask, self._states, restored, self._ws)
@@ -150,6 +155,34 @@ class KeyedStateBackend:
         ctx = self.key_context
         ctx.key = key
         ctx.key_info = info
+
+    def batch_keys(self, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
+        """The keys of a batch call (an Arrow array or a Python sequence) as ``(python keys,
+        encoded keys, key groups)``, computed a column at a time (:mod:`statelog.keys.batch`),
+        after the checks and loads of :meth:`_admit_key`: every key must be in this subtask's
+        key groups (else :class:`KeyGroupError` names the first that is not), their key groups
+        are loaded first during an on-demand restore, and the disk-backed working set reads the
+        keys not resident in one batched read."""
+        pykeys, kbs = encode_keys(keys)
+        kgs = key_groups_of(kbs, self.max_parallelism)
+        if len(kgs) == 0:
+            return pykeys, kbs, kgs
+        outside = (kgs < self._kg_lo) | (kgs > self._kg_hi)
+        if outside.any():
+            i = int(np.argmax(outside))
+            raise KeyGroupError(
+                f"key {pykeys[i]!r} is in key group {int(kgs[i])}, which operator {self.operator_uid!r} subtask "
+                f"{self.subtask} of {self.parallelism} does not own (it owns {self.key_groups}); route "
+                "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
+            )
+        if self._loader is not None:
+            for kg in np.unique(kgs).tolist():
+                if self._loader is None:
+                    break
+                self._load_key_group(kg)
+        if self._ws is not None:
+            self._working_set.prefetch(pykeys, self._kg_lo, self._kg_hi)
+        return pykeys, kbs, kgs
 
     @property
     def on_disk(self) -> bool:
