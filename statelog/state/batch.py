@@ -284,6 +284,8 @@ def _group(keys: Any, vals: pa.Array, aggregation: str) -> tuple[Any, pa.Array]:
     """The distinct keys of a batch (an Arrow array, in first-seen order) and the values of each
     folded with ``aggregation``."""
     arr = as_key_array(keys)
+    if arr is not None and not (pa.types.is_integer(arr.type) or pa.types.is_string(arr.type)):
+        keys, arr = arr.to_pylist(), None  # e.g. floats: 0.0 and -0.0 are one key
     if arr is None:
         pykeys = keys if isinstance(keys, list) else list(keys)
         try:
