@@ -14,6 +14,7 @@ import sys
 BENCHMARKS = {
     "backend": "bench.backend",
     "backpressure": "bench.backpressure",
+    "columnar": "bench.columnar",
     "follow": "bench.follow",
     "kafka": "bench.kafka",
     "kvstores": "bench.kvstores",
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="startup only: the steps of restart_first_record_s (medians)")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="startup only: measure without a bytecode cache of its own (as the environment has it)")
+    parser.add_argument("--large", action="store_true", help="columnar only: also 10^7 keys (several GB)")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = {}
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.name != "startup":
             parser.error("--breakdown applies to the startup benchmark only")
         extra["breakdown"] = True
+    if args.large:
+        if args.name != "columnar":
+            parser.error("--large applies to the columnar benchmark only")
+        extra["large"] = True
     if args.no_bytecode_cache:
         if args.name != "startup":
             parser.error("--no-bytecode-cache applies to the startup benchmark only")

@@ -6,6 +6,7 @@ serve as the oracle for property, crash and rescale tests.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -235,10 +236,8 @@ class Driver:
         keys = [k for k, _ in pairs]
         vals = [v for _, v in pairs]
         if op[2]:
-            try:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
                 keys = pa.array(keys)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-                pass
         m = self.model.tables
         s = self.states
         ns = self.ns
