@@ -37,7 +37,7 @@ import statelog
 from statelog import AggregatingStateDescriptor, ReducingStateDescriptor, ValueStateDescriptor
 from statelog.state.batch import CountAggregate
 
-BATCH = 65_536
+BATCH = 1 << 18  # records per batch call
 COUNT_BATCH = AggregatingStateDescriptor("count", pa.int64(), aggregate=CountAggregate())
 SUM_BATCH = ReducingStateDescriptor("sum", pa.int64(), reduce_fn=operator.add)
 VALUE = ValueStateDescriptor("v", pa.int64(), default=0)

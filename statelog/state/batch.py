@@ -140,9 +140,14 @@ def _values_array(state: Any, values: Any, n: int) -> pa.Array:
     return arr
 
 
-def _table(state: Any) -> Any:
-    """The table of the current namespace that any key can be read and written through."""
-    return state._store.replay_table_for(state._table_for)(state._nsb)
+def _table(state: Any, pykeys: list[Any]) -> Any:
+    """The table of the current namespace that ``pykeys`` can be read and written through (with
+    the disk-backed working set the resident dict when the batch's keys are all resident)."""
+    table = state._store.replay_table_for(state._table_for)(state._nsb)
+    if_resident = getattr(table, "if_resident", None)
+    if if_resident is not None:
+        return if_resident(pykeys) or table
+    return table
 
 
 def _keys(state: Any, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
@@ -237,7 +242,7 @@ def get_many(state: Any, keys: Any) -> pa.Array:
             f"state {state.name!r} holds pickled values, which get_many cannot return as an Arrow "
             "array; read them with value() per key, or declare an Arrow value type")
     pykeys, kbs, kgs = _keys(state, keys)
-    table = _table(state)
+    table = _table(state, pykeys)
     vals, live = _current(state, table, pykeys, vt)
     if live is not None and state._ttl_on_read and live.any():
         idx = np.flatnonzero(live)
@@ -260,14 +265,14 @@ def put_many(state: Any, keys: Any, values: Any) -> None:
     if vals.null_count:  # None clears
         return per_record(state, keys, vals, state.update)
     pykeys, kbs, kgs = _keys(state, keys)
-    exp = _store_values(state, _table(state), pykeys, _pylist(vals))
+    exp = _store_values(state, _table(state, pykeys), pykeys, _pylist(vals))
     _emit(state, _PUT, kbs, kgs, vals, exp)
     return None
 
 
 def delete_many(state: Any, keys: Any) -> None:
     pykeys, kbs, kgs = _keys(state, keys)
-    table = _table(state)
+    table = _table(state, pykeys)
     missing = object()
     popped = list(map(table.pop, pykeys, repeat(missing)))
     hit = np.fromiter(map(operator.is_not, popped, repeat(missing)), bool, len(popped))
@@ -360,7 +365,7 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
         return None
     ukeys, partial = _group(keys, vals, red.aggregation)
     pykeys, kbs, kgs = _keys(state, ukeys)
-    table = _table(state)
+    table = _table(state, pykeys)
     partial = partial.cast(vt)
     try:
         if red.identity is not None and not state._ttl and pa.types.is_integer(vt):
@@ -408,7 +413,7 @@ def list_add_many(state: Any, keys: Any, values: Any) -> None:
         return None
     ukeys, lists = _group(keys, vals, "list")
     pykeys, kbs, kgs = _keys(state, ukeys)
-    table = _table(state)
+    table = _table(state, pykeys)
     pylists = lists.to_pylist()
     cur = list(map(table.get, pykeys))
     has = np.fromiter(map(operator.is_not, cur, repeat(None)), bool, len(cur))

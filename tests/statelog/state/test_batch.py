@@ -163,3 +163,35 @@ def test_a_batch_call_is_one_part_of_arrow_columns_with_the_per_record_records(j
     b.set_current_key(5)
     s.add(1)
     assert stream.position == 301
+
+
+@pytest.mark.parametrize("cache_entries", [4, None])
+def test_batch_calls_on_the_disk_working_set(tmp_path, cache_entries):
+    """Keys resident after the batch's prefetch are written in the resident dicts; with a
+    cache of 4 entries most are not, and go through the working set key by key."""
+    job = statelog.open(tmp_path.as_uri(), state_store="disk")
+    if cache_entries is not None:
+        job.state_cache_entries = cache_entries
+    b = job.backend("op")
+    s = b.get_state(ReducingStateDescriptor("s", pa.int64(), reduce_fn=operator.add))
+    v = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    keys = pa.array(np.arange(3000) % 700)
+    s.add_many(keys, pa.array(np.ones(3000, np.int64)))
+    s.add_many(pa.array([1, 2]), [10, 10])
+    v.put_many(pa.array(np.arange(700)), pa.array(np.arange(700) * 2))
+    v.delete_many(list(range(0, 700, 2)))
+    b.set_current_key(1)
+    s.add(1)
+    want_s = {k: (5 if k < 200 else 4) + (11 if k == 1 else 10 if k == 2 else 0) for k in range(700)}
+    want_v = {k: 2 * k for k in range(1, 700, 2)}
+    assert {k: x for k, _, x in s.entries()} == want_s
+    assert v.get_many(pa.array(np.arange(700))).to_pylist() == [want_v.get(k) for k in range(700)]
+    meta = job.checkpoint(sources={})
+    job.close()
+    job = statelog.open(tmp_path.as_uri(), state_store="disk")
+    r = job.backend("op", restore=meta)
+    rs = r.get_state(ReducingStateDescriptor("s", pa.int64(), reduce_fn=operator.add))
+    rv = r.get_state(ValueStateDescriptor("v", pa.int64()))
+    assert {k: x for k, _, x in rs.entries()} == want_s
+    assert {k: x for k, _, x in rv.entries()} == want_v
+    job.close()
