@@ -389,12 +389,10 @@ def _pylist(arr: pa.Array) -> list[Any]:
 
 
 def _count_values(values: Any, n: int, state: Any) -> pa.Array:
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    arr = values if isinstance(values, pa.Array) else pa.array([v is not None for v in values])
-    if len(arr) != n:
-        raise SerializationError(f"state {state.name!r}: {n} keys but {len(arr)} values; pass one value per key")
-    return arr
+    """One per value, ``None`` included (the per-record ``add`` counts every call)."""
+    if len(values) != n:
+        raise SerializationError(f"state {state.name!r}: {n} keys but {len(values)} values; pass one value per key")
+    return pa.repeat(pa.scalar(1, pa.int8()), n)
 
 
 # -- list state ----------------------------------------------------------------------------------

@@ -116,10 +116,12 @@ def test_reductions_and_a_plugged_in_one(job):
         st.add_many(["a"], [2])
     count.add_many(keys)
     count.add_many(["c"], [None])  # counted, as add(None) is
+    count.add_many(pa.array([("x", 1)], pa.struct([("k", pa.string()), ("n", pa.int64())])).field("k"),
+                   pa.array([None], pa.int64()))
     got = {name: {k: v for k, _, v in st.entries()} for name, st in
            (("sum", total), ("min", low), ("prod", prod), ("count", count))}
     assert got == {"sum": {"a": 12, "b": 4, "c": -1}, "min": {"a": 2, "b": 4, "c": -1},
-                   "prod": {"a": 60, "b": 4, "c": -1}, "count": {"a": 3, "b": 1, "c": 2}}
+                   "prod": {"a": 60, "b": 4, "c": -1}, "count": {"a": 3, "b": 1, "c": 2, "x": 1}}
 
 
 def test_ttl_and_lists_in_batch_calls(job):
