@@ -20,6 +20,7 @@ bounds of what an idle machine gives.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import random
 import statistics
 import tempfile
@@ -50,7 +51,7 @@ def _writer(root: str, keys: int, rate: int, seconds: float, ready: Any, go: Any
     ready.set()
     go.wait(600)  # the followers restored
     rng = random.Random(1)
-    n, t0 = 0, time.monotonic()
+    n, t0, cpu0 = 0, time.monotonic(), time.process_time()
     next_cp = t0 + 1.0
     while (now := time.monotonic()) < t0 + seconds:
         for k in rng.choices(range(keys), k=1000):
@@ -63,8 +64,44 @@ def _writer(root: str, keys: int, rate: int, seconds: float, ready: Any, go: Any
         ahead = n / rate - (time.monotonic() - t0)
         if ahead > 0:
             time.sleep(ahead)
-    done.put(n / (time.monotonic() - t0))
+    # the whole process (its uploading threads too), checkpoints included
+    done.put({"rate": n / (time.monotonic() - t0), "cpu_us_per_update": (time.process_time() - cpu0) / n * 1e6})
     job.close()
+
+
+def _thread_cpu_s(native_id: int) -> float:
+    """CPU seconds (user + system) of thread ``native_id`` of this process (Linux /proc)."""
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _follower(root: str, consistency: str, keys: int, ready: Any, stop: Any, out: Any) -> None:
+    """One follower in its own process (no GIL shared with the writer or the other follower):
+    its lag every ``SAMPLE_S`` s after ``WARMUP_S`` s, the CPU of its polling thread per change
+    applied, and (consistency "checkpoint") lookups after the writer stopped."""
+    f = statelog.follow(root, consistency=consistency, poll_s=POLL_S, on_demand=False)
+    ready.set()
+    assert f._thread is not None and f._thread.native_id is not None
+    tid = f._thread.native_id
+    cpu0, applied0 = _thread_cpu_s(tid), f.changes_applied
+    warm = time.monotonic() + WARMUP_S  # (before: the lag since the first checkpoint, written before the restore)
+    lags: list[float] = []
+    while not stop.is_set():
+        if time.monotonic() >= warm:
+            pos = f.position
+            lags.append(pos.lag_s if consistency == "checkpoint" else pos.data_lag_s)
+        time.sleep(SAMPLE_S)
+    cpu, applied = _thread_cpu_s(tid) - cpu0, f.changes_applied - applied0
+    lookups = []
+    if consistency == "checkpoint":
+        rng = random.Random(2)
+        for k in rng.choices(range(keys), k=20_000):
+            t = time.perf_counter()
+            f.get(UID, "v", k)
+            lookups.append((time.perf_counter() - t) * 1e6)
+    out.put({"lags": lags, "cpu_us_per_change": cpu / applied * 1e6 if applied else float("nan"),
+             "applied": applied, "restores": f.position.restores, "lookups": lookups})  # fmt: skip
+    f.close()
 
 
 def _p(values: list[float], q: float) -> float:
@@ -72,48 +109,47 @@ def _p(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
-def _round(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
+def _freshness(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
+    """One round of the freshness figures: the writer and each follower in a process of its own."""
     ctx = mp.get_context("spawn")
-    ready, go, done = ctx.Event(), ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_writer, args=(root, keys, rate, seconds, ready, go, done))
-    proc.start()
+    ready, go, stop, done = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
+    writer = ctx.Process(target=_writer, args=(root, keys, rate, seconds, ready, go, done))
+    procs = [writer]
+    writer.start()
     try:
         if not ready.wait(600):
             raise RuntimeError("the writer did not write its first checkpoint in 600 s")
-        followers = {c: statelog.follow(root, consistency=c, poll_s=POLL_S, on_demand=False)
-                     for c in ("checkpoint", "flushed")}  # fmt: skip
-        lags: dict[str, list[float]] = {c: [] for c in followers}
+        outs: dict[str, Any] = {}
+        for c in ("checkpoint", "flushed"):
+            up, outs[c] = ctx.Event(), ctx.Queue()
+            procs.append(ctx.Process(target=_follower, args=(root, c, keys, up, stop, outs[c])))
+            procs[-1].start()
+            if not up.wait(600):
+                raise RuntimeError(f"the {c} follower did not restore in 600 s")
         go.set()
-        warm = time.monotonic() + WARMUP_S  # (before: the lag since the first checkpoint, written before the followers restored)
-        while proc.is_alive() and done.empty():
-            for c, f in followers.items():
-                if time.monotonic() < warm:
-                    continue
-                pos = f.position
-                lags[c].append(pos.lag_s if c == "checkpoint" else pos.data_lag_s)
-            time.sleep(SAMPLE_S)
-        rng = random.Random(2)
-        lookups = []
-        f = followers["checkpoint"]
-        for k in rng.choices(range(keys), k=20_000):
-            t = time.perf_counter()
-            f.get(UID, "v", k)
-            lookups.append((time.perf_counter() - t) * 1e6)
-        rate_done = done.get(timeout=600)
-        restores = {c: f.position.restores for c, f in followers.items()}
-        for f in followers.values():
-            f.close()
+        w = done.get(timeout=seconds + 600)
+        stop.set()
+        got = {c: q.get(timeout=600) for c, q in outs.items()}
     finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
+        stop.set()
+        for proc in procs:
+            proc.join(60)
+            if proc.is_alive():
+                proc.kill()
     return {
-        "lag_p50_s_checkpoint": _p(lags["checkpoint"], 0.5), "lag_p99_s_checkpoint": _p(lags["checkpoint"], 0.99),
-        "lag_p50_s_flushed": _p(lags["flushed"], 0.5), "lag_p99_s_flushed": _p(lags["flushed"], 0.99),
-        "writer_updates_per_s": rate_done, "lookup_p99_us": _p(lookups, 0.99),
-        "restores_checkpoint": restores["checkpoint"], "restores_flushed": restores["flushed"],
-        "samples": len(lags["checkpoint"]),
+        "lag_p50_s_checkpoint": _p(got["checkpoint"]["lags"], 0.5), "lag_p99_s_checkpoint": _p(got["checkpoint"]["lags"], 0.99),
+        "lag_p50_s_flushed": _p(got["flushed"]["lags"], 0.5), "lag_p99_s_flushed": _p(got["flushed"]["lags"], 0.99),
+        "follower_cpu_us_per_change_checkpoint": got["checkpoint"]["cpu_us_per_change"],
+        "follower_cpu_us_per_change_flushed": got["flushed"]["cpu_us_per_change"],
+        "writer_cpu_us_per_update": w["cpu_us_per_update"], "writer_updates_per_s": w["rate"],
+        "lookup_p99_us": _p(got["checkpoint"]["lookups"], 0.99),
+        "restores_checkpoint": got["checkpoint"]["restores"], "restores_flushed": got["flushed"]["restores"],
+        "samples": len(got["checkpoint"]["lags"]),
     }  # fmt: skip
+
+
+def _round(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
+    return _freshness(root, keys, rate, seconds)
 
 
 def run(quick: bool = False, root: str | None = None, progress: bool = True) -> dict[str, Any]:

@@ -12,6 +12,7 @@ registers or key group by key group during an on-demand restore.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -105,7 +106,7 @@ class KeyedStateBackend:
         # the disk store itself (None in memory): a restore bulk-loads into its database
         self._ws: DiskWorkingSet | None = store if store.on_disk else None  # type: ignore[assignment]
         self.set_current_key = self.key_context.set_current_key = store.key_setter(self.key_context, self._admit_key)
-        self.key_context.batch_keys = self.batch_keys
+        self.key_context.batch_keys = functools.partial(batch_keys, self)
         restored = restored or RestoredChanges()
         self._restored = restored
         self._installer = StateInstaller(self.key_context, subtask, self._states, restored, self._ws)
@@ -155,34 +156,6 @@ class KeyedStateBackend:
         ctx = self.key_context
         ctx.key = key
         ctx.key_info = info
-
-    def batch_keys(self, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
-        """The keys of a batch call (an Arrow array or a Python sequence) as ``(python keys,
-        encoded keys, key groups)``, computed a column at a time (:mod:`statelog.keys.batch`),
-        after the checks and loads of :meth:`_admit_key`: every key must be in this subtask's
-        key groups (else :class:`KeyGroupError` names the first that is not), their key groups
-        are loaded first during an on-demand restore, and the disk-backed working set reads the
-        keys not resident in one batched read."""
-        pykeys, kbs = encode_keys(keys)
-        kgs = key_groups_of(kbs, self.max_parallelism)
-        if len(kgs) == 0:
-            return pykeys, kbs, kgs
-        outside = (kgs < self._kg_lo) | (kgs > self._kg_hi)
-        if outside.any():
-            i = int(np.argmax(outside))
-            raise KeyGroupError(
-                f"key {pykeys[i]!r} is in key group {int(kgs[i])}, which operator {self.operator_uid!r} subtask "
-                f"{self.subtask} of {self.parallelism} does not own (it owns {self.key_groups}); route "
-                "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
-            )
-        if self._loader is not None:
-            for kg in np.unique(kgs).tolist():
-                if self._loader is None:
-                    break
-                self._load_key_group(kg)
-        if self._ws is not None:
-            self._working_set.prefetch(pykeys, self._kg_lo, self._kg_hi)
-        return pykeys, kbs, kgs
 
     @property
     def on_disk(self) -> bool:
@@ -363,6 +336,35 @@ class KeyedStateBackend:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)
         self._working_set.close()
+
+
+def batch_keys(backend: KeyedStateBackend, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
+    """The keys of a batch call (an Arrow array or a Python sequence) as ``(python keys,
+    encoded keys, key groups)``, computed a column at a time (:mod:`statelog.keys.batch`),
+    after the checks and loads of :meth:`KeyedStateBackend._admit_key`: every key must be in this subtask's
+    key groups (else :class:`KeyGroupError` names the first that is not), their key groups
+    are loaded first during an on-demand restore, and the disk-backed working set reads the
+    keys not resident in one batched read."""
+    pykeys, kbs = encode_keys(keys)
+    kgs = key_groups_of(kbs, backend.max_parallelism)
+    if len(kgs) == 0:
+        return pykeys, kbs, kgs
+    outside = (kgs < backend._kg_lo) | (kgs > backend._kg_hi)
+    if outside.any():
+        i = int(np.argmax(outside))
+        raise KeyGroupError(
+            f"key {pykeys[i]!r} is in key group {int(kgs[i])}, which operator {backend.operator_uid!r} subtask "
+            f"{backend.subtask} of {backend.parallelism} does not own (it owns {backend.key_groups}); route "
+            "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
+        )
+    if backend._loader is not None:
+        for kg in np.unique(kgs).tolist():
+            if backend._loader is None:
+                break
+            backend._load_key_group(kg)
+    if backend._ws is not None:
+        backend._working_set.prefetch(pykeys, backend._kg_lo, backend._kg_hi)
+    return pykeys, kbs, kgs
 
 
 def size_figures(backend: KeyedStateBackend) -> dict[str, int]:

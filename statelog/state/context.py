@@ -75,7 +75,7 @@ class KeyContext:
     * ``load_all``: loads every key group not loaded yet (an on-demand restore,
       :mod:`statelog.restore.ondemand`); whole-state reads (``entries()``) call it first.
     * ``batch_keys``: the backend's check of a batch call's keys
-      (:meth:`KeyedStateBackend.batch_keys <statelog.state.backend.KeyedStateBackend.batch_keys>`).
+      (:func:`statelog.state.backend.batch_keys`).
     * ``working_set``: the store its states keep their entries in
       (:mod:`statelog.state.tables`: dicts, or the disk-backed working set); set by the
       backend, ``None`` for a context no backend owns (its states use dicts).

@@ -1,7 +1,7 @@
-"""Property test of the batch calls: any interleaving of single and batch calls on every
-state kind, with checkpoints, crashes and restores (eager, on demand, disk working set),
-equals the model (the scenario of ``tests/e2e/test_property.py``); and with materializations,
-savepoints, restarts and GC runs (``tests/support/materialized_scenario.py``)."""
+"""Property test of the batch calls with materializations: any interleaving of single and
+batch calls on every state kind, with checkpoints, materializations, savepoints, restarts
+and GC runs (``tests/support/materialized_scenario.py``), equals the model. The same with
+crashes and restores of every mode: ``tests/e2e/test_property.py``."""
 
 from __future__ import annotations
 
@@ -10,22 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statelog.restore.ondemand.options import OnDemandOptions
-from tests.e2e.test_property import OPS, reads_alone, run_scenario
 from tests.support import materialized_scenario
 from tests.support.materialized_scenario import CONTROL_OPS, flatten
-from tests.support.state_ops import BATCH_OPS, MODES, STATE_OPS
-
-BATCH_MIX = st.one_of(OPS, BATCH_OPS, BATCH_OPS)
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(ops=st.lists(BATCH_MIX, min_size=5, max_size=100), coalesce=st.booleans())
-@pytest.mark.parametrize("mode", MODES)
-def test_single_and_batch_calls_restore_equals_model(tmp_path_factory, monkeypatch, ops, coalesce, mode):
-    reads_alone(monkeypatch, mode)
-    root = tmp_path_factory.mktemp("prop").as_uri()
-    run_scenario(root, {}, ops, coalesce, mode)
-
+from tests.support.state_ops import BATCH_OPS, STATE_OPS
 
 # bursts of single and batch calls, each followed by a checkpoint, materialization, savepoint,
 # restart or GC run (the scenario of tests/e2e/test_property_materialized.py)
