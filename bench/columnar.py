@@ -140,8 +140,10 @@ def _case(tmp: str, name: str, case: str, nkeys: int, updates: int, rounds: int,
           progress: bool, out: dict[str, Any]) -> None:
     rng = np.random.default_rng(42)
     # warm-up (imports, the disk store's first open) outside the measured rounds
-    _batch_run(os.path.join(tmp, f"{name}-warm"), case, np.arange(4), np.arange(4), disk)
-    _record_run(os.path.join(tmp, f"{name}-warm2"), case, np.arange(4), np.arange(4), disk)
+    for i, fn in enumerate((_batch_run, _record_run)):
+        warm = os.path.join(tmp, f"warm-{name}-{disk}-{i}")
+        fn(warm, case, np.arange(4), np.arange(4), disk)
+        shutil.rmtree(warm, ignore_errors=True)
     keys = rng.integers(0, nkeys, updates, dtype=np.int64)
     vals = rng.integers(0, 100, updates, dtype=np.int64)
     rate_b: list[float] = []
