@@ -15,6 +15,7 @@ BENCHMARKS = {
     "backend": "bench.backend",
     "bootstrap": "bench.bootstrap",
     "backpressure": "bench.backpressure",
+    "columnar": "bench.columnar",
     "follow": "bench.follow",
     "follow_lookups": "bench.follow_lookups",
     "kafka": "bench.kafka",
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", default=None,
                         help="follow only: the key counts of the takeover figures, comma-separated (default 10^6,10^7)")
     parser.add_argument("--takeover-only", action="store_true", help="follow only: the takeover figures only")
+    parser.add_argument("--large", action="store_true", help="columnar only: also 10^7 keys (several GB)")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
     extra = {}
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.name != "startup":
             parser.error("--breakdown applies to the startup benchmark only")
         extra["breakdown"] = True
+    if args.large:
+        if args.name != "columnar":
+            parser.error("--large applies to the columnar benchmark only")
+        extra["large"] = True
     if args.no_bytecode_cache:
         if args.name != "startup":
             parser.error("--no-bytecode-cache applies to the startup benchmark only")

@@ -176,6 +176,38 @@ class ChangelogStream:
             self.encoded_records += count
             self.last_encode = time.monotonic()
 
+    def append_columns(self, cols: list[Any], kg_range: tuple[int, int] | None = None) -> None:
+        """Append the change records of one batch call, given as columns of the stream's
+        layout (Arrow arrays or lists; :mod:`statelog.changelog.records`), as one block part:
+        the records buffered before it are taken first, so sequence numbers keep the order of
+        the calls. Back-pressure applies as for single records."""
+        n = len(cols[records.C_KEY])
+        if n == 0:
+            return
+        w = self.writer
+        if self.throttled:
+            w.wait_writable(self)
+        if len(self.buf):
+            self.encode_buffer()
+        with self.lock:
+            start = self.taken + self.encoded_records
+            info = self.info
+            try:
+                batch = w.encoder.encode_batch(
+                    info.name, info.value_type, info.user_key_type,
+                    info.kind is StateKind.LIST, (start, n), cols, kg_range,
+                )
+            except BaseException as e:
+                raise w.fail(e) from e
+            self.encoded.append((start, n, [batch]))
+            self.encoded_records += n
+            self.last_encode = time.monotonic()
+        buffered = self.buffered
+        if buffered >= w.flush_records:
+            w.wake()
+        if buffered >= w.max_buffered_records:
+            w.wait_drained(self)
+
     def encode_chunk(self, start: int, raw: Any, seals: list[int]) -> list[EncodedBatch]:
         """Convert a chunk (from :meth:`take_raw`) to Arrow, coalescing first if enabled.
 

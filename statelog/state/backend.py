@@ -12,10 +12,14 @@ registers or key group by key group during an on-demand restore.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
 
 from statelog.changelog.stream import ChangelogStream
 from statelog.changelog.writer import ChangelogWriter
@@ -25,6 +29,7 @@ from statelog.descriptors import (
     StateKind,
 )
 from statelog.errors import ConfigError, KeyGroupError, SerializationError, StatelogError
+from statelog.keys.batch import encode_keys, key_groups_of
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of_bytes, key_group_range_for_subtask
 from statelog.materialization.manifest import Manifest
@@ -105,6 +110,7 @@ class KeyedStateBackend:
         # the disk store itself (None in memory): a restore bulk-loads into its database
         self._ws: DiskWorkingSet | None = store if store.on_disk else None  # type: ignore[assignment]
         self.set_current_key = self.key_context.set_current_key = store.key_setter(self.key_context, self._admit_key)
+        self.key_context.batch_keys = functools.partial(batch_keys, self)
         restored = restored or RestoredChanges()
         self._restored = restored
         self._installer = StateInstaller(self.key_context, subtask, self._states, restored, self._ws)
@@ -337,6 +343,35 @@ class KeyedStateBackend:
             for stream in self._streams.values():
                 self._writer.close_stream(stream)
         self._working_set.close()
+
+
+def batch_keys(backend: KeyedStateBackend, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
+    """The keys of a batch call (an Arrow array or a Python sequence) as ``(python keys,
+    encoded keys, key groups)``, computed a column at a time (:mod:`statelog.keys.batch`),
+    after the checks and loads of :meth:`KeyedStateBackend._admit_key`: every key must be in this subtask's
+    key groups (else :class:`KeyGroupError` names the first that is not), their key groups
+    are loaded first during an on-demand restore, and the disk-backed working set reads the
+    keys not resident in one batched read."""
+    pykeys, kbs = encode_keys(keys)
+    kgs = key_groups_of(kbs, backend.max_parallelism)
+    if len(kgs) == 0:
+        return pykeys, kbs, kgs
+    outside = (kgs < backend._kg_lo) | (kgs > backend._kg_hi)
+    if outside.any():
+        i = int(np.argmax(outside))
+        raise KeyGroupError(
+            f"key {pykeys[i]!r} is in key group {int(kgs[i])}, which operator {backend.operator_uid!r} subtask "
+            f"{backend.subtask} of {backend.parallelism} does not own (it owns {backend.key_groups}); route "
+            "records by statelog.subtask_for_key_group(max_parallelism, parallelism, kg)"
+        )
+    if backend._loader is not None:
+        for kg in np.unique(kgs).tolist():
+            if backend._loader is None:
+                break
+            backend._load_key_group(kg)
+    if backend._ws is not None:
+        backend._working_set.prefetch(pykeys, backend._kg_lo, backend._kg_hi)
+    return pykeys, kbs, kgs
 
 
 def size_figures(backend: KeyedStateBackend) -> dict[str, int]:

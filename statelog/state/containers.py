@@ -13,6 +13,7 @@ from statelog.changelog.ops import Op
 from statelog.descriptors import MapStateDescriptor, StateDescriptor
 from statelog.errors import StatelogError
 from statelog.keys.encoding import check_map_key
+from statelog.state import batch
 from statelog.state.context import KeyContext
 from statelog.state.keyed import _MISSING, KeyedState
 from statelog.types import make_validator
@@ -70,6 +71,11 @@ class ListState(KeyedState):
         else:
             entry.extend(values)
         self._emit(_LIST_APPEND, None, values, exp)
+
+    def add_many(self, keys: Any, values: Any) -> None:
+        """``add(value)`` of each key, in order: the elements of each key appended in one
+        record (:mod:`statelog.state.batch`)."""
+        batch.list_add_many(self, keys, values)
 
     def update(self, values: list[Any]) -> None:
         """Replace the list (an empty list clears it)."""

@@ -47,6 +47,10 @@ def _nothing() -> None:
     return None
 
 
+def _no_batch_keys(_keys: Any) -> Any:
+    raise StatelogError("this key context has no batch key check: the backend that owns it installs one")
+
+
 def _unset(_key: Any) -> None:
     raise StatelogError("this key context has no key setter: the backend that owns it installs one")
 
@@ -70,6 +74,8 @@ class KeyContext:
     * ``operator_uid``: the operator the backend belongs to (for error messages).
     * ``load_all``: loads every key group not loaded yet (an on-demand restore,
       :mod:`statelog.restore.ondemand`); whole-state reads (``entries()``) call it first.
+    * ``batch_keys``: the backend's check of a batch call's keys
+      (:func:`statelog.state.backend.batch_keys`).
     * ``working_set``: the store its states keep their entries in
       (:mod:`statelog.state.tables`: dicts, or the disk-backed working set); set by the
       backend, ``None`` for a context no backend owns (its states use dicts).
@@ -77,6 +83,7 @@ class KeyContext:
 
     __slots__ = (
         "key", "key_info", "set_current_key", "clock", "changelog_enabled", "operator_uid", "load_all", "working_set",
+        "batch_keys",
     )
 
     def __init__(self, operator_uid: str, clock: Callable[[], int], changelog_enabled: bool) -> None:
@@ -89,6 +96,8 @@ class KeyContext:
         self.load_all: Callable[[], None] = _nothing
         # the store of the states' entries (statelog.state.tables), set by the backend
         self.working_set: Any = None
+        # the keys of a batch call: (python keys, encoded keys, key groups), set by the backend
+        self.batch_keys: Callable[[Any], tuple[list[Any], Any, Any]] = _no_batch_keys
 
     @property
     def current_key(self) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from statelog import _ext
 from statelog.changelog.ops import Op
 from statelog.descriptors import (
@@ -21,6 +23,8 @@ from statelog.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
+from statelog.errors import ConfigError
+from statelog.state import batch
 from statelog.state.containers import ListState, MapState
 from statelog.state.context import KeyContext
 from statelog.state.keyed import KeyedState
@@ -110,6 +114,19 @@ class ValueState(KeyedState):
     def value(self) -> Any:
         return self._cur.get(self._ctx.key, self._default)
 
+    def get_many(self, keys: Any) -> pa.Array:
+        """The values of ``keys`` (an Arrow array or a sequence) in the current namespace, as
+        an Arrow array of the value type, the default where absent (:mod:`statelog.state.batch`)."""
+        return batch.get_many(self, keys)
+
+    def put_many(self, keys: Any, values: Any) -> None:
+        """``update(value)`` of each key, in order (a ``None`` value clears its key)."""
+        batch.put_many(self, keys, values)
+
+    def delete_many(self, keys: Any) -> None:
+        """``clear()`` of each key."""
+        batch.delete_many(self, keys)
+
     def update(self, value: Any) -> None:
         if value is None:
             self.clear()
@@ -157,9 +174,15 @@ class ReducingState(ValueState):
         super().__init__(ctx, descriptor, stream)
         assert isinstance(descriptor, ReducingStateDescriptor)
         self._reduce = descriptor.reduce_fn
+        self._batch_reduction = batch.batch_reduction_of(descriptor.reduce_fn)
 
     def get(self) -> Any:
         return self.value()
+
+    def add_many(self, keys: Any, values: Any) -> None:
+        """``add(value)`` of each key, in order: vectorized when the reduce function has a
+        :class:`~statelog.state.batch.BatchReduction`, else key by key."""
+        batch.add_many(self, self._batch_reduction, keys, values, self.add)
 
     def add(self, value: Any) -> None:
         cur = self.value()
@@ -175,6 +198,7 @@ class AggregatingState(ValueState):
         super().__init__(ctx, descriptor, stream)
         assert isinstance(descriptor, AggregatingStateDescriptor)
         self._agg = descriptor.aggregate
+        self._batch_reduction = batch.batch_reduction_of(descriptor.aggregate)
 
     def get(self) -> Any:
         acc = self.value()
@@ -182,6 +206,14 @@ class AggregatingState(ValueState):
 
     def accumulator(self) -> Any:
         return self.value()
+
+    def add_many(self, keys: Any, values: Any = None) -> None:
+        """``add(value)`` of each key, in order: vectorized when the aggregate function has a
+        :class:`~statelog.state.batch.BatchReduction` (``values`` may be ``None`` for
+        :data:`~statelog.state.batch.COUNT`), else key by key."""
+        if values is None and self._batch_reduction is not batch.COUNT:
+            raise ConfigError(f"aggregating state {self.name!r}: add_many needs values (one per key)")
+        batch.add_many(self, self._batch_reduction, keys, values, self.add)
 
     def add(self, value: Any) -> None:
         acc = self.value()

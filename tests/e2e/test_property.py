@@ -16,7 +16,7 @@ from statelog import StateJob
 from statelog.restore.ondemand.options import OnDemandOptions
 from tests.support.chaos import damage_copies
 from tests.support.harness import Clock, Driver, Model
-from tests.support.state_ops import DISK_CACHE_ENTRIES, MODES, STATE_OPS, is_lazy
+from tests.support.state_ops import BATCH_OPS, DISK_CACHE_ENTRIES, MODES, STATE_OPS, is_lazy
 
 OPS = st.one_of(  # nested one_of is flattened: every operation keeps its weight
     STATE_OPS,
@@ -191,3 +191,16 @@ def test_restore_equals_model_with_streams_split_by_key_group(tmp_path_factory, 
 def test_restore_equals_model_s3(s3_server, ops, coalesce, mode):
     spec = s3_server.unique_root()
     run_scenario(spec.url, spec.options, ops, coalesce, mode)
+
+
+# single and batch calls (statelog/state/batch.py) interleaved
+BATCH_MIX = st.one_of(OPS, BATCH_OPS, BATCH_OPS)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(BATCH_MIX, min_size=5, max_size=100), coalesce=st.booleans())
+@pytest.mark.parametrize("mode", MODES)
+def test_single_and_batch_calls_restore_equals_model(tmp_path_factory, monkeypatch, ops, coalesce, mode):
+    reads_alone(monkeypatch, mode)
+    root = tmp_path_factory.mktemp("prop").as_uri()
+    run_scenario(root, {}, ops, coalesce, mode)

@@ -6,6 +6,7 @@ serve as the oracle for property, crash and rescale tests.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from statelog import (
     ValueStateDescriptor,
 )
 from statelog.keys.encoding import encode_key
+from statelog.state.batch import SUM
 
 TTL_MS = 50
 
@@ -41,6 +43,9 @@ class AvgAgg:
 
 def _add(a: int, b: int) -> int:
     return a + b
+
+
+_add.batch_reduction = SUM  # type: ignore[attr-defined]  # add_many folds a batch with Arrow
 
 
 DESCRIPTORS = {
@@ -219,6 +224,63 @@ class Driver:
             self.model.timers -= set(due)
             if self.key_set:
                 self.backend.set_current_key(self.key)
+        elif kind.startswith("batch_"):
+            self.apply_batch(op)
+        else:
+            raise AssertionError(f"unknown op {op!r}")
+
+    def apply_batch(self, op: tuple) -> None:
+        """A batch call (``tests/support/state_ops.py`` BATCH_OPS) on a column of keys, as an
+        Arrow array when the keys make one, else a list; the model applies it key by key."""
+        kind, pairs = op[0], op[1]
+        keys = [k for k, _ in pairs]
+        vals = [v for _, v in pairs]
+        if op[2]:
+            with contextlib.suppress(pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+                keys = pa.array(keys)
+        m = self.model.tables
+        s = self.states
+        ns = self.ns
+        if kind == "batch_value_put":
+            s["value"].put_many(keys, vals)
+            for k, v in pairs:
+                m["value"][(k, ns)] = v
+        elif kind == "batch_value_get":
+            got = s["value"].get_many(keys).to_pylist()
+            assert got == [m["value"].get((k, ns)) for k, _ in pairs], got
+        elif kind == "batch_value_delete":
+            s["value"].delete_many(keys)
+            for k, _ in pairs:
+                m["value"].pop((k, ns), None)
+        elif kind == "batch_text_put":
+            s["text"].put_many(keys, [str(v) for v in vals])
+            for k, v in pairs:
+                m["text"][(k, ns)] = str(v)
+        elif kind == "batch_sum":
+            s["sum"].add_many(keys, vals)
+            for k, v in pairs:
+                m["sum"][(k, ns)] = m["sum"].get((k, ns), 0) + v
+        elif kind == "batch_avg":
+            s["avg"].add_many(keys, vals)
+            for k, v in pairs:
+                a = m["avg"].get((k, ns), (0, 0))
+                m["avg"][(k, ns)] = (a[0] + v, a[1] + 1)
+        elif kind == "batch_list_add":
+            s["list"].add_many(keys, [str(v) for v in vals])
+            for k, v in pairs:
+                m["list"].setdefault((k, ns), []).append(str(v))
+        elif kind == "batch_ttl_put":
+            s["ttl"].put_many(keys, vals)
+            for k, v in pairs:
+                m["ttl"][(k, ns)] = (v, self.clock.now + TTL_MS)
+        elif kind == "batch_ttl_get":
+            got = s["ttl"].get_many(keys).to_pylist()
+            now = self.clock.now
+            want = []
+            for k, _ in pairs:
+                e = m["ttl"].get((k, ns))
+                want.append(e[0] if e is not None and e[1] > now else None)
+            assert got == want, (got, want)
         else:
             raise AssertionError(f"unknown op {op!r}")
 

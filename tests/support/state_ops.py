@@ -45,6 +45,15 @@ STATE_OPS = st.one_of(
 )
 
 
+# batch calls: (kind, [(key, value), ...], keys as an Arrow array when they make one)
+_PAIRS = st.lists(st.tuples(st.one_of(KEYS, TWINS, st.integers(0, 12)), SMALL), max_size=8)
+BATCH_OPS = st.one_of(
+    *(st.tuples(st.just(kind), _PAIRS, st.booleans()) for kind in (
+        "batch_value_put", "batch_value_get", "batch_value_delete", "batch_text_put", "batch_sum",
+        "batch_avg", "batch_list_add", "batch_ttl_put", "batch_ttl_get"))
+)
+
+
 # restore modes: ``eager`` (restore everything first), ``on-demand`` (key groups load when
 # touched, plus the background loader), ``touched`` (only when touched: no background loader,
 # so checkpoints and crashes happen with key groups not loaded yet); ``disk`` and

@@ -263,6 +263,11 @@ class ResidentView:
     def __repr__(self) -> str:
         return f"ResidentView({len(self.table)} resident entries)"
 
+    def if_resident(self, keys: list[Any]) -> dict[Any, Any] | None:
+        """The dict itself when every key of ``keys`` is resident (a batch call after its
+        prefetch), which is read and written as the per-record calls do; else ``None``."""
+        return self.table if all(map(self.ws.resident.__contains__, keys)) else None
+
     def _admit(self, key: Any) -> None:
         ws = self.ws
         if key not in ws.resident:

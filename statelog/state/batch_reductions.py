@@ -1,0 +1,118 @@
+"""The reductions that ``add_many`` vectorizes (:class:`BatchReduction`), the aggregate
+functions that have one, and the grouping of a batch's int keys in numpy
+(:mod:`statelog.state.batch` uses them)."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass(frozen=True)
+class BatchReduction:
+    """How ``add_many`` folds a batch into a reducing or aggregating state.
+
+    ``aggregation`` is a pyarrow hash aggregation (``"sum"``, ``"count"``, ``"min"``,
+    ``"max"``, ``"product"``, ...) that folds the values of each key within the batch;
+    ``combine(stored, partial)`` merges two Arrow arrays element-wise (a pyarrow compute
+    function such as ``pc.add_checked``). The per-record function must agree with it: for a
+    reducing state ``reduce_fn(reduce_fn(a, b), c) == combine(a, aggregation([b, c]))``; for
+    an aggregating state the accumulator is the stored value, ``create_accumulator()`` is
+    the identity of ``combine`` and ``add(v, acc) == combine(acc, aggregation([v]))``.
+
+    Plug one in by setting it as the ``batch_reduction`` attribute of a reduce function or
+    an aggregate function object; ``operator.add``, ``min`` and ``max`` as ``reduce_fn`` are
+    recognized as :data:`SUM`, :data:`MIN` and :data:`MAX`.
+    """
+
+    aggregation: str
+    combine: Callable[[Any, Any], Any]
+    identity: Any = None  # the value an absent entry counts as, if any (0 for sum and count)
+
+
+SUM = BatchReduction("sum", pc.add_checked, 0)
+COUNT = BatchReduction("count", pc.add_checked, 0)
+MIN = BatchReduction("min", pc.min_element_wise)
+MAX = BatchReduction("max", pc.max_element_wise)
+_KNOWN: dict[Any, BatchReduction] = {operator.add: SUM, min: MIN, max: MAX}
+
+
+def batch_reduction_of(fn: Any) -> BatchReduction | None:
+    """The :class:`BatchReduction` of a reduce function or aggregate function, if any."""
+    red = getattr(fn, "batch_reduction", None)
+    if isinstance(red, BatchReduction):
+        return red
+    try:
+        return _KNOWN.get(fn)
+    except TypeError:  # unhashable
+        return None
+
+
+class CountAggregate:
+    """An aggregate function counting the values added per key (an int64 accumulator);
+    ``add_many`` counts a batch with :data:`COUNT`."""
+
+    batch_reduction = COUNT
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: Any, acc: int) -> int:
+        return acc + 1
+
+    def get_result(self, acc: int) -> int:
+        return acc
+
+
+class SumAggregate:
+    """An aggregate function summing the values added per key; ``add_many`` uses :data:`SUM`."""
+
+    batch_reduction = SUM
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: Any, acc: Any) -> Any:
+        return acc + value
+
+    def get_result(self, acc: Any) -> Any:
+        return acc
+
+
+_REDUCEAT = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+
+
+def group_numpy(arr: pa.Array | None, vals: pa.Array, aggregation: str) -> tuple[pa.Array, pa.Array] | None:
+    """:func:`_group` of int64 keys and numbers without nulls by a sort in numpy (a third of
+    the time of Arrow's hash aggregation here), or ``None`` when it does not apply (a sum that
+    could leave int64 is left to Arrow's checked arithmetic)."""
+    if (arr is None or arr.null_count or vals.null_count or not pa.types.is_integer(arr.type)
+            or arr.type == pa.uint64() or (aggregation != "count" and aggregation not in _REDUCEAT)):
+        return None
+    if aggregation != "count" and not (pa.types.is_integer(vals.type) or pa.types.is_floating(vals.type)):
+        return None
+    k = arr.to_numpy().astype(np.int64, copy=False)
+    n = len(k)
+    if n == 0:
+        return None
+    order = np.argsort(k)  # (order within a key does not matter to these folds)
+    sk = k[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    if aggregation == "count":
+        return pa.array(sk[starts]), pa.array(np.diff(np.append(starts, n)).astype(np.int64))
+    v = vals.to_numpy()
+    if aggregation == "sum" and v.dtype.kind in "iu":
+        big = int(max(abs(int(v.max())), abs(int(v.min()))))
+        if big and big * n >= 1 << 63:
+            return None
+        v = v.astype(np.int64, copy=False)
+    return pa.array(sk[starts]), pa.array(_REDUCEAT[aggregation].reduceat(v[order], starts))
+
+
+__all__ = ["COUNT", "MAX", "MIN", "SUM", "BatchReduction", "CountAggregate", "SumAggregate", "batch_reduction_of"]
