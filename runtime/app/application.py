@@ -179,7 +179,10 @@ class Application:
         since, last_time = 0, time.monotonic()
         log.info("application %s reading %s from %s", opts.uid, list(opts.topics or ()), self.start_offsets)
         while not self._stop.is_set():
-            msgs = [m for m in self.consumer.consume(opts.batch_size, opts.poll_timeout_s) if self._usable(m)]
+            got = self.consumer.consume(opts.batch_size, opts.poll_timeout_s)
+            msgs = [m for m in got if m.error() is None]
+            if len(msgs) != len(got):  # skip (log) or raise the errors, then the usable messages
+                msgs = [m for m in got if self._usable(m)]
             if msgs:
                 if opts.key is not None and mode != "columns":  # batch state calls prefetch their keys
                     self.backend.prefetch([self.key_of(m) for m in msgs])
