@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 import statelog
+from bench import columnar_runtime
 from statelog import AggregatingStateDescriptor, ReducingStateDescriptor, ValueStateDescriptor
 from statelog.state.batch import CountAggregate
 
@@ -186,8 +187,9 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, lar
         _case(tmp, f"count_{nkeys:.0e}".replace("+0", ""), "count", nkeys, disk_updates, rounds, True, progress, out)
         out["memory_bytes_per_key_batch"] = round(_memory_per_key(nkeys, True), 1)
         out["memory_bytes_per_key_record"] = round(_memory_per_key(nkeys, False), 1)
-        # -- the runtime's batch path and the Kafka batch path: runtime_events_per_s_p2 and
-        # kafka_events_per_s are added below this line by their own function (runtime side)
+        # -- the Kafka batch path (bench.columnar_runtime): kafka_events_per_s beside the
+        # per-record loop and the client alone
+        out.update(columnar_runtime.run(quick, progress))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -6,7 +6,8 @@ restores one keyed backend and the Kafka offsets from the same checkpoint
 (:class:`statelog.kafka.KafkaOffsets`: ``assign`` at the recorded offsets), runs the
 materializer in a background thread (:func:`materializer.start_background`), and in
 :meth:`Application.run` consumes batches, sets each record's key, calls the user's function
-per record or per batch, checkpoints every ``checkpoint_every`` records or
+per record or per batch (:meth:`Application.run_batches`: per Arrow record batch of key and
+value columns), checkpoints every ``checkpoint_every`` records or
 ``checkpoint_interval_s`` seconds (between batches, with the consumer's positions as the
 checkpoint's sources, then committed to the group for monitoring), and on SIGINT, SIGTERM or
 :meth:`Application.stop` finishes the batch in hand, takes a final checkpoint and closes the
@@ -34,6 +35,7 @@ from typing import Any
 
 import statelog
 from materializer.background import BackgroundMaterializer, start_background
+from runtime.app.batches import messages_batch, value_decoder
 from runtime.app.options import KEY_STR, ApplicationOptions
 from statelog.checkpoint.metadata import CheckpointMetadata
 from statelog.descriptors import StateDescriptor
@@ -149,28 +151,47 @@ class Application:
         skipped (logged; a fatal consumer error raises ``KafkaException``)."""
         if not callable(process):
             raise ConfigError(f"Application.run needs a function to call per record, got {type(process).__name__}")
+        return self._run(process, "batch" if batch else "record")
+
+    def run_batches(self, process: Callable[[Any], Any], *, value: Any = "bytes") -> CheckpointMetadata | None:
+        """Like :meth:`run`, with ``process(batch)`` per ``consume()`` as a :class:`pyarrow.RecordBatch`
+        of the columns ``key`` (by the ``key`` option: binary, UTF-8 text or the key function's
+        values) and ``value`` (``value``: ``"bytes"``, ``"str"``, ``"json"`` or a fixed-width
+        numpy dtype; :mod:`runtime.app.batches`). No current key is set: give the key column to
+        the batch state calls (``state.add_many(batch["key"], ...)``, ``get_many``, ``put_many``)."""
+        if not callable(process):
+            raise ConfigError(f"Application.run_batches needs a function to call per batch, "
+                              f"got {type(process).__name__}")
+        decode = value_decoder(value)
+        how = self.options.key if self.options.key is not None else "bytes"
+        return self._run(lambda msgs: process(messages_batch(msgs, how, decode)), "columns")
+
+    def _run(self, process: Callable[[Any], Any], mode: str) -> CheckpointMetadata | None:
         if self._closed:
             raise ConfigError("this Application has stopped; make a new one to run again")
         with self._signals():  # also during the final checkpoint: a repeated SIGTERM does not kill it
             finished = False
             try:
                 self._start_materializer()
-                self._loop(process, batch)
+                self._loop(process, mode)
                 finished = True
             finally:
                 self._close(final_checkpoint=finished)
         return self.last_checkpoint
 
-    def _loop(self, process: Callable[[Any], Any], batch: bool) -> None:
+    def _loop(self, process: Callable[[Any], Any], mode: str) -> None:
         opts = self.options
         since, last_time = 0, time.monotonic()
         log.info("application %s reading %s from %s", opts.uid, list(opts.topics or ()), self.start_offsets)
         while not self._stop.is_set():
-            msgs = [m for m in self.consumer.consume(opts.batch_size, opts.poll_timeout_s) if self._usable(m)]
+            got = self.consumer.consume(opts.batch_size, opts.poll_timeout_s)
+            msgs = [m for m in got if m.error() is None]
+            if len(msgs) != len(got):  # skip (log) or raise the errors, then the usable messages
+                msgs = [m for m in got if self._usable(m)]
             if msgs:
-                if opts.key is not None:
+                if opts.key is not None and mode != "columns":  # batch state calls prefetch their keys
                     self.backend.prefetch([self.key_of(m) for m in msgs])
-                if batch:
+                if mode != "record":
                     process(msgs)
                 elif opts.key is None:
                     for msg in msgs:
