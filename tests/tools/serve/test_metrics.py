@@ -7,14 +7,45 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
+import statelog
+from statelog import ValueStateDescriptor
 from tests.support.s3server import RootSpec
 from tests.support.wait import wait_until
-from tests.tools.serve.test_serve import PROJECT, TOKEN, UID, Writer, http
+
+PROJECT = Path(__file__).resolve().parents[3]
+TOKEN = "s3cr3t-metrics-token"
+UID = "op"
+
+
+class Writer:
+    def __init__(self, root: RootSpec) -> None:
+        self.job = statelog.open(root.url, store_options=root.options, max_parallelism=16)
+        self.backend = self.job.backend(UID, restore="none")
+        self.count = self.backend.get_state(ValueStateDescriptor("count", pa.int64()))
+
+    def update(self, step: int) -> int:
+        for key in (1, 2):
+            self.backend.set_current_key(key)
+            self.count.update(step * 10 + key)
+        return self.job.checkpoint().checkpoint_id
+
+
+def http(url: str, path: str, token: str = TOKEN, body: bytes | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url + path, data=body, method="GET" if body is None else "POST")
+    req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
