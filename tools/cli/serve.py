@@ -20,6 +20,7 @@ from typing import Any
 from statelog.errors import ConfigError
 from statelog.following.follower import Follower
 from statelog.following.position import Consistency
+from statelog.metrics import MetricsServer
 from tools.serve.server import make_server
 
 log = logging.getLogger("tools.cli")
@@ -43,6 +44,10 @@ def declare_serve(p: argparse.ArgumentParser) -> None:
                    help="seconds between the follower's polls of the root (default 1)")
     p.add_argument("--token-file", metavar="PATH",
                    help=f"file holding the token requests must bring (default: the environment variable {TOKEN_ENV})")
+    p.add_argument("--metrics-port", metavar="N", default=None,
+                   help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port; default: none)")
+    p.add_argument("--metrics-host", metavar="ADDR", default=DEFAULT_HOST,
+                   help="address of the metrics endpoint (default 127.0.0.1)")
 
 
 def read_token(token_file: str | None) -> str:
@@ -62,13 +67,13 @@ def read_token(token_file: str | None) -> str:
     return token
 
 
-def parse_port(text: str) -> int:
+def parse_port(text: str, option: str = "--port") -> int:
     try:
         port = int(text)
     except ValueError:
         port = -1
     if not 0 <= port <= 65535:
-        raise ConfigError(f"--port: expected a TCP port 0..65535 (0: any free port), got {text!r}")
+        raise ConfigError(f"{option}: expected a TCP port 0..65535 (0: any free port), got {text!r}")
     return port
 
 
@@ -95,18 +100,32 @@ def cmd_serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
             raise ConfigError(
                 f"cannot serve on {args.host}:{port}: {e.strerror or e}; pick another --port (0: any free port) or --host"
             ) from None
+        metrics = None
+        if args.metrics_port is not None:
+            try:
+                metrics = MetricsServer(server.metrics.registry, server.metrics.health, args.metrics_host,
+                                        parse_port(args.metrics_port, "--metrics-port"))  # fmt: skip
+            except ConfigError:
+                server.server_close()
+                raise
         host, bound = server.server_address[:2]
         url = f"http://{host}:{bound}/"
         if args.json:
-            print(json.dumps({"root": follower.root, "url": url}), flush=True)
+            out = {"root": follower.root, "url": url}
+            if metrics is not None:
+                out["metrics_url"] = metrics.url + "/metrics"
+            print(json.dumps(out), flush=True)
         else:
-            print(f"statelog serve: serving {follower.root} at {url} (Ctrl-C to stop)", flush=True)
+            also = f", metrics at {metrics.url}/metrics" if metrics is not None else ""
+            print(f"statelog serve: serving {follower.root} at {url}{also} (Ctrl-C to stop)", flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
             log.info("statelog serve: stopped")
         finally:
             server.server_close()
+            if metrics is not None:
+                metrics.close()
     finally:
         follower.close()
     return 0

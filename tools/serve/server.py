@@ -27,6 +27,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +36,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from statelog.errors import ConfigError, SerializationError, StatelogError, StateNotFoundError
 from statelog.following.follower import Follower
 from statelog.following.json_values import KEY_EXPECTED, key_from_json, to_json
+from tools.serve.metrics import ServeMetrics
 from tools.serve.scan import ScanCursors, ScanError, scan_page
 from tools.serve.sql import DEFAULT_MAX_ROWS, ReplicaSQL, SQLError, json_rows
 
@@ -89,6 +91,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: HTTPStatus, body: Any) -> None:
         data = json.dumps(body, allow_nan=False).encode()
+        self._status = status
         if status != HTTPStatus.OK:
             self.close_connection = True  # (a refused request's body may be unread)
         self.send_response(status)
@@ -111,7 +114,22 @@ class Handler(BaseHTTPRequestHandler):
                 "error": f"unauthorized ({why}): send the server's token as 'Authorization: Bearer <token>'"})
         return ok
 
+    def _kind(self) -> str:
+        parts = urlsplit(self.path).path.strip("/").split("/")[:2]
+        return {"state": "lookup", "lookup": "batch", "scan": "scan", "sql": "sql"}.get(parts[1] if len(parts) == 2 else "", "other")
+
     def _handle(self, method: str) -> None:
+        start = time.perf_counter()
+        self._status = HTTPStatus.OK
+        try:
+            self._answer(method)
+        finally:
+            s = self._status
+            outcome = ("ok" if s == HTTPStatus.OK else "refused" if s == HTTPStatus.UNAUTHORIZED
+                       else "client_error" if s < 500 else "server_error")  # fmt: skip
+            self.server.metrics.observe(self._kind(), outcome, time.perf_counter() - start)
+
+    def _answer(self, method: str) -> None:
         if not self._authorized():
             return
         try:
@@ -228,6 +246,7 @@ class StateServer(ThreadingHTTPServer):
         self.token = token.encode()
         self.sql = ReplicaSQL(follower)
         self.scans = ScanCursors()
+        self.metrics = ServeMetrics(follower)
         super().__init__(address, Handler)
 
 
