@@ -263,7 +263,7 @@ class OperatorReplica:
                 if not isinstance(chunk, Puts):
                     state.apply_many(chunk, keys)
                 elif value_like:
-                    state.put_many(chunk.nsb, chunk.keys, chunk.values, chunk.expires)
+                    state.replay_puts(chunk.nsb, chunk.keys, chunk.values, chunk.expires)
                 else:
                     state.apply_many(*chunk.records())
             state.prune()

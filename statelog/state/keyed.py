@@ -184,10 +184,10 @@ class KeyedState:
         maps key bytes to decoded keys."""
         self._applier.apply_all(records, self._store.replay_table_for(self._table_for), keys)
 
-    def put_many(self, nsb: bytes, keys: list[Any], values: list[Any], expires: list[int | None]) -> None:
+    def replay_puts(self, nsb: bytes, keys: list[Any], values: list[Any], expires: list[int | None]) -> None:
         """Apply ``put`` change records of a value-like state to decoded ``keys`` of one
         namespace, in order (the last put of a key wins), in one bulk update (restore path)."""
         if self._applier.kind != "value-like":
-            raise TypeError(f"state {self.name!r} is a {self._applier.kind} state: put_many is for value-like states")
+            raise TypeError(f"state {self.name!r} is a {self._applier.kind} state: replay_puts is for value-like states")
         entries = map(list, zip(values, expires, strict=True)) if self._applier.expiring else values
         self._store.replay_table_for(self._table_for)(nsb).update(zip(keys, entries, strict=True))

@@ -135,13 +135,13 @@ def test_puts_to_one_namespace_are_applied_in_bulk_as_record_by_record(
     _update(b, states, range(100), 0)
     job.checkpoint()
     bulk: list[int] = []
-    put_many = KeyedState.put_many
+    replay_puts = KeyedState.replay_puts
 
     def counted(self: Any, nsb: bytes, keys: list[Any], values: list[Any], expires: list[Any]) -> None:
         bulk.append(len(keys))
-        put_many(self, nsb, keys, values, expires)
+        replay_puts(self, nsb, keys, values, expires)
 
-    monkeypatch.setattr(KeyedState, "put_many", counted)
+    monkeypatch.setattr(KeyedState, "replay_puts", counted)
     with statelog.follow(file_root.url, operators={UID: [VALUE, TTL_VALUE]}, poll_s=None, state_store=state_store,
                          state_dir=str(tmp_path / "follower")) as f:  # fmt: skip
         _update(b, states, range(0, 100, 3), 1)  # puts only
