@@ -93,6 +93,7 @@ __all__ = [
     "savepoint_manifest_key",
     "savepoint_metadata_key",
     "savepoint_prefix",
+    "savepoint_marker_key",
     "segment_key",
     "state_dump_dir",
     "state_dump_key",
@@ -267,6 +268,11 @@ def check_savepoint_name(name: Any) -> str:
 
 def savepoint_prefix(name: str) -> str:
     return f"{SAVEPOINT_PREFIX}{name}/"
+
+
+def savepoint_marker_key(name: str, n: int = 0) -> str:
+    """The ``n``-th in-progress marker of a write of savepoint ``name`` (docs/format.md section 1)."""
+    return f"{savepoint_prefix(name)}_writing-{n:08d}.json"
 
 
 def savepoint_data_prefix(name: str) -> str:

@@ -17,7 +17,7 @@ import threading
 import time
 
 from statelog.errors import StoreError
-from statelog.layout import savepoint_prefix
+from statelog.layout import savepoint_marker_key
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,8 @@ DEFAULT_INTERVAL_S = 60.0  # well below GC's default grace period (600 s)
 
 
 def marker_key(name: str, n: int = 0) -> str:
-    """The key of the ``n``-th marker of a write of savepoint ``name``."""
-    return f"{savepoint_prefix(name)}{MARKER_PREFIX}{n:08d}.json"
+    """The key of the ``n``-th marker of a write of savepoint ``name`` (:mod:`statelog.layout`)."""
+    return savepoint_marker_key(name, n)
 
 
 class InProgress:
