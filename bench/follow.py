@@ -40,28 +40,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 import statelog
 from bench import follow_takeover
-from statelog import ValueStateDescriptor
+from bench.follow_seed import UID, seed
 
 KEYS, RATE, SECONDS, ROUNDS = 1_000_000, 50_000, 20.0, 3
 QUICK = {"KEYS": 20_000, "RATE": 20_000, "SECONDS": 4.0, "ROUNDS": 1}
 POLL_S, SAMPLE_S, WARMUP_S = 0.02, 0.05, 2.0
 TAKEOVER_KEYS, TAKEOVER_ROUNDS = [1_000_000, 10_000_000], 3
-UID = "bench"
-VALUE = ValueStateDescriptor("v", pa.int64(), default=0)
 
 
 def _writer(root: str, keys: int, rate: int, seconds: float, ready: Any, go: Any, done: Any) -> None:
     job = statelog.open(root)
-    b = job.backend(UID, restore="none")
-    st = b.get_state(VALUE)
-    for k in range(keys):
-        b.set_current_key(k)
-        st.update(k)
-    job.checkpoint()
+    b, st = seed(job, keys)
     ready.set()
     go.wait(600)  # the followers restored
     rng = random.Random(1)

@@ -35,15 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 import statelog
-from statelog import ValueStateDescriptor
+from bench.follow_seed import UID, seed
 
 KEYS, ROUNDS, LOOKUPS, HTTP_LOOKUPS, BATCHES = 1_000_000, 3, 20_000, 2_000, 20
 QUICK = {"keys": 20_000, "rounds": 1}
-UID = "bench"
-VALUE = ValueStateDescriptor("v", pa.int64(), default=0)
 TOKEN = "bench-follow-lookups"
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -55,12 +51,7 @@ def _p(values: list[float], q: float) -> float:
 
 def _write(root: str, keys: int) -> None:
     job = statelog.open(root)
-    b = job.backend(UID, restore="none")
-    st = b.get_state(VALUE)
-    for k in range(keys):
-        b.set_current_key(k)
-        st.update(k)
-    job.checkpoint()
+    seed(job, keys)
     job.close()
 
 

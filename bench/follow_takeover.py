@@ -34,25 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 import statelog
-from statelog import ValueStateDescriptor
+from bench.follow_seed import UID, VALUE, seed
 from statelog.layout import WRITER_LEASE_PREFIX
 
-UID = "bench"
-VALUE = ValueStateDescriptor("v", pa.int64(), default=0)
 TTL_S = 2.0
 
 
 def _writer(root: str, keys: int, ready: Any, go: Any) -> None:
     job = statelog.open(root, writer_lease_ttl_s=TTL_S)
-    b = job.backend(UID, restore="none")
-    st = b.get_state(VALUE)
-    for k in range(keys):
-        b.set_current_key(k)
-        st.update(k)
-    job.checkpoint()
+    seed(job, keys)
     ready.set()
     go.wait(3600)
     job.close()
