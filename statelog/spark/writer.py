@@ -9,7 +9,9 @@ Two ways in:
   file): :func:`by_unit` repartitions a DataFrame so. Each task checks and writes its units
   and returns their files as its commit message; ``commit`` (on the driver) refuses a unit
   written by two tasks and publishes the manifest, then the metadata; ``abort`` publishes
-  nothing and deletes what the tasks wrote below ``savepoints/<name>/``.
+  nothing and deletes what the tasks wrote below ``savepoints/<name>/``. In-progress markers
+  (:mod:`statelog.state_processor.progress`) keep GC off the unpublished savepoint: one when
+  the write is planned, and one per running task.
 * :func:`write_savepoint`: several DataFrames for several states of one savepoint; each is
   repartitioned with :func:`by_unit`, its tasks write their units (``mapInArrow``) and return
   the files, and the driver publishes once every state is written (on any failure it deletes
@@ -47,9 +49,10 @@ from statelog.readers import options as opt
 from statelog.readers.state import key_groups
 from statelog.state_processor import write
 from statelog.state_processor.convert import Where, encoded, to_state_table
-from statelog.state_processor.progress import InProgress
+from statelog.state_processor.progress import InProgress, delete_markers, task_marker_first
 from statelog.state_processor.writer import as_info, state_info
 from statelog.store import open_store
+from statelog.store.base import ObjectStore
 from statelog.store.options import StoreOptions, resolve_store_options
 from statelog.types import PICKLE
 
@@ -91,6 +94,18 @@ class UnitTask:
 
     def run(self, batches: Iterator[pa.RecordBatch]) -> dict[str, Any]:
         """Check and write the rows of this task's units; returns the files and units."""
+        store = open_store(self.root, dict(self.store) or None)
+        # while the task consumes its input and writes, its own markers keep GC off the savepoint
+        # (the driver's process, which plans and commits, may not live through a long stage);
+        # afterwards the files it wrote are young and protect it until the driver commits
+        progress = InProgress(store, self.name, first=task_marker_first()).start()
+        try:
+            return self._write(store, batches)
+        finally:
+            progress.stop(delete=True)
+            store.close()
+
+    def _write(self, store: ObjectStore, batches: Iterator[pa.RecordBatch]) -> dict[str, Any]:
         info = StateInfo.from_json(self.info)
         rows = [b for b in batches if b.num_rows]
         data = pa.Table.from_batches(rows) if rows else None
@@ -101,15 +116,12 @@ class UnitTask:
         table = to_state_table(info, data, self.max_parallelism, Where(self.operator, info.name))
         options = MaterializeOptions()
         units = [r.start for r, _, _ in write.unit_ranges(table, self.max_parallelism, options)]
-        store = open_store(self.root, dict(self.store) or None)
         try:
             with cf.ThreadPoolExecutor(options.upload_threads) as pool:
                 files = write.join_files(write.write_tables(store, write.data_dir(self.name, self.mid), self.op_idx,
                                                             info, table, self.max_parallelism, options, pool))
         except ObjectExistsError:  # another task wrote the same unit's file with other rows
             raise split_unit(self.operator, info.name, units[0]) from None
-        finally:
-            store.close()
         return {"files": [f.to_json() for f in files], "units": units, "rows": table.num_rows}
 
 
@@ -171,6 +183,7 @@ class SavepointDataWriter(DataSourceArrowWriter):
             job_id, maxp = write.job_of_root(store, _int_option(options, "maxParallelism"))
             write.check_name_free(store, self.name)
             self.job_id = write.ensure_job(store, job_id, maxp)
+            InProgress(store, self.name).mark()  # the write has begun: until its tasks' files and markers
         finally:
             store.close()
         self.task = UnitTask(root, store_opts, self.name, write.new_mid(0), 0, operator, info.to_json(), maxp)
@@ -190,6 +203,7 @@ class SavepointDataWriter(DataSourceArrowWriter):
                 write.publish(store, t.name, t.mid, self.job_id, t.max_parallelism, 0, {},
                               [write.OperatorTables(t.operator, self.parallelism, user, {info.name: files})],
                               {"rows": sum(r["rows"] for r in results), "files_written": len(files)})
+                delete_markers(store, t.name)
             except BaseException:
                 write.remove_leftovers(store, t.name)
                 raise

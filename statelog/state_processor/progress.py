@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 
 from statelog.errors import StoreError
-from statelog.layout import savepoint_marker_key
+from statelog.layout import savepoint_marker_key, savepoint_prefix
 from statelog.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
 MARKER_PREFIX = "_writing-"
+TASK_MARKER_BASE = 10**11
 DEFAULT_INTERVAL_S = 60.0  # well below GC's default grace period (600 s)
 
 
@@ -38,11 +40,11 @@ class InProgress:
     refresh is logged and retried at the next interval.
     """
 
-    def __init__(self, store: ObjectStore, name: str, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, store: ObjectStore, name: str, interval_s: float = DEFAULT_INTERVAL_S, *, first: int = 0) -> None:
         self.store = store
         self.name = name
-        self.n = 0
-        self.key = marker_key(name)
+        self.n = first  # a writer of its own series (a Spark task) starts at a number of its own
+        self.key = marker_key(name, first)
         self.interval_s = interval_s
         self.started_ms = int(time.time() * 1000)
         self._stop = threading.Event()
@@ -61,6 +63,10 @@ class InProgress:
                 self.store.delete(old)
             except StoreError as e:
                 log.warning("savepoint %r: could not refresh the in-progress marker %s: %s", self.name, old, e)
+
+    def mark(self) -> None:
+        """Write the first marker only (no refresh): for a process that ends before the write does."""
+        self._put(self.key)
 
     def start(self) -> InProgress:
         self._put(self.key)
@@ -84,3 +90,18 @@ class InProgress:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def task_marker_first() -> int:
+    """Where a Spark task's own series of markers starts: a random 12-digit number, so that the
+    tasks of one write (and their retries) never put the same marker key."""
+    return TASK_MARKER_BASE + secrets.randbelow(TASK_MARKER_BASE)
+
+
+def delete_markers(store: ObjectStore, name: str) -> None:
+    """Delete every in-progress marker of savepoint ``name`` (once its metadata is written)."""
+    try:
+        for obj in list(store.list(savepoint_prefix(name) + MARKER_PREFIX)):
+            store.delete(obj.key)
+    except StoreError as e:
+        log.warning("savepoint %r: could not delete its in-progress markers: %s", name, e)

@@ -15,9 +15,11 @@ import pytest
 
 import statelog
 from materializer.gc.collect import collect_garbage
+from statelog.descriptors import StateInfo
 from statelog.layout import savepoint_prefix
-from statelog.spark.writer import by_unit, write_savepoint
+from statelog.spark.writer import UnitTask, by_unit, write_savepoint
 from statelog.state_processor import read_state, states_of
+from statelog.state_processor.progress import task_marker_first
 from statelog.store import open_store
 from tests.support.spark import jobs
 from tools.roots import open_root
@@ -74,6 +76,7 @@ def test_df_write_format_statelog(spark: Any, tmp_path: Path) -> None:
     df = spark.createDataFrame([(f"k{i}", i, [f"x{i}"]) for i in range(300)], "key string, value long, seen array<string>")
     _writer(by_unit(df.select("key", "value"), 64), root, "boot", operator="counter", state="count",
             kind="value", valueType="int64", maxParallelism=64, parallelism=3).save()
+    assert _markers(root, "boot") == []  # deleted once the savepoint is published
     got = _read(spark, root, "savepoint:boot", "counter", "count").selectExpr("key", "value").collect()
     assert sorted((r["key"], r["value"]) for r in got) == [(f"k{i}", i) for i in sorted(range(300), key=lambda i: f"k{i}")]
     with statelog.open(root, create=False) as job:
@@ -86,6 +89,35 @@ def test_df_write_format_statelog(spark: Any, tmp_path: Path) -> None:
     _writer(by_unit(df.select("key", "value"), 64), root, "boot2", operator="counter", state="count2",
             stateInfo=json.dumps(info)).save()
     assert _read(spark, root, "savepoint:boot2", "counter", "count2").count() == 300
+
+
+def _markers(root: str, name: str) -> list[str]:
+    store = open_store(root)
+    try:
+        return [o.key for o in store.list(savepoint_prefix(name)) if "/_writing-" in o.key]
+    finally:
+        store.close()
+
+
+def test_a_spark_task_keeps_its_own_marker_while_it_consumes_and_writes(tmp_path: Path) -> None:
+    """The driver's process plans and commits but may not live through a long stage: each task
+    keeps a marker of its own (GC leaves the savepoint alone while one is young) and deletes
+    it when it ends; its files then protect the savepoint until the commit."""
+    root = (tmp_path / "r").as_uri()
+    statelog.open(root, max_parallelism=16).close()
+    info = StateInfo.from_descriptor(statelog.ValueStateDescriptor("count", pa.int64()))
+    task = UnitTask(root, {}, "sp", "m-0", 0, "counter", info.to_json(), 16)
+    seen: list[list[str]] = []
+
+    def batches() -> Any:
+        seen.append(_markers(root, "sp"))  # while the task consumes its input
+        yield pa.record_batch({"key": ["a", "b"], "value": [1, 2]})
+
+    out = task.run(batches())
+    assert out["rows"] == 2 and out["files"]
+    assert len(seen[0]) == 1 and seen[0][0].startswith("savepoints/sp/_writing-"), seen
+    assert _markers(root, "sp") == [], "the task's marker outlived it"
+    assert len({task_marker_first() for _ in range(100)}) == 100  # two tasks never share a marker key
 
 
 def _nothing_below(root: str, name: str) -> None:
