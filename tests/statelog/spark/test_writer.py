@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ from statelog.state_processor.progress import task_marker_first
 from statelog.store import open_store
 from tests.support.spark import jobs
 from tools.roots import open_root
+from tools.sql.duckdb import run_query
+from tools.sql.spark import spark_query
+from tools.sql.views import plan_views
 from tools.verify import verify_root
 
 
@@ -62,6 +66,24 @@ def test_round_trip_through_spark(spark: Any, built_file: jobs.Built, tmp_path: 
             assert jobs.spark_rows(_read(spark, target, "savepoint:copy", uid, s), s) == \
                 jobs.spark_rows(_read(spark, b.root, b.c3, uid, s), s), s
         assert _local_rows(target, "savepoint:copy", uid, s) == _local_rows(b.root, b.c3, uid, s), s
+    # the views of `statelog sql` on both engines: the same rows (key groups apart, which a new
+    # max_parallelism changes)
+    for uid, s in [("op", "count"), ("op", "attrs"), ("op", "avg"), ("words", "n")]:
+        for engine in ("duckdb", "spark") if s in ("count", "attrs") else ("duckdb",):
+            assert _sql_rows(engine, spark, target, "savepoint:copy", uid, s) == \
+                _sql_rows(engine, spark, b.root, str(b.c3), uid, s), (engine, uid, s)
+
+
+def _sql_rows(engine: str, spark: Any, root: str, checkpoint: str, uid: str, state: str) -> list[str]:
+    """The rows of a state's view in ``statelog sql`` on ``engine`` (without the key group)."""
+    plan = plan_views(root, {}, checkpoint)
+    (view,) = [n for n, v in plan.states.items() if v == (uid, state)]
+    run = run_query if engine == "duckdb" else partial(spark_query, spark)
+    columns, _ = run_query(plan, {}, None, f"SELECT * FROM {view} LIMIT 0", [view], 0)  # the same on both
+    keep = ", ".join(c for c in columns if c != "key_group")
+    _, rows = run(plan, {}, None, f"SELECT {keep} FROM {view}", [view], 10**6)
+    assert rows, (engine, root, uid, state)
+    return sorted(map(repr, rows))
 
 
 def _writer(df: Any, root: str, name: str, **options: Any) -> Any:
