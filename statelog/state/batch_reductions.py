@@ -101,18 +101,39 @@ def group_numpy(arr: pa.Array | None, vals: pa.Array, aggregation: str) -> tuple
     n = len(k)
     if n == 0:
         return None
-    order = np.argsort(k)  # (order within a key does not matter to these folds)
-    sk = k[order]
-    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
-    if aggregation == "count":
+    if aggregation == "count":  # the keys alone, sorted (a sort of values: ~4x faster than argsort)
+        sk = np.sort(k)
+        starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
         return pa.array(sk[starts]), pa.array(np.diff(np.append(starts, n)).astype(np.int64))
     v = vals.to_numpy()
     if aggregation == "sum" and v.dtype.kind in "iu":
         big = int(max(abs(int(v.max())), abs(int(v.min()))))
         if big and big * n >= 1 << 63:
             return None
-        v = v.astype(np.int64, copy=False)
-    return pa.array(sk[starts]), pa.array(_REDUCEAT[aggregation].reduceat(v[order], starts))
+    packed = _sorted_packed(k, v) if v.dtype.kind in "iu" else None
+    if packed is not None:
+        sk, sv = packed
+    else:
+        order = np.argsort(k)  # (order within a key does not matter to these folds)
+        sk, sv = k[order], v[order]
+    if aggregation == "sum" and sv.dtype.kind in "iu":
+        sv = sv.astype(np.int64, copy=False)
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    return pa.array(sk[starts]), pa.array(_REDUCEAT[aggregation].reduceat(sv, starts))
+
+
+def _sorted_packed(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Keys and integer values sorted by key with one sort of values (no argsort: ~4x faster)
+    when both fit in one int64, key offset above value offset; else ``None``."""
+    kmin, vmin, vmax = int(k.min()), int(v.min()), int(v.max())
+    if vmin < -(1 << 62) or vmax >= 1 << 62:
+        return None
+    kbits, vbits = (int(k.max()) - kmin).bit_length(), (vmax - vmin).bit_length()
+    if kbits + vbits > 62:
+        return None
+    packed = ((k - np.int64(kmin)) << np.int64(vbits)) | (v.astype(np.int64) - np.int64(vmin))
+    packed.sort()
+    return (packed >> np.int64(vbits)) + np.int64(kmin), (packed & np.int64((1 << vbits) - 1)) + np.int64(vmin)
 
 
 __all__ = ["COUNT", "MAX", "MIN", "SUM", "BatchReduction", "CountAggregate", "SumAggregate", "batch_reduction_of"]

@@ -23,6 +23,7 @@ from statelog.keys.batch import encode_keys, key_groups_of
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of_bytes, key_group_of_bytes_py
 from statelog.state.batch import BatchReduction, CountAggregate
+from statelog.state.batch_reductions import group_numpy
 from tests.support.harness import Clock
 
 MIXED = [0, 1, -1, 2**63 - 1, -(2**63), 2**80, "", "a", "é" * 40, "x" * 127, "y" * 128, b"\x00k",
@@ -197,3 +198,34 @@ def test_batch_calls_on_the_disk_working_set(tmp_path, cache_entries):
     assert {k: x for k, _, x in rs.entries()} == want_s
     assert {k: x for k, _, x in rv.entries()} == want_v
     job.close()
+
+
+@pytest.mark.parametrize("aggregation", ["count", "sum", "min", "max"])
+@pytest.mark.parametrize("case", ["small", "negative", "wide keys", "wide values", "uint64 values", "one value"])
+def test_the_numpy_grouping_equals_arrows_hash_aggregation(aggregation: str, case: str) -> None:
+    """group_numpy sorts keys alone (count), keys and values packed into one int64 when both
+    fit, or by argsort; each equals pyarrow's group_by."""
+    rng = np.random.default_rng(len(case) * 7 + len(aggregation))
+    n = 5000
+    keys = rng.integers(-50, 300, n, dtype=np.int64)
+    vals = rng.integers(0, 100, n, dtype=np.int64)
+    if case == "negative":
+        vals = rng.integers(-(10**6), 10**6, n, dtype=np.int64)
+    elif case == "wide keys":
+        keys = rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+        keys[::3] = 17
+    elif case == "wide values":
+        vals = rng.integers(-(2**62), 2**62, n, dtype=np.int64)
+    elif case == "uint64 values":
+        vals = rng.integers(2**63, 2**64 - 1, n, dtype=np.uint64)
+    elif case == "one value":
+        vals = np.full(n, 5, np.int64)
+    if aggregation == "sum" and case in ("wide values", "uint64 values"):
+        vals = vals // 2**20  # a sum of them must stay in int64 for the fast path
+    karr, varr = pa.array(keys), pa.array(vals)
+    got = group_numpy(karr, varr, aggregation)
+    assert got is not None
+    want = pa.table({"k": karr, "v": varr}).group_by("k").aggregate([("v", aggregation)])
+    expect = dict(zip(want.column("k").to_pylist(), want.column(f"v_{aggregation}").to_pylist(), strict=True))
+    assert got[0].to_pylist() == sorted(expect)
+    assert dict(zip(got[0].to_pylist(), got[1].to_pylist(), strict=True)) == expect
