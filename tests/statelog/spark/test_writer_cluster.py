@@ -94,6 +94,7 @@ def expected(state: str, k: int, deltas: list[int]) -> Any:
     return v
 
 
+@pytest.mark.timeout(max(600, KEYS // 2500))
 def test_bootstrap_on_the_cluster_into_s3(s3_server: S3Server, standalone_cluster: cluster.SparkCluster,
                                           tmp_path: Path) -> None:
     root = f"s3://{s3_server.bucket}/bootstrap-{uuid.uuid4().hex}"
@@ -109,7 +110,9 @@ def test_bootstrap_on_the_cluster_into_s3(s3_server: S3Server, standalone_cluste
         report = verify_root(r)
     assert report.ok and report.savepoints == ["boot"], report.faults
     # the job continues from the savepoint at parallelism 3 with a stream over every state kind
-    env = make_env(RootSpec(root, s3_server.options()), parallelism=3, store_options=s3_server.options())
+    # (at 10**7 keys a subtask's first checkpoint waits for its restore to start: tens of seconds)
+    env = make_env(RootSpec(root, s3_server.options()), parallelism=3, store_options=s3_server.options(),
+                   checkpoint_timeout_s=max(30.0, KEYS / 50_000))
     (env.from_source(GeneratorSource(stream_event, PER_SPLIT, splits=SPLITS), uid="events")
         .key_by(event_key).process(Continue(), uid=bootstrap_driver.OPERATOR)
         .sink_to(FileSink(tmp_path / "out"), uid="out"))
