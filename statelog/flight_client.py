@@ -22,13 +22,15 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from statelog.errors import ConfigError, QueryError
-from statelog.following.json_values import from_json, key_from_json, to_json
+from statelog.following.arrow_values import arrow_column, python_values
+from statelog.following.json_values import to_json
 from statelog.following.position import Read
 
 __all__ = ["FLIGHT_SCHEMES", "FlightQueryClient"]
 
 FLIGHT_SCHEMES = ("grpc://", "grpc+tcp://", "grpc+tls://")
 _ALL = object()  # a scan of every namespace
+_PLAIN_KEYS = {int, str, bool, type(None)}
 _STATUS = {"bad request": 400, "not found": 404, "conflict": 409, "unavailable": 503}
 
 
@@ -107,7 +109,7 @@ class FlightQueryClient:
     def read_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> Read:
         """The values at each of ``keys``, read from the same state (``Read.value``: the list)."""
         table = self.lookup(operator, state, keys, namespace)
-        return _read(table, [None if v is None else from_json(json.loads(v)) for v in table.column("value").to_pylist()])
+        return _read(table, python_values(table, "value"))
 
     def get_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> list[Any]:
         """The values at each of ``keys`` (one call), in their order."""
@@ -121,10 +123,7 @@ class FlightQueryClient:
         value)``; the pages are all of one checkpoint (``QueryError`` with status 409 when the
         server moved on during the scan: scan again)."""
         for table in self._scan_tables(operator, state, start, end, key_group, namespace, limit):
-            cols = [table.column(c).to_pylist() for c in ("key", "namespace", "value")]
-            entries = [(key_from_json(json.loads(k), "key"), key_from_json(json.loads(ns), "namespace"), from_json(json.loads(v)))
-                       for k, ns, v in zip(*cols, strict=True)]  # fmt: skip
-            yield _read(table, entries)
+            yield _read(table, list(zip(*(python_values(table, c) for c in ("key", "namespace", "value")), strict=True)))
 
     def scan(self, operator: str, state: str, **kwargs: Any) -> Iterator[tuple[Any, Any, Any]]:
         """``(key, namespace, value)`` of the entries :meth:`scan_pages` returns, one by one."""
@@ -135,10 +134,14 @@ class FlightQueryClient:
 
     def lookup(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> pa.Table:
         """The values at each of ``keys`` as one Arrow table, a row per key in their order:
-        ``key``, ``namespace``, ``value`` (JSON text as :mod:`statelog.following.json_values`
-        encodes them; ``value`` null when absent) and ``found``; the schema's metadata holds
-        ``checkpoint_id`` and ``flushed_records`` (JSON text)."""
-        body: dict[str, Any] = {"operator": operator, "state": state, "keys": [to_json(k) for k in keys]}
+        ``key``, ``namespace``, ``value`` (null when absent) and ``found``. A column is of a
+        plain Arrow type when all its values are of one plain type (int, float, str, bool,
+        bytes), else JSON text; the schema's metadata ``encoding`` says which per column
+        (:func:`statelog.following.arrow_values.python_values` decodes either) and holds ``checkpoint_id`` and ``flushed_records``
+        (JSON text)."""
+        keys = list(keys)
+        plain = set(map(type, keys)) <= _PLAIN_KEYS  # (JSON gives them as themselves)
+        body: dict[str, Any] = {"operator": operator, "state": state, "keys": keys if plain else [to_json(k) for k in keys]}
         if namespace is not None:
             body["namespace"] = to_json(namespace)
         return self._get("lookup", body)
@@ -165,10 +168,16 @@ class FlightQueryClient:
     def scan_table(self, operator: str, state: str, *, start: Any = None, end: Any = None, key_group: int | None = None,
                    namespace: Any = _ALL, limit: int = 10_000) -> pa.Table:
         """Every entry :meth:`scan_pages` returns as one Arrow table (``key``, ``namespace``,
-        ``value`` as JSON text), fetched ``limit`` entries a call, all of one checkpoint."""
-        tables = list(self._scan_tables(operator, state, start, end, key_group, namespace, limit))
-        meta = tables[-1].schema.metadata
-        return pa.concat_tables(tables).replace_schema_metadata({k: v for k, v in meta.items() if k != b"next"})
+        ``value``, typed as :meth:`lookup` says), fetched ``limit`` entries a call, all of one
+        checkpoint."""
+        rows: list[tuple[Any, Any, Any]] = []
+        meta: dict[bytes, bytes] = {}
+        for page in self._scan_tables(operator, state, start, end, key_group, namespace, limit):
+            rows.extend(zip(*(python_values(page, c) for c in ("key", "namespace", "value")), strict=True))
+            meta = {k: v for k, v in (page.schema.metadata or {}).items() if k != b"next"}
+        cols = {n: arrow_column([r[i] for r in rows]) for i, n in enumerate(("key", "namespace", "value"))}
+        meta[b"encoding"] = json.dumps({n: c[1] for n, c in cols.items()}).encode()
+        return pa.table({n: c[0] for n, c in cols.items()}).replace_schema_metadata(meta)
 
     def sql(self, query: str, max_rows: int = 10_000) -> pa.Table:
         """A read-only query (one ``SELECT`` or ``WITH``) over the replica's views

@@ -44,14 +44,15 @@ import pyarrow as pa
 import pyarrow.flight as fl
 
 from statelog.errors import ConfigError, SerializationError, StatelogError, StateNotFoundError
+from statelog.following.arrow_values import arrow_column
 from statelog.following.follower import Follower
-from statelog.following.json_values import KEY_EXPECTED, key_from_json, to_json
+from statelog.following.json_values import KEY_EXPECTED, from_json, key_from_json
 from tools.serve.metrics import ServeMetrics
 from tools.serve.scan import ScanCursors, ScanError, scan_page
 from tools.serve.server import MAX_SQL_ROWS, RequestError, position_json
 from tools.serve.sql import DEFAULT_MAX_ROWS, ReplicaSQL, SQLError
 
-__all__ = ["LOOKUP_SCHEMA", "MAX_LOOKUP_KEYS", "SCAN_SCHEMA", "FlightStateServer", "start_flight"]
+__all__ = ["MAX_LOOKUP_KEYS", "SCAN_SCHEMA", "FlightStateServer", "start_flight"]
 
 log = logging.getLogger("tools.serve")
 
@@ -59,8 +60,8 @@ MAX_LOOKUP_KEYS = 100_000
 TICKETS = ('{"lookup": {"operator", "state", "keys": [...], "namespace"?}}, '
            '{"scan": {"operator", "state", "from"?, "to"?, "key_group"?, "namespace"?, "limit"?, "cursor"?}} '
            'or {"sql": {"query", "max_rows"?}}')  # fmt: skip
-LOOKUP_SCHEMA = pa.schema([("key", pa.string()), ("namespace", pa.string()), ("value", pa.string()), ("found", pa.bool_())])
-SCAN_SCHEMA = pa.schema([("key", pa.string()), ("namespace", pa.string()), ("value", pa.string())])
+SCAN_SCHEMA = pa.schema([("key", pa.string()), ("namespace", pa.string()), ("value", pa.string())])  # (as JSON text)
+_PLAIN_KEYS = {int, str, float, bool, type(None)}  # keys JSON gives as themselves
 _KINDS = {"lookup": "batch", "scan": "scan", "sql": "sql"}  # ticket kind -> metrics kind
 _LABELS = {HTTPStatus.BAD_REQUEST: "bad request", HTTPStatus.NOT_FOUND: "not found", HTTPStatus.CONFLICT: "conflict",
            HTTPStatus.SERVICE_UNAVAILABLE: "unavailable"}  # fmt: skip
@@ -95,8 +96,10 @@ def _meta(table: pa.Table, **meta: Any) -> pa.Table:
     return table.replace_schema_metadata({k: json.dumps(v) for k, v in meta.items()})
 
 
-def _text(values: list[Any]) -> pa.Array:
-    return pa.array([json.dumps(to_json(v), allow_nan=False) for v in values], pa.string())
+def _entries(key: list[Any], namespace: list[Any], value: list[Any], **more: pa.Array) -> tuple[pa.Table, dict[str, str]]:
+    cols = {"key": arrow_column(key), "namespace": arrow_column(namespace), "value": arrow_column(value)}
+    table = pa.table({**{n: c[0] for n, c in cols.items()}, **more})
+    return table, {n: c[1] for n, c in cols.items()}
 
 
 def _fields(body: Any, required: tuple[str, ...], optional: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -209,24 +212,26 @@ class FlightStateServer(fl.FlightServerBase):
             raise RequestError(HTTPStatus.BAD_REQUEST, f"lookup: keys is a list of keys ({KEY_EXPECTED}), got {json.dumps(keys)[:80]}")
         if len(keys) > MAX_LOOKUP_KEYS:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"a lookup takes at most {MAX_LOOKUP_KEYS} keys, got {len(keys)}: split the batch")
-        decoded = [key_from_json(k, f"keys[{i}]") for i, k in enumerate(keys)]
+        if set(map(type, keys)) <= _PLAIN_KEYS:
+            decoded = keys
+        else:
+            decoded = [key_from_json(k, f"keys[{i}]") for i, k in enumerate(keys)]
         namespace = key_from_json(b.get("namespace"), "namespace")
         read = self.follower.read_many(b["operator"], b["state"], decoded, namespace)
-        ns = json.dumps(to_json(namespace))
-        values = pa.array([None if v is None else json.dumps(to_json(v), allow_nan=False) for v in read.value], pa.string())
-        table = pa.Table.from_arrays(
-            [pa.array([json.dumps(k) for k in keys], pa.string()), pa.array([ns] * len(keys), pa.string()), values,
-             values.is_valid()], schema=LOOKUP_SCHEMA)  # fmt: skip
-        return _meta(table, checkpoint_id=read.checkpoint_id, flushed_records=read.flushed_records)
+        found = pa.array([v is not None for v in read.value], pa.bool_())
+        table, encoding = _entries(decoded, [namespace] * len(keys), read.value, found=found)
+        return _meta(table, encoding=encoding, checkpoint_id=read.checkpoint_id, flushed_records=read.flushed_records)
 
     def _scan(self, body: Any) -> pa.Table:
         b = _fields(body, ("operator", "state"), ("from", "to", "key_group", "namespace", "limit", "cursor"), "scan")
         args = {k: str(v) if k in ("key_group", "limit", "cursor") else json.dumps(v)
                 for k, v in b.items() if k not in ("operator", "state")}  # fmt: skip
         out = scan_page(self.follower, b["operator"], b["state"], urlencode(args), self.scans)
-        cols = [pa.array([json.dumps(e[i], allow_nan=False) for e in out["entries"]], pa.string()) for i in range(3)]
-        table = pa.Table.from_arrays(cols, schema=SCAN_SCHEMA)
-        return _meta(table, next=out["next"], checkpoint_id=out["checkpoint_id"], flushed_records=out["flushed_records"])
+        entries = out["entries"]
+        table, encoding = _entries([key_from_json(e[0]) for e in entries], [key_from_json(e[1]) for e in entries],
+                                   [from_json(e[2]) for e in entries])  # fmt: skip
+        return _meta(table, encoding=encoding, next=out["next"], checkpoint_id=out["checkpoint_id"],
+                     flushed_records=out["flushed_records"])  # fmt: skip
 
     def _sql(self, body: Any) -> pa.Table:
         b = _fields(body, ("query",), ("max_rows",), "sql")

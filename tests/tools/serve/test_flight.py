@@ -19,12 +19,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.flight as fl
 import pytest
 
 import statelog
 from statelog.errors import QueryError
 from statelog.flight_client import FlightQueryClient
+from statelog.following.arrow_values import python_values
 from tests.support.s3server import RootSpec
 from tests.support.state_kinds import every_state_kind
 from tests.support.wait import wait_until
@@ -115,16 +117,26 @@ def test_lookups_of_every_state_kind_equal_the_followers(served: Any) -> None:
 
 def test_a_batch_of_1000_keys_is_one_arrow_table(served: Any) -> None:
     follower, client, _, metrics = served
-    keys = [*KEYS[:999], "absent"]
+    keys = [*range(999), 10**6]  # the last one absent
     table = client.lookup(UID, "count", keys, namespace="w1")
     assert table.schema.names == ["key", "namespace", "value", "found"] and table.num_rows == 1000
-    assert table.column("key").to_pylist() == [json.dumps(k) for k in keys]
-    assert set(table.column("namespace").to_pylist()) == {'"w1"'}
+    assert [str(table.schema.field(n).type) for n in table.schema.names] == ["int64", "string", "int64", "bool"]
+    assert json.loads(table.schema.metadata[b"encoding"]) == {"key": "arrow", "namespace": "arrow", "value": "arrow"}
+    assert table.column("key").to_pylist() == keys and set(table.column("namespace").to_pylist()) == {"w1"}
     assert table.column("found").to_pylist() == [True] * 999 + [False]
-    assert table.column("value").to_pylist() == [json.dumps(follower.get(UID, "count", k, "w1")) for k in keys[:999]] + [None]
+    assert table.column("value").to_pylist() == [follower.get(UID, "count", k, "w1") for k in keys[:999]] + [None]
     meta = table.schema.metadata
     assert json.loads(meta[b"checkpoint_id"]) == follower.checkpoint_id and json.loads(meta[b"flushed_records"]) == 0
     assert metrics.requests.labels("batch", "ok")._value.get() >= 1
+    # keys of several types, values that are not plain: JSON text, decoded by python_values
+    mixed = client.lookup(UID, "count", [1, "user-a", (3, "x"), "absent"])
+    assert json.loads(mixed.schema.metadata[b"encoding"]) == {"key": "json", "namespace": "arrow", "value": "arrow"}
+    assert mixed.column("key").to_pylist() == ["1", '"user-a"', '[3, "x"]', '"absent"']
+    assert mixed.column("namespace").type == pa.null() and mixed.column("found").to_pylist() == [True] * 3 + [False]
+    assert python_values(mixed, "key") == [1, "user-a", (3, "x"), "absent"]
+    maps = client.lookup(UID, "pmap", [1, (3, "x")])
+    assert json.loads(maps.schema.metadata[b"encoding"])["value"] == "json"
+    assert python_values(maps, "value") == [follower.get(UID, "pmap", k) for k in (1, (3, "x"))]
 
 
 def test_scans_by_key_range_and_key_group(served: Any) -> None:
@@ -135,9 +147,9 @@ def test_scans_by_key_range_and_key_group(served: Any) -> None:
     group = statelog.key_group_of(5, 16)
     table = client.scan_table(UID, "count", key_group=group, limit=50)
     expected = {(k, ns) for k in KEYS for ns in NAMESPACES if statelog.key_group_of(k, 16) == group}
-    assert {(json.loads(k), json.loads(ns)) for k, ns in zip(table.column("key").to_pylist(),
-            table.column("namespace").to_pylist(), strict=True)} == {(k if not isinstance(k, tuple) else list(k), ns)
-                                                                     for k, ns in expected}  # fmt: skip
+    got_keys = list(zip(python_values(table, "key"), python_values(table, "namespace"), strict=True))
+    assert sorted(map(repr, got_keys)) == sorted(map(repr, expected)) and len(got_keys) == len(expected)
+    assert python_values(table, "value") == [follower.get(UID, "count", k, ns) for k, ns in got_keys]
     assert b"next" not in table.schema.metadata and json.loads(table.schema.metadata[b"checkpoint_id"]) == follower.checkpoint_id
 
 
