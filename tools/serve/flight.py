@@ -7,15 +7,18 @@ ticket holding a JSON object (keys, namespaces and bounds as
 :mod:`statelog.following.json_values` encodes them):
 
 * ``{"lookup": {"operator", "state", "keys": [...], "namespace"?}}`` (at most
-  :data:`MAX_LOOKUP_KEYS` keys): columns ``key``, ``namespace``, ``value`` (JSON text, null
-  when absent) and ``found``, a row per key in the ticket's order;
+  :data:`MAX_LOOKUP_KEYS` keys): columns ``key``, ``namespace``, ``value`` (null when the
+  follower's ``get`` is None) and ``found``, a row per key in the ticket's order;
 * ``{"scan": {"operator", "state", "from"?, "to"?, "key_group"?, "namespace"?, "limit"?, "cursor"?}}``
   (the arguments of the HTTP scan, :mod:`tools.serve.scan`): a page of entries, columns ``key``,
-  ``namespace``, ``value`` (JSON text); the schema's metadata ``next`` is the next page's cursor;
+  ``namespace``, ``value``; the schema's metadata ``next`` is the next page's cursor;
 * ``{"sql": {"query", "max_rows"?}}``: DuckDB's result as it is (:mod:`tools.serve.sql`); the
   metadata ``truncated`` says whether rows were left off.
 
-Every answer's schema metadata holds ``checkpoint_id`` and ``flushed_records`` (JSON text).
+The ``key``, ``namespace`` and ``value`` columns are typed as
+:mod:`statelog.following.arrow_values` says (a plain Arrow type or JSON text; the metadata
+``encoding`` names which). Every answer's schema metadata holds ``checkpoint_id`` and
+``flushed_records`` (JSON text).
 ``list_flights`` (criteria: empty, or an operator uid) and ``get_flight_info`` (a path
 descriptor ``[operator, state]``) describe each followed state, with the ticket of its first
 scan page; ``do_action("position")`` returns the follower's position as JSON.
@@ -60,7 +63,7 @@ MAX_LOOKUP_KEYS = 100_000
 TICKETS = ('{"lookup": {"operator", "state", "keys": [...], "namespace"?}}, '
            '{"scan": {"operator", "state", "from"?, "to"?, "key_group"?, "namespace"?, "limit"?, "cursor"?}} '
            'or {"sql": {"query", "max_rows"?}}')  # fmt: skip
-SCAN_SCHEMA = pa.schema([("key", pa.string()), ("namespace", pa.string()), ("value", pa.string())])  # (as JSON text)
+SCAN_SCHEMA = pa.schema([("key", pa.string()), ("namespace", pa.string()), ("value", pa.string())])  # (get_flight_info: as JSON text)
 _PLAIN_KEYS = {int, str, float, bool, type(None)}  # keys JSON gives as themselves
 _KINDS = {"lookup": "batch", "scan": "scan", "sql": "sql"}  # ticket kind -> metrics kind
 _LABELS = {HTTPStatus.BAD_REQUEST: "bad request", HTTPStatus.NOT_FOUND: "not found", HTTPStatus.CONFLICT: "conflict",

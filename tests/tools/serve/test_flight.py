@@ -293,3 +293,24 @@ def test_a_bad_flight_port_exits_2_with_one_line(file_root: RootSpec, port: str)
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and "--flight-port" in lines[0] and TOKEN not in lines[0], lines
     job.job.close()
+
+
+def test_before_the_first_checkpoint_unavailable_then_the_state(file_root: RootSpec) -> None:
+    w = Writer(file_root)  # a job root without a completed checkpoint
+    follower = statelog.follow(file_root.url, poll_s=0.05)
+    http = make_server(follower, "127.0.0.1", 0, TOKEN)
+    server = start_flight(follower, "127.0.0.1", 0, TOKEN, http.sql, http.scans, http.metrics)
+    try:
+        client = statelog.query(f"grpc://127.0.0.1:{server.port}", token=TOKEN)
+        with pytest.raises(QueryError, match="unavailable: .*no completed checkpoint") as e:
+            client.get(UID, "count", 1)
+        assert e.value.status == 503
+        w.update(1)
+        wait_until(lambda: client.position()["checkpoint_id"] is not None, 30, "the first checkpoint served")
+        assert client.get(UID, "count", 1) == 10_001
+        client.close()
+    finally:
+        server.shutdown()
+        http.server_close()
+        follower.close()
+        w.job.close()
