@@ -282,7 +282,8 @@ def test_a_bad_flight_port_exits_2_with_one_line(file_root: RootSpec, port: str)
     job = write(file_root)
     env = {**os.environ, "STATELOG_SERVE_TOKEN": TOKEN}
     with contextlib.ExitStack() as stack:
-        if port == "taken":
+        port_in_use = port == "taken"
+        if port_in_use:
             other = stack.enter_context(socket.socket())
             other.bind(("127.0.0.1", 0))
             other.listen()
@@ -291,7 +292,9 @@ def test_a_bad_flight_port_exits_2_with_one_line(file_root: RootSpec, port: str)
                               cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2 and done.stdout == "", done.stderr
     lines = done.stderr.splitlines()
-    assert len(lines) == 1 and "--flight-port" in lines[0] and TOKEN not in lines[0], lines
+    expected = ("cannot serve Arrow Flight on 127.0.0.1:" if port_in_use else "--flight-port: expected a TCP port 0..65535")
+    assert len(lines) == 1 and expected in lines[0] and TOKEN not in lines[0], lines
+    assert not port_in_use or "Address already in use; pick another --flight-port (0: any free port)" in lines[0], lines
     job.job.close()
 
 
