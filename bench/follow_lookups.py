@@ -11,6 +11,9 @@ read it. Per round:
 * ``http_p50_ms`` / ``http_p99_ms``: ``GET /v1/state/...`` of random keys over one kept-alive
   connection (the server in its own process);
 * ``http_batch_1000_ms``: ``POST /v1/lookup`` of 1,000 random keys (the median of its requests);
+* ``flight_batch_1000_ms`` / ``flight_batch_1000_p99_ms``: a batch of 1,000 random keys over Arrow
+  Flight (``--flight-port``, the same server process), ``statelog.query("grpc://...").get_many``:
+  the call, the values decoded (the median and p99 of its calls);
 * ``sql_count_s_first``: ``SELECT count(*)`` over the state's view, the first query (builds the
   view from the replica); ``sql_count_s``: the same query again (the view kept).
 
@@ -39,6 +42,7 @@ import statelog
 from bench.follow_seed import UID, seed
 
 KEYS, ROUNDS, LOOKUPS, HTTP_LOOKUPS, BATCHES = 1_000_000, 3, 20_000, 2_000, 20
+FLIGHT_BATCHES = 200
 QUICK = {"keys": 20_000, "rounds": 1}
 TOKEN = "bench-follow-lookups"
 PROJECT = Path(__file__).resolve().parents[1]
@@ -75,14 +79,31 @@ def _in_process(root: str, keys: int) -> dict[str, float]:
 
 def _serve(root: str) -> tuple[subprocess.Popen[str], str, int]:
     env = {**os.environ, "STATELOG_SERVE_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "tools", "serve", root, "--port", "0", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "tools", "serve", root, "--port", "0", "--flight-port", "0", "--json"],
                             cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     line = proc.stdout.readline() if proc.stdout else ""
     found = re.search(r"http://([\d.]+):(\d+)/", line)
-    if not found:
+    flight = re.search(r"grpc://[\d.]+:\d+", line)
+    if not found or not flight:
         proc.kill()
         raise RuntimeError(f"statelog serve printed no URL: {line!r}")
-    return proc, found.group(1), int(found.group(2))
+    return proc, found.group(1), int(found.group(2)), flight.group(0)
+
+
+def _over_flight(url: str, keys: int) -> dict[str, float]:
+    rng = random.Random(4)
+    with statelog.query(url, token=TOKEN) as client:
+        for _ in range(5):  # warm (the connection, the first lookups load on demand)
+            client.get_many(UID, "v", rng.choices(range(keys), k=1000))
+        times = []
+        for _ in range(FLIGHT_BATCHES):
+            batch = rng.choices(range(keys), k=1000)
+            t = time.perf_counter()
+            values = client.get_many(UID, "v", batch)
+            times.append((time.perf_counter() - t) * 1e3)
+            if len(values) != 1000 or values[0] is None:
+                raise RuntimeError(f"a Flight batch of 1000 keys gave {len(values)} values, the first {values[0]!r}")
+    return {"flight_batch_1000_ms": statistics.median(times), "flight_batch_1000_p99_ms": _p(times, 0.99)}
 
 
 def _call(conn: http.client.HTTPConnection, method: str, path: str, body: Any = None) -> Any:
@@ -99,8 +120,9 @@ def _call(conn: http.client.HTTPConnection, method: str, path: str, body: Any = 
 
 
 def _over_http(root: str, keys: int) -> dict[str, float]:
-    proc, host, port = _serve(root)
+    proc, host, port, flight_url = _serve(root)
     try:
+        flight = _over_flight(flight_url, keys)
         conn = http.client.HTTPConnection(host, port, timeout=600)
         rng = random.Random(3)
         for k in rng.choices(range(keys), k=200):  # warm (the first lookups load on demand)
@@ -133,7 +155,7 @@ def _over_http(root: str, keys: int) -> dict[str, float]:
         proc.wait(60)
     return {"http_p50_ms": _p(times, 0.5), "http_p99_ms": _p(times, 0.99),
             "http_batch_1000_ms": statistics.median(batches),
-            "sql_count_s_first": first, "sql_count_s": statistics.median(again)}  # fmt: skip
+            "sql_count_s_first": first, "sql_count_s": statistics.median(again), **flight}  # fmt: skip
 
 
 def measure_lookups(root: str | None = None, keys: int = KEYS, rounds: int = ROUNDS,

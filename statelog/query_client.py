@@ -12,12 +12,15 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from statelog.errors import ConfigError, QueryError
 from statelog.following.json_values import from_json, key_from_json, to_json
 from statelog.following.position import Read
+
+if TYPE_CHECKING:
+    from statelog.flight_client import FlightQueryClient
 
 __all__ = ["QueryClient", "query"]
 
@@ -29,7 +32,8 @@ class QueryClient:
 
     def __init__(self, url: str, token: str, timeout: float = 30.0) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"statelog.query: expected the server's URL http://HOST:PORT/, got {url!r}")
+            raise ConfigError(f"statelog.query: expected the server's URL http://HOST:PORT/ (or grpc://HOST:PORT for "
+                              f"Arrow Flight), got {url!r}")
         if not token:
             raise ConfigError("statelog.query: expected the server's token (token=...), got none")
         self.url = url.rstrip("/") + "/"
@@ -130,7 +134,13 @@ class QueryClient:
         return out
 
 
-def query(url: str, token: str, timeout: float = 30.0) -> QueryClient:
-    """A client of the ``statelog serve`` server at ``url`` (``http://HOST:PORT/``) with its
-    ``token`` (docs/follow.md, "Serving it")."""
+def query(url: str, token: str, timeout: float = 30.0) -> QueryClient | FlightQueryClient:
+    """A client of the ``statelog serve`` server at ``url`` with its ``token`` (docs/follow.md,
+    "Serving it"): ``http://HOST:PORT/`` (the HTTP server) gives a :class:`QueryClient`,
+    ``grpc://HOST:PORT`` (``--flight-port``) a :class:`~statelog.flight_client.FlightQueryClient`
+    with the same methods and Arrow answers."""
+    if url.startswith(("grpc://", "grpc+tcp://", "grpc+tls://")):
+        from statelog.flight_client import FlightQueryClient  # pyarrow.flight only for a Flight URL
+
+        return FlightQueryClient(url, token, timeout)
     return QueryClient(url, token, timeout)

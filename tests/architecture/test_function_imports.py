@@ -45,6 +45,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.state_info", "statelog.types"): "start-up time: metadata is read without pyarrow, a state's "
                                                 "value types are decoded when first used",
     ("tools.cli.checkpoint_json", "statelog.types"): "start-up time: `checkpoints list` prints no value types",
+    ("statelog.query_client", "statelog.flight_client"): "start-up time: pyarrow.flight (gRPC) only for a grpc:// URL",
 }
 
 

@@ -1,10 +1,11 @@
-"""``statelog serve ROOT``: a follower of ROOT, its state served over HTTP/JSON (read-only).
+"""``statelog serve ROOT``: a follower of ROOT, its state served over HTTP/JSON and, with
+``--flight-port``, Arrow Flight (:mod:`tools.serve.flight`), both from the one follower (read-only).
 
 The server (:mod:`tools.serve.server`) answers only requests that bring the token
 (``Authorization: Bearer TOKEN``), read from ``--token-file`` or else the environment variable
 ``STATELOG_SERVE_TOKEN``; without a token the command refuses to start (exit 2, one line).
 It prints ``statelog serve: serving ROOT at http://HOST:PORT/ ...`` (with ``--json``, one JSON
-object with ``root`` and ``url``) once the follower has its first state, and serves until
+object with ``root`` and ``url``, and ``flight_url`` with ``--flight-port``) once the follower has its first state, and serves until
 interrupted. Exit codes: 0 ok, 2 usage or library error (one line).
 """
 
@@ -17,10 +18,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from statelog.errors import ConfigError
 from statelog.following.follower import Follower
 from statelog.following.position import Consistency
 from statelog.metrics import MetricsServer
+from tools.serve.flight import start_flight
 from tools.serve.server import make_server
 
 log = logging.getLogger("tools.cli")
@@ -42,6 +46,9 @@ def declare_serve(p: argparse.ArgumentParser) -> None:
                         "changelog flushed after it")
     p.add_argument("--poll", metavar="S", default="1",
                    help="seconds between the follower's polls of the root (default 1)")
+    p.add_argument("--flight-port", metavar="N", default=None,
+                   help="also serve Arrow Flight (grpc://HOST:N) from the same follower (0: any free port, printed; "
+                        "default: none)")
     p.add_argument("--token-file", metavar="PATH",
                    help=f"file holding the token requests must bring (default: the environment variable {TOKEN_ENV})")
     p.add_argument("--metrics-port", metavar="N", default=None,
@@ -91,6 +98,7 @@ def cmd_serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
     token = read_token(args.token_file)  # first: nothing is opened without a token
     port = parse_port(args.port)
     poll_s = parse_poll(args.poll)
+    flight_port = None if args.flight_port is None else parse_port(args.flight_port, "--flight-port")
     follower = Follower(args.root, operators=args.operators, consistency=args.consistency,
                         store_options=options, poll_s=poll_s)  # fmt: skip
     try:
@@ -108,15 +116,30 @@ def cmd_serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
             except ConfigError:
                 server.server_close()
                 raise
+        flight = None
+        if flight_port is not None:
+            try:
+                flight = start_flight(follower, args.host, flight_port, token, server.sql, server.scans, server.metrics)
+            except (OSError, pa.ArrowException) as e:
+                server.server_close()
+                if metrics is not None:
+                    metrics.close()
+                reason = getattr(e, "strerror", None) or str(e).split(". Detail:")[0].splitlines()[0]
+                raise ConfigError(f"cannot serve Arrow Flight on {args.host}:{flight_port}: {reason}; pick another "
+                                  "--flight-port (0: any free port) or --host") from None
         host, bound = server.server_address[:2]
         url = f"http://{host}:{bound}/"
+        flight_url = None if flight is None else f"grpc://{host}:{flight.port}"
         if args.json:
             out = {"root": follower.root, "url": url}
+            if flight_url is not None:
+                out["flight_url"] = flight_url
             if metrics is not None:
                 out["metrics_url"] = metrics.url + "/metrics"
             print(json.dumps(out), flush=True)
         else:
-            also = f", metrics at {metrics.url}/metrics" if metrics is not None else ""
+            also = f" and {flight_url} (Arrow Flight)" if flight_url is not None else ""
+            also += f", metrics at {metrics.url}/metrics" if metrics is not None else ""
             print(f"statelog serve: serving {follower.root} at {url}{also} (Ctrl-C to stop)", flush=True)
         try:
             server.serve_forever()
@@ -124,6 +147,8 @@ def cmd_serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
             log.info("statelog serve: stopped")
         finally:
             server.server_close()
+            if flight is not None:
+                flight.shutdown()
             if metrics is not None:
                 metrics.close()
     finally:
