@@ -52,7 +52,7 @@ prometheus:
 
 test: java browser prometheus $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples
-	STATELOG_BROWSER_REQUIRED=1 STATELOG_PROMETHEUS_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15
+	STATELOG_BROWSER_REQUIRED=1 STATELOG_PROMETHEUS_REQUIRED=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=40
 
 lint: $(STAMP)
 	$(PY) -m ruff check statelog materializer runtime tools tests bench examples

@@ -185,7 +185,7 @@ LONG_LOOPS = os.environ.get("STATELOG_LONG_LOOPS") == "1"
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("store", "kills", "with_checkpoint", "seed"),
-    [("memory", 22, 15, 20240611) if LONG_LOOPS else ("memory", 14, 9, 20240611), ("disk", 8, 5, 20251125)],
+    [("memory", 22, 15, 20240611) if LONG_LOOPS else ("memory", 10, 5, 20240611), ("disk", 8, 5, 20251125)],
     ids=["memory", "disk"],
 )
 def test_sigkill_loop_file(tmp_path: Path, store: str, kills: int, with_checkpoint: int, seed: int) -> None:
@@ -199,7 +199,7 @@ def test_sigkill_loop_file(tmp_path: Path, store: str, kills: int, with_checkpoi
 @pytest.mark.slow
 @pytest.mark.s3
 def test_sigkill_loop_s3(s3_server: Any, tmp_path: Path) -> None:
-    kills = 9 if LONG_LOOPS else 6
+    kills = 9 if LONG_LOOPS else 4
     spec = s3_server.unique_root()
     stats = run_crash_loop(spec.url, spec.options, tmp_path, kills=kills, seed=777)
     check_stats(stats, kills, with_checkpoint=kills * 2 // 3)

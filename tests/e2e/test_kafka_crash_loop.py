@@ -24,7 +24,7 @@ from tests.support.s3server import RootSpec
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.fault]
 
 # the suite's loops are short; STATELOG_LONG_LOOPS=1 runs the longer ones (20 kills)
-KILLS = 20 if os.environ.get("STATELOG_LONG_LOOPS") == "1" else 12
+KILLS = 20 if os.environ.get("STATELOG_LONG_LOOPS") == "1" else 8
 PER_SPLIT = 5000
 RATE = 250  # records/s per source subtask while the kills land (the gate holds the end back)
 

@@ -443,7 +443,7 @@ LONG_LOOPS = os.environ.get("STATELOG_LONG_LOOPS") == "1"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("store", "kills", "seed"), [("memory", 20 if LONG_LOOPS else 12, 4242), ("disk", 8, 4343)],
+@pytest.mark.parametrize(("store", "kills", "seed"), [("memory", 20 if LONG_LOOPS else 8, 4242), ("disk", 8, 4343)],
                          ids=["memory", "disk"])
 def test_materializer_sigkill_loop_file(tmp_path: Path, store: str, kills: int, seed: int) -> None:
     """``disk``: the producer and the checker's restores on the disk-backed working set (a

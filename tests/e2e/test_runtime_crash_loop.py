@@ -33,7 +33,7 @@ from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
 
 # the suite's loops are short; STATELOG_LONG_LOOPS=1 runs the longer ones (20 kills)
-KILLS = 20 if os.environ.get("STATELOG_LONG_LOOPS") == "1" else 12
+KILLS = 20 if os.environ.get("STATELOG_LONG_LOOPS") == "1" else 8
 CHECKED = 8
 
 

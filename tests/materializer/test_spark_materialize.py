@@ -11,6 +11,7 @@ one later checkpoints build on, so the restores the scenario checks read Spark's
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -147,8 +148,12 @@ class SparkScenario(Scenario):
         SparkScenario.compared += 1
 
 
+# the suite runs 10 examples; STATELOG_LONG_LOOPS=1 runs 20
+PROPERTY_EXAMPLES = 20 if os.environ.get("STATELOG_LONG_LOOPS") == "1" else 10
+
+
 @pytest.mark.slow
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=PROPERTY_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=STEPS)
 def test_property_spark_materialization_equals_in_process(spark: Any, tmp_path_factory: Any, steps: Any) -> None:
     root = tmp_path_factory.mktemp("propspark").as_uri()
