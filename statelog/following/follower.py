@@ -203,7 +203,8 @@ class Follower:
         state's value (its default when the follower knows the descriptor), a list, a map as a
         dict, a reducing state's value, an aggregating state's result (its accumulator when
         the descriptor was not given in ``operators``)."""
-        return self.read(operator, state, key, namespace).value
+        with self._lock:  # (as read(), without building its Read)
+            return self._replica(operator).get(state, key, namespace)
 
     def with_replicas(self, fn: Callable[[CheckpointMetadata | None, dict[str, OperatorReplica], int], T]) -> T:
         """``fn(checkpoint, replicas by operator, flushed records beyond it)`` with the lock

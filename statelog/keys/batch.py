@@ -44,7 +44,7 @@ def encode_keys(keys: Any) -> tuple[list[Any], pa.Array]:
     if arr is not None:
         if arr.null_count == 0 and (pa.types.is_integer(arr.type) and arr.type != pa.uint64()):
             ints = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            return ints.tolist(), _int64_keys(ints)
+            return ints.tolist(), int64_keys(ints)
         if arr.null_count == 0 and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
             kbs = _str_keys(arr)
             if kbs is not None:
@@ -58,11 +58,11 @@ def encode_keys(keys: Any) -> tuple[list[Any], pa.Array]:
             except OverflowError:
                 ints = None
             if ints is not None:
-                return pykeys, _int64_keys(ints)
+                return pykeys, int64_keys(ints)
     return pykeys, pa.array(list(map(encode_key, pykeys)), pa.binary())
 
 
-def _int64_keys(ints: np.ndarray) -> pa.Array:
+def int64_keys(ints: np.ndarray) -> pa.Array:
     """Tag byte and the big-endian value + 2^63 (``docs/format.md`` 3.1), 9 bytes each."""
     n = len(ints)
     rec = np.empty(n, np.dtype([("tag", "u1"), ("value", ">u8")]))
@@ -126,4 +126,4 @@ def key_groups_of(kbs: pa.Array, max_parallelism: int) -> np.ndarray:
     return (h % np.uint64(max_parallelism)).astype(np.uint16)
 
 
-__all__ = ["as_key_array", "crc32_of", "encode_keys", "key_groups_of"]
+__all__ = ["as_key_array", "crc32_of", "encode_keys", "int64_keys", "key_groups_of"]

@@ -12,16 +12,19 @@ same batches in-process (pyarrow only: this module imports nothing of PySpark).
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from statelog.arrays import numpy_integers
 from statelog.descriptors import StateInfo, StateKind
-from statelog.keys.encoding import encode_key
+from statelog.keys.batch import encode_keys, int64_keys, key_groups_of
 from statelog.readers import options as opt
 from statelog.readers.restore import (
     namespace_tables,
@@ -105,7 +108,7 @@ def state_batches(backend: Any, info: StateInfo, key_type: pa.DataType | None, m
     """Arrow batches of the state rows of a restored backend.
 
     Column-wise per namespace: the keys and entries of a namespace table are taken as lists,
-    keys are encoded with ``encode_key`` and their key groups computed in Arrow.
+    keys are encoded and their key groups computed a column at a time (:mod:`statelog.keys.batch`).
     """
     layout = ValueLayout.of(info)
     sources = key_sources(key_type)
@@ -144,12 +147,24 @@ def state_batches(backend: Any, info: StateInfo, key_type: pa.DataType | None, m
 
 
 def _key_cells(ks: list[Any], key_type: pa.DataType | None, maxp: int) -> dict[str, Any]:
-    kbs = list(map(encode_key, ks))
-    cols: dict[str, Any] = {"key_group": key_groups(kbs, maxp)}
+    """The key columns of keys ``ks``: their encodings and key groups a column at a time
+    (:mod:`statelog.keys.batch`: int64 keys and short strings with numpy)."""
+    types = set(map(type, ks))
+    ints = None
+    if types == {int}:
+        with contextlib.suppress(OverflowError):  # (beyond int64: encoded key by key)
+            ints = np.fromiter(ks, np.int64, len(ks))
+    if ints is not None:
+        kbs = int64_keys(ints)
+    elif types == {str}:
+        _, kbs = encode_keys(pa.array(ks, pa.string()))
+    else:
+        _, kbs = encode_keys(ks)
+    cols: dict[str, Any] = {"key_group": numpy_integers(key_groups_of(kbs, maxp))}
     if key_type is not None:
         cols["key"] = typed_keys(ks, key_type)
     else:
-        cols["key"] = render_all(ks)
+        cols["key"] = numpy_integers(ints).cast(pa.string()) if ints is not None else render_all(ks)
         cols["key_bytes"] = kbs
     return cols
 

@@ -245,6 +245,7 @@ class StateServer(ThreadingHTTPServer):
         self.follower = follower
         self.token = token.encode()
         self.sql = ReplicaSQL(follower)
+        self.sql.prepare()
         self.scans = ScanCursors()
         self.metrics = ServeMetrics(follower)
         super().__init__(address, Handler)
