@@ -4,8 +4,8 @@
 ``bench.follow`` calls.
 
 A writer fills a ``ValueState<int64>`` of ``keys`` int keys and checkpoints once; a follower
-(``statelog.follow``, "checkpoint", the whole state loaded) and a ``statelog serve`` process
-read it. Per round:
+(``statelog.follow``, "checkpoint", the whole state loaded) and a ``statelog serve --restore
+eager`` process (the whole state loaded before it serves) read it. Per round:
 
 * ``lookup_p50_us`` / ``lookup_p99_us``: ``follower.get`` of random keys, in this process;
 * ``http_p50_ms`` / ``http_p99_ms``: ``GET /v1/state/...`` of random keys over one kept-alive
@@ -79,7 +79,9 @@ def _in_process(root: str, keys: int) -> dict[str, float]:
 
 def _serve(root: str) -> tuple[subprocess.Popen[str], str, int]:
     env = {**os.environ, "STATELOG_SERVE_TOKEN": TOKEN}
-    proc = subprocess.Popen([sys.executable, "-m", "tools", "serve", root, "--port", "0", "--flight-port", "0", "--json"],
+    # the whole state loaded before serving: the figures are a ready replica's, not a restore's
+    proc = subprocess.Popen([sys.executable, "-m", "tools", "serve", root, "--port", "0", "--flight-port", "0",
+                             "--restore", "eager", "--json"],
                             cwd=PROJECT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     line = proc.stdout.readline() if proc.stdout else ""
     found = re.search(r"http://([\d.]+):(\d+)/", line)

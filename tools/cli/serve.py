@@ -46,6 +46,9 @@ def declare_serve(p: argparse.ArgumentParser) -> None:
                         "changelog flushed after it")
     p.add_argument("--poll", metavar="S", default="1",
                    help="seconds between the follower's polls of the root (default 1)")
+    p.add_argument("--restore", choices=["on-demand", "eager"], default="on-demand",
+                   help="on-demand (default): serve at once, key groups load in the background and on first use; "
+                        "eager: load the whole state before serving (no request waits for a load)")
     p.add_argument("--flight-port", metavar="N", default=None,
                    help="also serve Arrow Flight (grpc://HOST:N) from the same follower (0: any free port, printed; "
                         "default: none)")
@@ -100,7 +103,7 @@ def cmd_serve(args: argparse.Namespace, options: dict[str, Any]) -> int:
     poll_s = parse_poll(args.poll)
     flight_port = None if args.flight_port is None else parse_port(args.flight_port, "--flight-port")
     follower = Follower(args.root, operators=args.operators, consistency=args.consistency,
-                        store_options=options, poll_s=poll_s)  # fmt: skip
+                        store_options=options, poll_s=poll_s, on_demand=args.restore == "on-demand")  # fmt: skip
     try:
         try:
             server = make_server(follower, args.host, port, token)

@@ -130,6 +130,20 @@ def test_values_equal_the_writers_and_move_with_checkpoints(file_root: RootSpec,
     w.job.close()
 
 
+def test_restore_eager_serves_the_same_state(file_root: RootSpec, tmp_path: Path) -> None:
+    """``--restore eager`` loads the whole state before it prints its URL; answers are the same."""
+    w = Writer(file_root)
+    first = w.update(1)
+    with serve(file_root.url, tmp_path, "--restore", "eager") as (url, _):
+        client = statelog.query(url, token=TOKEN)
+        assert client.position()["checkpoint_id"] == first
+        assert served_view(client) == w.view() and served_view(client, "w1") == w.view("w1")
+        second = w.update(2)
+        wait_until(lambda: client.position()["checkpoint_id"] == second, 30, "the server at the new checkpoint")
+        assert served_view(client) == w.view()
+    w.job.close()
+
+
 def test_wrong_or_missing_token_is_refused_and_logged_without_the_token(file_root: RootSpec, tmp_path: Path) -> None:
     w = Writer(file_root)
     w.update(1)
