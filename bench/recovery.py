@@ -124,13 +124,16 @@ def measure(root: str, options: dict[str, Any], checkpoint: int, subtask: int, p
     """One restore in this process (run it in a fresh one). The modules a restore uses are
     imported first (a restarted worker has them loaded before it restores): the figures are
     the restore's, not the interpreter's first imports (about 0.5 s for the S3 client)."""
+    import pyarrow as pa
     import pyarrow.parquet  # noqa: F401
 
     import statelog
+    import statelog.job  # noqa: F401  (``statelog.open`` loads the engine lazily: loaded here, not timed)
     import statelog.restore.ondemand.loader  # noqa: F401
     import statelog.store.local  # noqa: F401
     import statelog.store.s3.object_store  # noqa: F401
 
+    pa.array([0])  # pyarrow's first array imports pandas when it is installed (0.2 s): not the restore's
     desc = _descriptor()
     gc.collect()
     before = _rss_mib()
@@ -174,13 +177,16 @@ def build_small_tail(root: str, options: dict[str, Any]) -> int:
 
 def measure_touches(root: str, options: dict[str, Any], checkpoint: int, on_demand: bool) -> dict[str, float]:
     """Open at ``checkpoint``, read ``SMALL_TAIL_TOUCHED`` random keys, wait for the rest."""
+    import pyarrow as pa
     import pyarrow.parquet  # noqa: F401
 
     import statelog
+    import statelog.job  # noqa: F401  (``statelog.open`` loads the engine lazily: loaded here, not timed)
     import statelog.restore.ondemand.loader  # noqa: F401
     import statelog.store.local  # noqa: F401
     import statelog.store.s3.object_store  # noqa: F401
 
+    pa.array([0])  # pyarrow's first array imports pandas when it is installed (0.2 s): not the restore's
     desc = _descriptor()
     keys = random.Random(3).sample(range(SMALL_TAIL_KEYS), SMALL_TAIL_TOUCHED)
     t0 = time.perf_counter()
