@@ -45,6 +45,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.state_info", "statelog.types"): "start-up time: metadata is read without pyarrow, a state's "
                                                 "value types are decoded when first used",
     ("tools.cli.checkpoint_json", "statelog.types"): "start-up time: `checkpoints list` prints no value types",
+    ("materializer.daemon.metrics", "materializer.daemon.metrics_export"): "prometheus_client loads when a daemon's "
+        "metrics are served, not when a background materializer starts (and the exporter imports DaemonMetrics)",
+    ("statelog.job", "statelog.following.standby"): "start-up time: the follower's modules load for a standby "
+                                                    "only, not when a writer opens its root",
 }
 
 
