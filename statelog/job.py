@@ -14,12 +14,13 @@ creates keyed backends (fresh or restored from a checkpoint), and publishes chec
             job.checkpoint(sources={"events": offset + 1})
 """
 
+# size: the job facade, one method per job-level operation (each delegates to its module)
 from __future__ import annotations
 
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
@@ -29,7 +30,6 @@ from statelog.checkpoint.publish import CheckpointPublisher
 from statelog.checkpoint.root_lease import RootLease
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
 from statelog.errors import ConfigError, FencedError
-from statelog.following.standby import Takeover, stand_by_job
 from statelog.keys.groups import check_parallelism, key_group_range_for_subtask
 from statelog.loop_metrics import LoopMetrics, job_label
 from statelog.materialization.adoption import MaterializationWatch
@@ -56,6 +56,8 @@ from statelog.store.base import ObjectStore
 from statelog.store.fencing import FencedStore
 from statelog.store.local_copies import LocalCopyStore, with_local_copies
 
+if TYPE_CHECKING:
+    from statelog.following.standby import Takeover
 log = logging.getLogger(__name__)
 
 
@@ -148,7 +150,9 @@ class StateJob:
         self._materializations = MaterializationWatch(self.store, log)
         self.materialization_poll_s = 1.0  # how often checkpoint() lists newer materializations
         self.takeover: Takeover | None = None  # standby=True: what it took over (statelog/following/standby.py)
-        self.takeover = stand_by_job(self, store_options) if standby else None
+        if standby:  # the follower's modules load for a standby only, not on a writer's start-up
+            from statelog.following.standby import stand_by_job
+            self.takeover = stand_by_job(self, store_options)
 
     def __repr__(self) -> str:
         # the store's repr hides credentials (statelog.store.options); nothing else here is secret

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from materializer.build import MaterializeOptions, TableEngine
 from materializer.daemon.fencing import LeaseHolding
@@ -37,8 +37,10 @@ from statelog.errors import (
     StatelogError,
     StorePermissionError,
 )
-from statelog.metrics import MetricsServer
 from statelog.store.base import ObjectStore
+
+if TYPE_CHECKING:  # prometheus_client: loads when the metrics are served
+    from statelog.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -289,9 +291,7 @@ class MaterializerDaemon:
         last: dict[str, Any] | None = None
         failures = 0
         if self.settings.metrics_port is not None and self.metrics_server is None:
-            self.metrics_server = MetricsServer(
-                self.metrics.registry, self.health, self.settings.metrics_host, self.settings.metrics_port
-            )
+            self.metrics_server = self.metrics.serve(self.health, self.settings.metrics_host, self.settings.metrics_port)
         limit = _OnceLimit(self.lease)
         try:
             while not self._stopping():

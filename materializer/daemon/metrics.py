@@ -1,42 +1,50 @@
-"""The materializer daemon's Prometheus metrics (served by :class:`statelog.metrics.MetricsServer`).
+"""The materializer daemon's metrics: plain counters the daemon updates, served through
+Prometheus by :mod:`materializer.daemon.metrics_export` when ``metrics_port`` is set.
 
-Read from the daemon when scraped (a ``prometheus_client`` collector), except the durations,
-which are histograms the daemon observes; the ``process_*`` figures are the daemon process's.
-Every series has the label ``owner``. Names and meanings: ``docs/monitoring.md``.
+Until served nothing imports ``prometheus_client`` (a background materializer starts without
+it). When served they are read from the daemon when scraped, except the durations, which are
+histograms the daemon observes; the ``process_*`` figures are the daemon process's. Every
+series has the label ``owner``. Names and meanings: ``docs/monitoring.md``.
 """
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
-from statelog.metrics import ProcessMetrics
-
-PREFIX = "statelog_materializer_"
 DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
 
-class DaemonMetrics(Collector):
-    """A registry with the daemon's metrics; the daemon calls :meth:`observe_cycle`."""
+class DurationHistogram:
+    """Counts per bucket of :data:`DURATION_BUCKETS` (``+Inf`` last) and their sum; thread-safe."""
+
+    bounds = DURATION_BUCKETS
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+            self.sum += seconds
+
+    def snapshot(self) -> tuple[list[int], float]:
+        with self._lock:
+            return list(self.buckets), self.sum
+
+
+class DaemonMetrics:
+    """The daemon's counters and durations; the daemon calls :meth:`observe_cycle`."""
 
     def __init__(self, daemon: Any) -> None:  # a MaterializerDaemon (it imports this module)
         self.daemon = daemon
-        self.registry = CollectorRegistry()
-        self.materialize_seconds = Histogram(
-            PREFIX + "materialization_duration_seconds", "time to build and publish one materialization",
-            ["owner"], buckets=DURATION_BUCKETS, registry=self.registry,
-        ).labels(daemon.owner)  # fmt: skip
-        self.cycle_seconds = Histogram(
-            PREFIX + "cycle_duration_seconds", "time of one daemon cycle (lease, decision, materialization, GC)",
-            ["owner"], buckets=DURATION_BUCKETS, registry=self.registry,
-        ).labels(daemon.owner)  # fmt: skip
-        self.registry.register(self)
-        self.registry.register(ProcessMetrics({"owner": daemon.owner}))
+        self.materialize_seconds = DurationHistogram()
+        self.cycle_seconds = DurationHistogram()
         self.failures = 0
         self.rows_written = 0
         self.bytes_written = 0
@@ -45,6 +53,13 @@ class DaemonMetrics(Collector):
         self.gc_checkpoints = 0
         self.last_success: float | None = None
         self.last_error: str | None = None
+
+    def serve(self, health: Callable[[], tuple[bool, dict[str, Any]]], host: str, port: int) -> Any:
+        """Serve these metrics (``/metrics``) and ``health`` (``/healthz``) on ``host:port``;
+        returns the :class:`statelog.metrics.MetricsServer`."""
+        from materializer.daemon.metrics_export import serve_daemon_metrics
+
+        return serve_daemon_metrics(self, health, host, port)
 
     def observe_cycle(self, summary: dict[str, Any]) -> None:
         self.cycle_seconds.observe(summary.get("duration_s") or 0.0)
@@ -65,48 +80,3 @@ class DaemonMetrics(Collector):
     def observe_failure(self, error: BaseException) -> None:
         self.failures += 1
         self.last_error = f"{type(error).__name__}: {error}"
-
-    def collect(self) -> Iterator[Metric]:
-        d = self.daemon
-        s = d.last_summary or {}
-        labels = ["owner"]
-        owner = [d.owner]
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
-            c.add_metric(owner, value)
-            return c
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
-            g.add_metric(owner, value)
-            return g
-
-        yield counter("cycles", "daemon cycles completed", d.cycles)
-        yield counter("cycle_failures", "daemon cycles that failed (retried with backoff)", self.failures)
-        yield counter("materializations", "materializations this daemon published", d.published)
-        yield counter("rows_written", "rows of the materializations this daemon published", self.rows_written)
-        yield counter("bytes_written", "bytes of state tables this daemon wrote", self.bytes_written)
-        yield counter("gc_deleted_objects", "objects deleted by this daemon's garbage collection", self.gc_objects)
-        yield counter("gc_deleted_bytes", "bytes deleted by this daemon's garbage collection", self.gc_bytes)
-        yield counter("gc_deleted_checkpoints", "checkpoint metadata deleted by retention in GC", self.gc_checkpoints)
-        yield gauge("lease_held", "1 while this daemon holds the root's leader lease", 1 if s.get("leader") else 0)
-        yield gauge("lease_generation", "the lease generation this daemon holds (0: none)", s.get("generation") or 0)
-        latest, newest = s.get("latest_checkpoint"), s.get("materialization") or s.get("latest_materialization")
-        if latest is not None:
-            yield gauge("latest_checkpoint", "id of the newest checkpoint of the root", latest["id"])
-            if latest.get("timestamp_ms") is not None:
-                yield gauge("latest_checkpoint_timestamp_seconds", "when the root's newest checkpoint was taken "
-                            "(Unix time)", latest["timestamp_ms"] / 1000)  # fmt: skip
-            yield gauge("tail_bytes", "changelog bytes of the newest checkpoint after its materialization",
-                        latest["tail_bytes"])  # fmt: skip
-        if latest is not None and newest is not None:
-            yield gauge("lag_checkpoints", "checkpoints the newest materialization is behind the newest checkpoint",
-                        max(0, latest["id"] - newest["checkpoint_id"]))  # fmt: skip
-            yield gauge("lag_seconds", "seconds from the newest materialization's publication to the newest "
-                        "checkpoint (0 when it is not behind)",
-                        0.0 if latest["id"] <= newest["checkpoint_id"]
-                        else max(0.0, (latest["timestamp_ms"] - newest["created_ms"]) / 1000))  # fmt: skip
-        if self.last_success is not None:
-            yield gauge("last_success_timestamp_seconds", "when the last cycle completed (Unix time)",
-                        self.last_success)  # fmt: skip

@@ -46,6 +46,10 @@ ALLOWED: dict[tuple[str, str], str] = {
                                                 "value types are decoded when first used",
     ("tools.cli.checkpoint_json", "statelog.types"): "start-up time: `checkpoints list` prints no value types",
     ("statelog.query_client", "statelog.flight_client"): "start-up time: pyarrow.flight (gRPC) only for a grpc:// URL",
+    ("materializer.daemon.metrics", "materializer.daemon.metrics_export"): "prometheus_client loads when a daemon's "
+        "metrics are served, not when a background materializer starts (and the exporter imports DaemonMetrics)",
+    ("statelog.job", "statelog.following.standby"): "start-up time: the follower's modules load for a standby "
+                                                    "only, not when a writer opens its root",
 }
 
 

@@ -190,6 +190,26 @@ def test_consumer_loop_start_loads_no_heavy_dependency(tmp_path: Path) -> None:
     assert _heavy_modules_after(code) == []
 
 
+def test_consumer_loop_start_loads_no_metrics_client_and_no_follower(tmp_path: Path) -> None:
+    """Up to its first record, a loop without ``metrics_port`` (and its background materializer
+    without one) imports no ``prometheus_client``, and a writer's ``statelog.open`` none of the
+    hot standby's follower modules: neither is on the path to the first record."""
+    code = (
+        "import json, sys, pyarrow as pa, statelog, materializer\n"
+        f"job = statelog.open({(tmp_path / 'root').as_uri()!r})\n"
+        "b = job.backend('op', restore='none')\n"
+        "bg = materializer.start_background(job)\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('n', pa.int64(), default=0))\n"
+        "b.set_current_key('k'); s.update(s.value() + 1)\n"
+        "job.checkpoint(); bg.trigger()\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'prometheus_client'\n"
+        "                or m in ('statelog.following.standby', 'statelog.following.follower'))\n"
+        "bg.stop(); job.close()\n"
+        "print(json.dumps(loaded))\n"
+    )
+    assert json.loads(_run(code).splitlines()[-1]) == []
+
+
 def test_consumer_loop_first_checkpoint_loads_no_pandas(tmp_path: Path) -> None:
     """A restarted loop's first checkpoint (restore, updates, ``job.checkpoint``) in the loop's
     own thread imports no pandas (pyarrow would on a ``pa.array`` or ``to_numpy``)."""
