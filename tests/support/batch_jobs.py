@@ -195,5 +195,10 @@ def expected_state(rows: list[dict[str, int]]) -> dict[tuple[str, str], dict[int
             ("agg-min", "min"): dict(lo), ("agg-max", "max"): dict(hi)}  # fmt: skip
 
 
+def rows_before(sources: dict[str, Any]) -> list[dict[str, int]]:
+    """The generator's events before the positions of a checkpoint's ``events`` source."""
+    return [make_event(int(split), i) for split, pos in sources["events"].items() for i in range(pos["next"])]
+
+
 def as_counter(rows: list[dict[str, int]]) -> Counter[tuple[int, int]]:
     return Counter((r["k"], r["v"]) for r in rows)
