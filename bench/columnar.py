@@ -187,8 +187,10 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, lar
         _case(tmp, f"count_{nkeys:.0e}".replace("+0", ""), "count", nkeys, disk_updates, rounds, True, progress, out)
         out["memory_bytes_per_key_batch"] = round(_memory_per_key(nkeys, True), 1)
         out["memory_bytes_per_key_record"] = round(_memory_per_key(nkeys, False), 1)
-        # -- the Kafka batch path (bench.columnar_runtime): kafka_events_per_s beside the
-        # per-record loop and the client alone
+        # -- the runtime's batch path (bench.columnar_runtime): runtime_events_per_s_p2 beside
+        # the per-record job; the Kafka batch path: kafka_events_per_s beside the per-record
+        # loop and the client alone
+        out.update(columnar_runtime.run_runtime(quick, progress))
         out.update(columnar_runtime.run(quick, progress))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

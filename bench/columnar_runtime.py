@@ -1,5 +1,24 @@
-"""The Kafka part of the columnar benchmark: a keyed count from a topic through
-:meth:`runtime.Application.run_batches` beside the per-record loop and the client alone.
+"""The runtime parts of the columnar benchmark: the parallel runtime's keyed count from
+Parquet in batch mode beside per-record mode (:func:`run_runtime`), and a keyed count from a
+Kafka topic through :meth:`runtime.Application.run_batches` beside the per-record loop and
+the client alone (:func:`run`).
+
+**Runtime** (the workload of the Flink anchor): ``bench.spark_streaming.make_input``'s
+Parquet files (``RUNTIME_EVENTS`` events over ``KEYS`` keys, ``quick``: 2·10^5 over 10^4),
+parallelism 2, exactly-once aligned, changelog on, a checkpoint every second, a fresh
+``file://`` root per run:
+
+* ``runtime_events_per_s_p2``: ``ParquetSource`` read with ``from_source(..., batches=True,
+  batch_rows=RUNTIME_BATCH_ROWS)`` -> ``key_by("key")`` -> ``aggregate("count", emit=False)``
+  (one ``add_many`` per batch on the count's aggregating state);
+* ``runtime_record_events_per_s_p2``: ``bench.runtime``'s per-record job (``row="tuple"``,
+  a keyed process function doing ``count.update(count.value() + 1)``).
+
+events/s = events ÷ the job's wall time (``JobResult.duration_s``); after one warm-up run of
+each, the two alternate over the rounds; medians with their spread (min, max). Every run's
+final checkpoint is restored and its total count checked against the input.
+
+**Kafka**:
 
 * **Broker**: ``tests.support.kafka.broker.start_kafka()`` on loopback (as ``bench.kafka``).
 * **Input**: ``EVENTS`` records (``quick``: 10^5) over ``KEYS`` keys (``quick``: 10^4),
@@ -33,8 +52,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import statelog
+from bench import runtime as bench_runtime
 from bench.kafka import produce
-from runtime import Application
+from runtime import Application, CollectSink, ParquetSource, StreamExecutionEnvironment
+from runtime.api.batches import aggregate_descriptor
 from statelog import ReducingStateDescriptor, ValueStateDescriptor
 
 EVENTS = 1_000_000
@@ -44,6 +66,81 @@ BATCH = 100_000
 UID = "bench-count"
 RECORD_COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 BATCH_COUNT = ReducingStateDescriptor("count", pa.int64(), reduce_fn=operator.add)
+RUNTIME_EVENTS = 4_000_000
+RUNTIME_FILES = 20
+RUNTIME_BATCH_ROWS = 131_072
+RUNTIME_ROUNDS = 5
+
+
+def runtime_batch_job(input_dir: Path, root: str) -> Any:
+    """The keyed count of the Parquet input in batch mode at parallelism 2."""
+    env = StreamExecutionEnvironment(parallelism=2, checkpoint_interval_s=1.0, checkpoint_timeout_s=120.0,
+                                     state_root=root)  # fmt: skip
+    events = env.from_source(ParquetSource(input_dir, "input-*.parquet", columns=["key"]), uid="events",
+                             batches=True, batch_rows=RUNTIME_BATCH_ROWS)  # fmt: skip
+    events.key_by("key").aggregate("count", uid=UID, emit=False).sink_to(CollectSink(), uid="out")
+    return env.execute("bench-columnar-runtime")
+
+
+def _batch_total(root: str, checkpoint_id: int) -> int:
+    with statelog.open(root, create=False) as job:
+        total = 0
+        for i in range(2):
+            b = job.backend(UID, subtask=i, parallelism=2, restore=checkpoint_id, changelog=False)
+            b.get_state(aggregate_descriptor("count", "count", pa.int64()))
+            total += sum(v for _, _, v in b.entries("count"))
+            b.close()
+        return total
+
+
+def _runtime_once(kind: str, input_dir: Path, root_dir: Path, events: int) -> Any:
+    root = root_dir.as_uri()
+    try:
+        if kind == "batch":
+            res = runtime_batch_job(input_dir, root)
+            got = _batch_total(root, res.final_checkpoint)
+        else:
+            res = bench_runtime.run_job(input_dir, root, "changelog", 1.0)
+            got = bench_runtime.total_count(root, res.final_checkpoint)
+        if got != events:
+            raise RuntimeError(f"{kind} run: the final checkpoint counts {got} events, not {events}")
+        return res
+    finally:
+        shutil.rmtree(root_dir, ignore_errors=True)
+
+
+def run_runtime(quick: bool = False, progress: bool = True, rounds: int = RUNTIME_ROUNDS) -> dict[str, Any]:
+    """The runtime's keyed count from Parquet at parallelism 2, batch vs per-record mode."""
+    from bench.spark_streaming import make_input
+
+    events, keys = (200_000, 10_000) if quick else (RUNTIME_EVENTS, KEYS)
+    work = Path(tempfile.mkdtemp(prefix="statelog-bench-columnar-runtime-"))
+    rates: dict[str, list[float]] = {"batch": [], "record": []}
+    checkpoints: dict[str, list[int]] = {"batch": [], "record": []}
+    try:
+        make_input(work / "input", events, keys, 4 if quick else RUNTIME_FILES)
+        n = 0
+        for kind in rates:  # warm-up, not counted: the first job of a process starts the forkserver
+            n += 1
+            _runtime_once(kind, work / "input", work / f"root-{n}", events)
+        for r in range(1 if quick else rounds):
+            for kind in rates:
+                n += 1
+                res = _runtime_once(kind, work / "input", work / f"root-{n}", events)
+                rates[kind].append(events / res.duration_s)
+                checkpoints[kind].append(len(res.completed_checkpoints))
+                _log(progress, f"round {r + 1} runtime {kind}: {rates[kind][-1]:,.0f} events/s "
+                     f"({res.duration_s:.2f}s, {checkpoints[kind][-1]} checkpoints)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out: dict[str, Any] = {"runtime_events": events, "runtime_keys": keys, "runtime_batch_rows": RUNTIME_BATCH_ROWS}
+    for kind, name in (("batch", "runtime_events_per_s_p2"), ("record", "runtime_record_events_per_s_p2")):
+        out[name] = round(statistics.median(rates[kind]))
+        out[f"{name}_spread"] = [round(min(rates[kind])), round(max(rates[kind]))]
+        out[f"{name}_checkpoints"] = round(statistics.median(checkpoints[kind]))
+    out["runtime_batch_vs_record_p2"] = round(statistics.median(
+        b / r for b, r in zip(rates["batch"], rates["record"], strict=True)), 2)
+    return out
 
 
 def _app(bootstrap: str, topic: str, root: str) -> Application:
@@ -103,7 +200,7 @@ def consume_only(bootstrap: str, topic: str, events: int) -> float:
 
 def _log(progress: bool, msg: str) -> None:
     if progress:
-        print(f"[columnar/kafka] {msg}", flush=True)
+        print(f"[columnar] {msg}", flush=True)
 
 
 def run(quick: bool = False, progress: bool = True, rounds: int = 3) -> dict[str, Any]:
@@ -151,4 +248,8 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(run(quick="--quick" in sys.argv, progress="--json" not in sys.argv)))
+    quick, progress = "--quick" in sys.argv, "--json" not in sys.argv
+    if "--runtime-only" in sys.argv:  # the runtime part alone (no Kafka broker)
+        print(json.dumps(run_runtime(quick, progress)))
+    else:
+        print(json.dumps({**run_runtime(quick, progress), **run(quick, progress)}))

@@ -47,6 +47,7 @@ class StreamNode:
     source: Source | None = None
     watermarks: WatermarkStrategy | None = None
     sink: Sink | None = None
+    batch_rows: int | None = None  # a source read as Arrow record batches of up to this many rows
 
     @property
     def kind(self) -> str:

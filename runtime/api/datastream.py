@@ -1,7 +1,9 @@
 """The streams a job is built of: what each transformation adds to the stream graph.
 
 A :class:`DataStream` is the output of one node of the graph, or the union of several;
-``key_by`` makes a :class:`KeyedStream` (keyed process functions and windows apply to it),
+``key_by`` makes a :class:`KeyedStream` (keyed process functions and windows apply to it;
+on a stream of Arrow record batches keyed by a column, ``process_batches`` and
+``aggregate``: :mod:`runtime.api.batches`),
 ``window`` a :class:`WindowedStream` and ``connect`` of two keyed streams
 :class:`ConnectedStreams` (a keyed two-input operator). The environment
 (:class:`~runtime.api.environment.StreamExecutionEnvironment`) owns the graph.
@@ -12,11 +14,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import pyarrow as pa
+
+from runtime.api.batches import AGGREGATIONS
 from runtime.api.functions import KeyedCoProcessFunction, KeyedProcessFunction
 from runtime.api.windows import WindowAssigner, WindowOperator
 from runtime.connectors.sinks import Sink
 from runtime.errors import JobGraphError
 from runtime.graph import FORWARD, HASH, InputEdge, StreamGraph, StreamNode
+from runtime.network.batch_router import ColumnKey
+from runtime.task.batch_operators import BatchAggregateOperator, BatchFunction, BatchProcessOperator
 from runtime.task.operators import (
     FilterOperator,
     FlatMapOperator,
@@ -34,6 +41,7 @@ class GraphOwner(Protocol):
     graph: StreamGraph
 
 
+_INT64 = pa.int64()
 Part = tuple[int, str, Callable[[Any], Any] | None]  # (node id, partitioning, key selector)
 
 
@@ -69,10 +77,15 @@ class DataStream:
     def flat_map(self, fn: Callable[[Any], Iterable[Any] | None], name: str = "flat_map") -> DataStream:
         return self._one(FlatMapOperator(fn, name), name)
 
-    def key_by(self, key_selector: Callable[[Any], Any]) -> KeyedStream:
-        """Partition by key: records with equal keys go to the same subtask (by key group)."""
+    def key_by(self, key_selector: Callable[[Any], Any] | str) -> KeyedStream:
+        """Partition by key: records with equal keys go to the same subtask (by key group).
+
+        A column name keys by that column: record batches are split by the key groups of
+        the column (:mod:`runtime.api.batches`), records by ``record[name]``."""
+        if isinstance(key_selector, str) and key_selector:
+            key_selector = ColumnKey(key_selector)
         if not callable(key_selector):
-            raise JobGraphError("key_by needs a callable key selector")
+            raise JobGraphError(f"key_by needs a callable key selector or a column name, got {key_selector!r}")
         return KeyedStream(self.env, tuple((n, HASH, key_selector) for n, _p, _k in self.parts))
 
     def union(self, *others: DataStream) -> DataStream:
@@ -102,6 +115,39 @@ class KeyedStream(DataStream):
         assert sel is not None
         name = name or f"process:{uid}"
         return self._one(KeyedProcessOperator(uid, fn, (sel,), name), name, uid)
+
+    def _column(self, what: str) -> ColumnKey:
+        sel = self.parts[0][2]
+        if not isinstance(sel, ColumnKey) or any(k != sel for _n, _p, k in self.parts):
+            raise JobGraphError(f"{what} needs a stream keyed by one column: key_by('column name')")
+        return sel
+
+    def process_batches(self, fn: BatchFunction, uid: str, name: str | None = None) -> DataStream:
+        """``fn(batch, ctx)`` on every record batch, with the keyed state's batch calls in
+        ``ctx`` (:class:`~runtime.api.batches.BatchContext`); it returns a batch, a table,
+        an iterable of them, or None (no output)."""
+        if not callable(fn):
+            raise JobGraphError(f"process_batches needs a callable fn(batch, ctx), got {type(fn).__name__}")
+        name = name or f"process-batches:{uid}"
+        return self._one(BatchProcessOperator(uid, fn, self._column("process_batches"), name), name, uid)
+
+    def aggregate(self, how: str, uid: str, *, column: str | None = None, value_type: pa.DataType = _INT64,
+                  state_name: str | None = None, emit: bool = True, name: str | None = None) -> DataStream:  # fmt: skip
+        """``how`` (``"count"``, ``"sum"``, ``"min"``, ``"max"``) of ``column`` per key of a
+        stream of record batches, a batch call per batch, in state ``state_name`` (default:
+        ``how``; count: an aggregating state with :class:`~statelog.state.batch.CountAggregate`,
+        the others a reducing state of ``value_type`` with ``operator.add``/``min``/``max``).
+        ``emit``: per batch, the touched keys with their new values."""
+        key = self._column("aggregate")
+        if how not in AGGREGATIONS:
+            raise JobGraphError(f"aggregate: how must be one of {AGGREGATIONS}, got {how!r}")
+        if how != "count" and not (isinstance(column, str) and column):
+            raise JobGraphError(f"aggregate({how!r}) needs the column to aggregate: column='name'")
+        if not isinstance(value_type, pa.DataType):
+            raise JobGraphError(f"aggregate: value_type must be a pyarrow DataType, got {value_type!r}")
+        name = name or f"aggregate:{uid}"
+        op = BatchAggregateOperator(uid, key, how, column, value_type, state_name or how, bool(emit), name)
+        return self._one(op, name, uid)
 
     def window(self, assigner: WindowAssigner) -> WindowedStream:
         if len({id(k) for _n, _p, k in self.parts}) != 1:

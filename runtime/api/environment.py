@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from materializer.options import MaterializerOptions
+from runtime.api.batches import DEFAULT_BATCH_ROWS, check_batch_source
 from runtime.api.datastream import DataStream
 from runtime.cluster.client import JobClient
 from runtime.cluster.master import JobMaster, JobResult
@@ -157,10 +158,17 @@ class StreamExecutionEnvironment:
         uid: str,
         name: str | None = None,
         watermarks: WatermarkStrategy | None = None,
+        *,
+        batches: bool = False,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
     ) -> DataStream:
+        """The stream of ``source``'s records; ``batches=True``: of Arrow record batches of up
+        to ``batch_rows`` rows each (see :mod:`runtime.api.batches`)."""
         if not isinstance(source, Source):
             raise JobGraphError(f"from_source needs a runtime.Source, got {type(source).__name__}")
-        node = self.graph.add(name=name or f"source:{uid}", uid=uid, inputs=[], source=source, watermarks=watermarks)
+        rows = check_batch_source(batches, batch_rows, watermarks)
+        node = self.graph.add(name=name or f"source:{uid}", uid=uid, inputs=[], source=source, watermarks=watermarks,
+                              batch_rows=rows)  # fmt: skip
         return DataStream(self, ((node.id, FORWARD, None),))
 
     # -- running -------------------------------------------------------------------------------

@@ -171,28 +171,38 @@ class _ParquetReader(SplitReader):
             self.close()
             raise
         self._skip = offset - start  # rows to drop inside the first row group read
+        self._groups = range(first, meta.num_row_groups)
         self._batches = (
-            self.pf.iter_batches(PARQUET_BATCH_ROWS, row_groups=range(first, meta.num_row_groups), columns=self.columns)
+            self.pf.iter_batches(PARQUET_BATCH_ROWS, row_groups=self._groups, columns=self.columns)
             if offset < self.total else iter(())
         )
+        self._rows: int | None = None  # read_batch: rows decoded at a time (set by its first call)
+        self._rest: pa.RecordBatch | None = None  # read_batch: what is left of the last decoded batch
         self._buf: list[Any] = []
         self._pos = 0
         self.finished = offset >= self.total
 
-    def _next_batch(self) -> bool:
-        """Decode and convert the next batch into the buffer; False at the end of the file."""
+    def _next_arrow(self) -> pa.RecordBatch | None:
+        """The next decoded batch (after the rows a restore skips); None at the end of the file."""
         while True:
             batch = next(self._batches, None)
             if batch is None:
-                return False
+                return None
             if self._skip:
                 if batch.num_rows <= self._skip:
                     self._skip -= batch.num_rows
                     continue
                 batch = batch.slice(self._skip)
                 self._skip = 0
-            if batch.num_rows == 0:
-                continue
+            if batch.num_rows:
+                return batch
+
+    def _next_batch(self) -> bool:
+        """Decode and convert the next batch into the buffer; False at the end of the file."""
+        while True:
+            batch = self._next_arrow()
+            if batch is None:
+                return False
             cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
             if self.row == "tuple":
                 self._buf = list(zip(*cols, strict=True))
@@ -206,12 +216,7 @@ class _ParquetReader(SplitReader):
         out: list[Any] = []
         while len(out) < max_records and not self.finished:
             if self._pos >= len(self._buf) and not self._next_batch():
-                if self.offset != self.total:
-                    raise JobGraphError(
-                        f"{self.path}: ended after {self.offset} of {self.total} rows: the file changed; "
-                        "Parquet source files must not change after the job started"
-                    )
-                self.finished = True
+                self._ended()
                 break
             take = self._buf[self._pos : self._pos + max_records - len(out)]
             self._pos += len(take)
@@ -222,6 +227,41 @@ class _ParquetReader(SplitReader):
         if self.finished:
             self._buf = []
         return out
+
+    def read_batch(self, max_records: int) -> pa.RecordBatch | None:
+        """Up to ``max_records`` rows as Arrow, sliced from the decoded batches (no Python
+        object per row); batches of the file are decoded ``max_records`` rows at a time."""
+        if self._rows is None:  # the first read decides how many rows the decoder yields at a time
+            self._rows = max(PARQUET_BATCH_ROWS, max_records)
+            if self.offset < self.total:
+                self._batches = self.pf.iter_batches(self._rows, row_groups=self._groups, columns=self.columns)
+        parts: list[pa.RecordBatch] = []
+        got = 0
+        while got < max_records and not self.finished:
+            rest = self._rest
+            if rest is None or rest.num_rows == 0:
+                rest = self._next_arrow()
+                if rest is None:
+                    self._ended()
+                    break
+            take = rest.slice(0, max_records - got)
+            self._rest = rest.slice(take.num_rows)
+            parts.append(take)
+            got += take.num_rows
+            self.offset += take.num_rows
+            if self.offset >= self.total:
+                self.finished = True
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+
+    def _ended(self) -> None:
+        if self.offset != self.total:
+            raise JobGraphError(
+                f"{self.path}: ended after {self.offset} of {self.total} rows: the file changed; "
+                "Parquet source files must not change after the job started"
+            )
+        self.finished = True
 
     def position(self) -> dict[str, Any]:
         return {"offset": self.offset}

@@ -18,6 +18,10 @@ On a store URL (``s3://bucket/prefix``, ``file://``) the same protocol runs on o
 checkpoint ``>=`` theirs completes, and drops them on failover: exactly once as well.
 
 **PrintSink** writes each record when it arrives (at-least-once: replays repeat output).
+
+All three take Arrow record batches too (``from_source(..., batches=True)``): a batch
+stands for its rows, as ``{column: value}`` dicts (a JSON line, a collected record, a
+printed line per row).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
+
+import pyarrow as pa
 
 from runtime.connectors.object_sink import (
     ObjectSinkOperator,
@@ -242,6 +248,9 @@ class CollectSinkOperator(StreamOperator):
         self._buf: list[Any] = []
 
     def process(self, value: Any, ts: int | None, input_index: int) -> None:
+        if type(value) is pa.RecordBatch:
+            self._buf.extend(value.to_pylist())  # its rows, as {column: value} dicts
+            return
         self._buf.append(value)
 
     def snapshot(self, checkpoint_id: int) -> OperatorSnapshot | None:
@@ -273,4 +282,5 @@ class PrintSinkOperator(StreamOperator):
 
     def process(self, value: Any, ts: int | None, input_index: int) -> None:
         stream = self.stream or sys.stdout
-        stream.write(f"{self.prefix}{value!r}\n")
+        for v in value.to_pylist() if type(value) is pa.RecordBatch else (value,):
+            stream.write(f"{self.prefix}{v!r}\n")

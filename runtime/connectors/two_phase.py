@@ -3,7 +3,7 @@
 :class:`TwoPhaseCommitOperator` is the operator side of :class:`runtime.connectors.sinks.FileSink`
 (a local directory, :class:`~runtime.connectors.sinks.FileSinkOperator`) and of its store-URL
 variant (:class:`~runtime.connectors.object_sink.ObjectSinkOperator`): records are written as
-JSON lines into the open transaction, the barrier of checkpoint ``n`` pre-commits it under
+JSON lines into the open transaction (an Arrow record batch: a line per row), the barrier of checkpoint ``n`` pre-commits it under
 pending names (durable before the acknowledgement), and a completed checkpoint ``m >= n``
 commits them. :func:`commits_on_recovery` is the rule of the job master's recovery: what a
 restored checkpoint covers is committed, everything else aborted. Subclasses say where the
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import pyarrow as pa
 
 from runtime.task.operators import OperatorSnapshot, StreamOperator
 
@@ -39,6 +41,12 @@ class TwoPhaseCommitOperator(StreamOperator):
         self.records = 0
 
     def process(self, value: Any, ts: int | None, input_index: int) -> None:
+        if type(value) is pa.RecordBatch:  # a line per row, the row as a {column: value} dict
+            serialize, write = self.serializer, self.write_line
+            for row in value.to_pylist():
+                write(serialize(row))
+            self.records += value.num_rows
+            return
         self.write_line(self.serializer(value))
         self.records += 1
 

@@ -5,15 +5,47 @@ routing: the key groups of a key column come from :func:`statelog.keys.batch.key
 (the same encoding and hash as ``key_group_of`` per record), the owning subtask is
 ``key_group * parallelism // max_parallelism`` (``subtask_for_key_group``) over the whole
 array, and each subtask gets the rows it owns in their order in the batch.
+
+:class:`ColumnKey` is the key selector of ``key_by("column")``: a hash edge keyed by it
+splits each record batch with :func:`split_by_key_group` (one frame per subtask's part), and
+routes any other element by ``element[column]`` (e.g. a dict record) as a callable selector.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from statelog.errors import ConfigError
 from statelog.keys.batch import encode_keys, key_groups_of
+
+
+class ColumnKey:
+    """The key of ``key_by(name)``: column ``name`` of a record batch, or ``record[name]``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, record: Any) -> Any:
+        if isinstance(record, pa.RecordBatch):
+            raise ConfigError(
+                f"a record batch reached a per-record keyed operator (key_by({self.name!r})): on a stream of "
+                "batches use process_batches(...) or aggregate(...), or read records (from_source without batches=True)"
+            )
+        return record[self.name]
+
+    def __repr__(self) -> str:
+        return f"ColumnKey({self.name!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ColumnKey) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash((ColumnKey, self.name))
 
 
 def subtasks_of(keys: pa.Array, max_parallelism: int, parallelism: int) -> np.ndarray:

@@ -38,8 +38,11 @@ import pickle
 from collections.abc import Iterable
 from typing import Any
 
+import pyarrow as pa
+
 from materializer.savepoint import list_savepoints
 from runtime.errors import RuntimeJobError
+from runtime.network.batch_router import ColumnKey, split_by_key_group
 from statelog.keys.groups import key_group_of, subtask_for_key_group
 from statelog.layout import INFLIGHT_PREFIX, parse_inflight_key
 
@@ -107,7 +110,8 @@ def replay_for(
 
     At the checkpoint's parallelism a task takes its own object. At another parallelism the
     input records of every subtask of the vertex are redistributed: records of a ``hash``
-    edge go to the subtask owning their key group, those of a ``forward`` edge (and output
+    edge go to the subtask owning their key group (a record batch of an edge keyed by a
+    column: the rows it owns), those of a ``forward`` edge (and output
     records) to ``old subtask % parallelism``.
     """
     refs = {t: r for t, r in references(sources).items() if int(t.split(".")[0]) == vertex_id}
@@ -136,6 +140,10 @@ def replay_for(
             if edge.key_selector is None:
                 if old_sub % parallelism == subtask:
                     inputs.append(rec)
+            elif isinstance(edge.key_selector, ColumnKey) and isinstance(rec[2], pa.RecordBatch):
+                part = split_by_key_group(rec[2], edge.key_selector.name, max_parallelism, parallelism)[subtask]
+                if part is not None:  # the rows of a batch this subtask owns now
+                    inputs.append((rec[0], rec[1], part, rec[3]))
             else:
                 kg = key_group_of(edge.key_selector(rec[2]), max_parallelism)
                 if subtask_for_key_group(max_parallelism, parallelism, kg) == subtask:

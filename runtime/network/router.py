@@ -5,7 +5,11 @@ An :class:`EdgeOutput` buffers records per channel and sends a frame when a buff
 events (watermarks, barriers) go to every channel of every output edge, after the records
 buffered before them. ``hash`` edges route by key group:
 ``subtask_for_key_group(max_parallelism, parallelism, key_group_of(key))``, the assignment
-the statelog backends of the downstream subtasks check.
+the statelog backends of the downstream subtasks check. A ``hash`` edge keyed by a column
+(``key_by("name")``: :class:`~runtime.network.batch_router.ColumnKey`) splits each Arrow
+record batch by the key groups of that column, vectorized
+(:func:`~runtime.network.batch_router.split_by_key_group`, the same hash), and sends each
+subtask's part at once as a frame of its own: a batch is one element of a channel.
 """
 
 from __future__ import annotations
@@ -13,8 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from runtime.api.functions import MAX_WATERMARK
 from runtime.graph import FORWARD
+from runtime.network.batch_router import ColumnKey, split_by_key_group
 from statelog.keys.groups import key_group_of, subtask_for_key_group
 
 
@@ -61,6 +68,22 @@ class EdgeOutput:
         self.max_parallelism = max_parallelism
         self._route: dict[Any, int] = {}
         self.sent_records = 0  # records handed to the channels (counted per frame; the metrics)
+        if isinstance(key_selector, ColumnKey) and not self.forward:
+            self.emit = self._emit_column  # type: ignore[method-assign]
+
+    def _emit_column(self, value: Any, ts: int | None) -> None:
+        """``emit`` of an edge keyed by a column: a record batch is split by key group."""
+        if type(value) is not pa.RecordBatch:
+            return EdgeOutput.emit(self, value, ts)
+        name = self.key_selector.name  # type: ignore[union-attr]
+        for i, part in enumerate(split_by_key_group(value, name, self.max_parallelism, len(self.channels))):
+            if part is not None:
+                buf = self.buffers[i]
+                buf.append((part, ts))
+                self.sent_records += len(buf)
+                self.channels[i].send((buf, None))
+                self.buffers[i] = []
+        return None
 
     def emit(self, value: Any, ts: int | None) -> None:
         if self.forward:

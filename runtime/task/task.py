@@ -69,6 +69,7 @@ class Task(UnalignedCheckpointing):
         aligned: bool = True,
         unaligned: bool = False,
         channel_edges: list[int] | None = None,
+        batch_rows: int | None = None,
     ) -> None:
         self.host = host
         self.key = key
@@ -103,8 +104,9 @@ class Task(UnalignedCheckpointing):
         self.backpressured_s = 0.0  # time step() found no room in the output channels
         self._bp_since: float | None = None
         self._rate = source.source.records_per_s if source is not None else None
+        self._rows = batch_rows or 0  # rows per read of a source read as record batches (else: records)
+        self._read = None if source is None else source.read_batch if batch_rows else source.read
         self._t0 = time.monotonic()
-        self._paced = 0
         # a keyed head whose state is on disk: each input frame's keys are read in one batch
         self._prefetch: Any = None
 
@@ -176,14 +178,13 @@ class Task(UnalignedCheckpointing):
             return False
         src = self.source
         assert src is not None
-        n = self.host.batch_size
+        n = self._rows or self.host.batch_size
         if self._rate:
-            allowed = int(self._rate * (time.monotonic() - self._t0)) - self._paced
+            allowed = int(self._rate * (time.monotonic() - self._t0)) - src.emitted  # records (rows) read
             if allowed <= 0:
                 return False
             n = min(n, allowed)
-        batch = src.read(n)
-        self._paced += len(batch)
+        batch = self._read(n)  # records, or one record batch (from_source(..., batches=True))
         head = self.head
         emit = head.emit
         for value, ts in batch:

@@ -200,7 +200,7 @@ def build_tasks(
             splits = node.source.open_splits(assignments.get(node.id, {}), node.watermarks,
                                              subtask=i, parallelism=p, restored=restored)  # fmt: skip
             task = Task(host, key, v.id, ops, router, source=splits, source_uid=node.uid, aligned=aligned,
-                        unaligned=unaligned)  # fmt: skip
+                        unaligned=unaligned, batch_rows=node.batch_rows)  # fmt: skip
         else:
             chans, idxs = inputs[v.id]
             chan_edges = [e.id for e, _src in graph.input_channels(v, i, p)]

@@ -27,7 +27,7 @@ from materializer.background import start_background
 from runtime import FixedDelay, read_committed
 from runtime.api.windows import WINDOW_STATE
 from statelog import PICKLE, AggregatingStateDescriptor
-from tests.support import jobs
+from tests.support import batch_jobs, jobs
 from tests.support.chaos import damage_copies, kill_workers
 from tests.support.jobs import make_env
 from tests.support.s3server import RootSpec
@@ -225,3 +225,45 @@ def test_random_worker_kills_in_unaligned_mode(file_root: RootSpec, tmp_path: Pa
     # generous: the run takes 20-40 s (loaded machine: 60); a restore stuck behind its replay
     # would wait for checkpoint timeouts (30 s each) and exceed it
     assert took < 180, f"the unaligned crash loop took {took:.0f}s"
+
+
+BATCH_KILLS = 4
+BATCH_PER_SPLIT = 6000
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+@pytest.mark.parametrize("mode", ["exactly_once_aligned", "exactly_once_unaligned"], ids=["aligned", "unaligned"])
+def test_random_worker_kills_in_a_job_of_record_batches(file_root: RootSpec, tmp_path: Path, mode: str) -> None:
+    """The batch job of tests/support/batch_jobs.py (batches from the source, split by key
+    group, process_batches and aggregate on the batch state calls): after the kills its
+    output holds every event exactly once and its final state is the input's; in aligned mode
+    checkpoints spread over the run, restored at parallelism 1, hold the state of the events
+    before their source positions."""
+    env = make_env(file_root, mode=mode, restart_strategy=FixedDelay(attempts=4 * BATCH_KILLS, delay_s=0.0),
+                   retain_checkpoints=1000)  # fmt: skip
+    gate = tmp_path / "gate"
+    source = jobs.GatedGeneratorSource(batch_jobs.make_event, BATCH_PER_SPLIT, batch_jobs.SPLITS, rate=2000,
+                                       gate=gate, parallelism=2)  # fmt: skip
+    batch_jobs.build_batch(env, source, tmp_path / "out", batch_rows=200)
+    client = env.execute_async("crash-loop-batches")
+    assert client.wait_running(1, timeout=60)
+    kills = kill_workers(client, BATCH_KILLS, random.Random(39), 0.2, 0.8)
+    jobs.open_gate(gate)
+    result = client.wait(300)
+    print(f"batches, {mode}: {kills.count} kills at {kills.at}; {result.attempts} attempts, "
+          f"{len(result.completed_checkpoints)} checkpoints")
+    assert kills.count >= BATCH_KILLS, f"the job ended before all kills landed: {kills}"
+    assert result.attempts >= BATCH_KILLS + 1
+    rows = batch_jobs.events(BATCH_PER_SPLIT)
+    assert batch_jobs.as_counter(read_committed(tmp_path / "out")) == batch_jobs.as_counter(rows)
+    assert batch_jobs.final_state(file_root.url, result.final_checkpoint, 2) == batch_jobs.expected_state(rows)
+    if mode == "exactly_once_unaligned":
+        return  # (its checkpoints' state is completed by their in-flight batches)
+    with statelog.open(file_root.url) as job:
+        ids = job.catalog.checkpoint_ids()
+        picked = ids[:: max(1, len(ids) // CHECKED)][:CHECKED]
+        sources = {cid: job.load_checkpoint(cid).sources for cid in picked}
+    for cid, src in sources.items():
+        expected = batch_jobs.expected_state(batch_jobs.rows_before(src))
+        assert batch_jobs.final_state(file_root.url, cid, 1) == expected, f"checkpoint {cid}"

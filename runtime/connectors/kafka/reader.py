@@ -21,7 +21,7 @@ from runtime.connectors.kafka.records import (
     parse_split,
     split_id,
 )
-from runtime.connectors.sources import SourceSplits, WatermarkStrategy
+from runtime.connectors.sources import SourceSplits, WatermarkStrategy, records_to_batch
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +252,11 @@ class KafkaSourceSplits(SourceSplits):
             self._assign()
         self.emitted += len(out)
         return out
+
+    def read_batch(self, max_records: int) -> list[tuple[Any, None]]:
+        """``batches=True``: the records of one :meth:`read` as one record batch."""
+        batch = records_to_batch([v for v, _ts in self.read(max_records)])
+        return [] if batch is None else [(batch, None)]
 
     def _bad_record(self, m: Any, stage: str, error: Exception) -> None:
         """A record ``stage`` could not read: dead-lettered, else the job fails naming it."""

@@ -205,3 +205,42 @@ def test_restore_a_retained_checkpoint_at_another_parallelism(file_root: RootSpe
     env.execute("parquet-restored", restore=cid, timeout_s=120)
     windows = read_committed(tmp_path / "a", upto_checkpoint=cid) + read_committed(tmp_path / "b")
     assert sorted(windows) == jobs.golden_windows(PER_SPLIT)
+
+
+@pytest.mark.parametrize("offset", [0, 13, 10, 25])
+@pytest.mark.parametrize("rows", [1, 4, 10, 11, 100])
+def test_read_batch_slices_arrow_batches_across_row_groups_and_resumes_at_its_position(
+    tmp_path: Path, offset: int, rows: int
+) -> None:
+    """from_source(batches=True): batches of up to ``rows`` rows, exact positions."""
+    write_clicks(tmp_path, 25, row_group_size=10, splits=1)
+    src = ParquetSource(tmp_path, columns=["split", "i"])
+    r = src.reader("clicks-0.parquet", {"offset": offset})
+    seen: list[int] = []
+    while not r.finished:
+        batch = r.read_batch(rows)
+        assert isinstance(batch, pa.RecordBatch) and 0 < batch.num_rows <= rows
+        assert batch.schema.names == ["split", "i"]
+        seen += batch.column("i").to_pylist()
+        assert r.position() == {"offset": offset + len(seen)}
+        if len(seen) == 3:  # a restore from the position mid-way reads the rest
+            again = src.reader("clicks-0.parquet", r.position())
+            rest = again.read_batch(100)
+            assert rest is not None and rest.column("i").to_pylist() == list(range(offset + 3, 25))
+            again.close()
+    assert seen == list(range(offset, 25)) and r.read_batch(rows) is None
+    r.close()
+
+
+def test_source_splits_read_batches_round_robin_counting_rows(tmp_path: Path) -> None:
+    write_clicks(tmp_path, 30, row_group_size=8, splits=2)
+    splits = SourceSplits(ParquetSource(tmp_path), {"clicks-0.parquet": None, "clicks-1.parquet": {"offset": 20}}, None)
+    got: list[tuple[int, int]] = []
+    while not splits.finished:
+        out = splits.read_batch(6)
+        assert len(out) == 1 and out[0][1] is None
+        got += list(zip(out[0][0]["split"].to_pylist(), out[0][0]["i"].to_pylist(), strict=True))
+    assert sorted(got) == [(0, i) for i in range(30)] + [(1, i) for i in range(20, 30)]
+    assert splits.emitted == 40 and splits.read_batch(6) == []
+    assert splits.positions() == {"clicks-0.parquet": {"offset": 30}, "clicks-1.parquet": {"offset": 30}}
+    splits.close()
