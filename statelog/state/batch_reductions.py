@@ -103,7 +103,7 @@ def group_numpy(arr: pa.Array | None, vals: pa.Array, aggregation: str) -> tuple
         return None
     if aggregation == "count":  # the keys alone, sorted (a sort of values: ~4x faster than argsort)
         sk = np.sort(k)
-        starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+        starts = _run_starts(sk)
         return pa.array(sk[starts]), pa.array(np.diff(np.append(starts, n)).astype(np.int64))
     v = vals.to_numpy()
     if aggregation == "sum" and v.dtype.kind in "iu":
@@ -118,8 +118,13 @@ def group_numpy(arr: pa.Array | None, vals: pa.Array, aggregation: str) -> tuple
         sk, sv = k[order], v[order]
     if aggregation == "sum" and sv.dtype.kind in "iu":
         sv = sv.astype(np.int64, copy=False)
-    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    starts = _run_starts(sk)
     return pa.array(sk[starts]), pa.array(_REDUCEAT[aggregation].reduceat(sv, starts))
+
+
+def _run_starts(sk: np.ndarray) -> np.ndarray:
+    """Where each run of equal keys of the sorted keys ``sk`` starts."""
+    return np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
 
 
 def _sorted_packed(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
