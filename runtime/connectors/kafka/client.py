@@ -64,13 +64,16 @@ def _describe(exc: BaseException) -> str:
     return describe_kafka_error(err if err is not None else exc)
 
 
+FATAL_MEANING = (" (a fatal producer error: this producer cannot go on, e.g. the broker lost its idempotence"
+                 " state in a restart; the attempt fails and the next one starts new producers)")
+
+
 def describe_kafka_error(err: Any) -> str:
     """A client error (a confluent-kafka ``KafkaError``) in words; a fatal producer error says
     what it means."""
     text = str(err)
     if getattr(err, "fatal", None) is not None and err.fatal():
-        text += (" (a fatal producer error: this producer cannot go on, e.g. the broker lost its"
-                 " idempotence state in a restart; the attempt fails and the next one starts new producers)")  # fmt: skip
+        text += FATAL_MEANING
     return text
 
 

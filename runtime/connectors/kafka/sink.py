@@ -28,12 +28,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.connectors.kafka.client import (
+    FATAL_MEANING,
     METADATA_TIMEOUT_S,
     PRODUCER_ONLY,
     KafkaError,
     check_config,
     check_metadata_timeout,
-    describe_kafka_error,
     kafka_call,
     list_topics,
     require_kafka,
@@ -125,7 +125,6 @@ class KafkaSinkOperator(StreamOperator):
         super().__init__(uid)
         self.sink = sink
         self._errors: list[str] = []
-        self._fatal: Any = None  # the producer's fatal error, from its error callback
         self.timeout_s = 30.0
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -140,7 +139,7 @@ class KafkaSinkOperator(StreamOperator):
         list_topics(ck.admin.AdminClient(sink.config()), sink.bootstrap_servers, f"KafkaSink {self.uid}",
                     sink.metadata_timeout_s)
         if sink.delivery != "exactly-once":
-            self.producer = ck.Producer(sink.config(error_cb=self._error_cb(sink.producer_config.get("error_cb"))))
+            self.producer = ck.Producer(sink.config())
             return
         host = self.ctx.host  # type: ignore[attr-defined]
         self.store = host.job.store
@@ -165,36 +164,20 @@ class KafkaSinkOperator(StreamOperator):
         self._call(f"init_transactions of {txn_id!r}", producer.init_transactions, self.timeout_s)
         return _Txn(slot, txn_id, producer)
 
-    def _error_cb(self, user_cb: Callable[[Any], None] | None) -> Callable[[Any], None]:
-        """The producer's error callback: keeps its first fatal error (raised by the call that
-        served the callback, :meth:`_call`) and passes every error on to the user's callback.
-        Without one, confluent-kafka raises a fatal error from inside the callback machinery,
-        where the delivery callbacks that follow can lose it (a bare ``SystemError``)."""
-
-        def on_error(err: Any) -> None:
-            if self._fatal is None and err.fatal():
-                self._fatal = err
-            if user_cb is not None:
-                user_cb(err)
-
-        return on_error
-
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """A producer call that may serve delivery callbacks: its failure (or a fatal error
-        reported meanwhile) as a KafkaError."""
+        """A producer call that may serve delivery callbacks, with its failure as a KafkaError.
+
+        confluent-kafka reports a fatal producer error by raising it from inside the call that
+        served it (a user's ``error_cb`` never sees it). A delivery callback served after it can
+        clear that exception; the call then fails with a bare ``SystemError`` ("returned NULL
+        without setting an exception"), which is reported here as the fatal error it stands for."""
         label = f"KafkaSink {self.uid} ({self.sink.topic!r}): {what}"
         try:
-            result = kafka_call(label, fn, *args, **kwargs)
-        except (KafkaError, SystemError):
-            # a bare SystemError ("returned NULL without setting an exception") is how the client
-            # reports a fatal error whose exception a delivery callback lost: the error callback
-            # has kept it
-            if self._fatal is None:
-                raise
-            result = None
-        if self._fatal is not None:
-            raise KafkaError(f"{label} failed: {describe_kafka_error(self._fatal)}") from None
-        return result
+            return kafka_call(label, fn, *args, **kwargs)
+        except SystemError:
+            seen = f"; the first failed delivery: {self._errors[0]}" if self._errors else ""
+            raise KafkaError(f"{label} failed: the client lost the description of its error{seen}"
+                             f"{FATAL_MEANING}") from None  # fmt: skip
 
     def _marker_consumer(self, subtask: int) -> Any:
         c = self.markers.get(subtask)

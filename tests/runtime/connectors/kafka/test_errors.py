@@ -293,6 +293,29 @@ def test_a_fatal_producer_error_after_a_broker_restart_is_reported_as_itself(tmp
         gc.collect()  # the traceback in ``info`` still keeps the operator: only a closed producer is gone
         assert client_handles() == clients, "the sink's producer outlived close()"
     err = info.value
-    assert re.match(rf"KafkaSink out \('{topic}'\): (flush|poll) failed: KafkaError{{FATAL,code=", str(err)), str(err)
+    # as the client's fatal error, or (when a delivery callback served after it cleared the
+    # client's exception: a bare SystemError) as a fatal error whose description was lost
+    assert re.match(rf"KafkaSink out \('{topic}'\): (flush|poll) failed: (KafkaError{{FATAL,code=|the client lost)",
+                    str(err)), str(err)
     assert "a fatal producer error" in str(err)
     assert err.__cause__ is None and err.__suppress_context__  # no SystemError chained to it
+
+
+def test_a_producer_call_that_lost_its_fatal_error_is_reported_as_a_fatal_error() -> None:
+    # the client's bare SystemError ("returned NULL without setting an exception") after a
+    # delivery callback cleared its fatal exception: the producer call stands in for flush
+    from runtime.connectors.kafka.sink import KafkaSinkOperator
+
+    op = KafkaSinkOperator("out", KafkaSink("127.0.0.1:1", "t", delivery="at-least-once"))
+    op._on_delivery("Local: Purged in queue", None)
+
+    def flush(timeout: float) -> int:
+        raise SystemError("<built-in method flush> returned NULL without setting an exception")
+
+    with pytest.raises(KafkaError) as info:
+        op._call("flush", flush, 1.0)
+    text = str(info.value)
+    assert text.startswith("KafkaSink out ('t'): flush failed: the client lost the description of its error"), text
+    assert "the first failed delivery: Local: Purged in queue" in text and "a fatal producer error" in text
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert op._call("poll", lambda timeout: 0, 0.0) == 0  # a call that succeeds returns its result
