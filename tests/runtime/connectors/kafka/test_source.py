@@ -7,10 +7,12 @@ import json
 import time
 import uuid
 
+import pyarrow as pa
 import pytest
 
 import statelog
 from runtime import CollectSink, JobGraphError, StreamExecutionEnvironment
+from runtime.api.batches import aggregate_descriptor
 from runtime.connectors.kafka import RECORD_TIMESTAMP, KafkaRecord, KafkaSink, KafkaSource
 from runtime.connectors.kafka.records import split_id
 from runtime.connectors.sources import WatermarkStrategy
@@ -194,3 +196,31 @@ def test_sink_delivery_none(kafka_broker, file_root: RootSpec) -> None:
     build_kafka_clicks(env, kafka_broker.bootstrap_servers, tin, tout, delivery="none")
     env.execute("kafka-none", timeout_s=120)
     assert sorted(read_topic(kafka_broker, tout)) == jobs.golden_windows(200)
+
+
+def test_a_kafka_source_read_as_batches_feeds_a_keyed_batch_aggregate(kafka_broker, file_root: RootSpec) -> None:
+    """from_source(KafkaSource(...), batches=True): each read's records (JSON dicts here) as
+    one Arrow batch; key_by("k") and aggregate count them per key exactly once."""
+    topic = kafka_broker.create_topic(partitions=2)
+    rows = [{"k": i % 7, "v": i} for i in range(300)]
+    _produce(kafka_broker, topic, rows[:150], 0)
+    _produce(kafka_broker, topic, rows[150:], 1)
+    env = StreamExecutionEnvironment(parallelism=2, checkpoint_interval_s=0.2, state_root=file_root.url)
+    src = _source(kafka_broker, topic, bounded=True)
+    keyed = env.from_source(src, uid="events", batches=True, batch_rows=40).key_by("k")
+    keyed.aggregate("sum", uid="sums", column="v", emit=False).sink_to(CollectSink(), uid="none")
+    keyed.process_batches(_rows_of, uid="rows").sink_to(CollectSink(), uid="out")
+    result = env.execute("kafka-batches", timeout_s=120)
+    assert sorted(r["v"] for r in result.collected["out"]) == list(range(300))
+    sums: dict[int, int] = {}
+    with statelog.open(file_root.url) as job:
+        for i in range(2):
+            b = job.backend("sums", subtask=i, parallelism=2, restore=result.final_checkpoint, changelog=False)
+            b.get_state(aggregate_descriptor("sum", "sum", pa.int64()))
+            sums.update((k, v) for k, _ns, v in b.entries("sum"))
+            b.close()
+    assert sums == {k: sum(r["v"] for r in rows if r["k"] == k) for k in range(7)}
+
+
+def _rows_of(batch: pa.RecordBatch, ctx: object) -> pa.RecordBatch:
+    return batch.select(["k", "v"])
