@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.format import (
     COMPRESS_MIN_ROWS,
@@ -37,6 +36,7 @@ from statelog.changelog.records import (
     W_UKEY,
     W_VALUE,
 )
+from statelog.compute import pc
 from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.arrays import integer_numpy, numpy_integers
 from statelog.changelog import format as fmt
+from statelog.compute import pc
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange
 from statelog.store.base import ObjectStore

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import ChangeBatch, SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, CheckpointMetadata
+from statelog.compute import pc
 from statelog.descriptors import AggregatingStateDescriptor, StateDescriptor, StateInfo, StateKind
 from statelog.errors import StatelogError, StateNotFoundError
 from statelog.keys.columns import decode_key_array

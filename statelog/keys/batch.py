@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from statelog.compute import pc
 from statelog.keys.encoding import INT64_BIAS, TAG_INT64, TAG_STR, encode_key
 
 _CRC_TABLE = np.zeros(256, np.uint32)

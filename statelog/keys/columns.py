@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.arrays import binary_array
+from statelog.compute import pc
 from statelog.errors import CorruptionError, SerializationError
 from statelog.keys.encoding import (
     INT64_BIAS,

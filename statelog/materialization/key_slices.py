@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from statelog.compute import pc
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError
 from statelog.materialization.manifest import TableFile

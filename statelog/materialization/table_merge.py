@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.arrays import booleans, numpy_integers
 from statelog.changelog.ops import Op
 from statelog.changelog.reader import ChangeBatch
+from statelog.compute import pc
 from statelog.descriptors import StateInfo
 from statelog.materialization.table_schema import image_to_table, table_schema, table_to_image
 from statelog.restore.appliers import TimerApplier, applier_for

@@ -13,9 +13,9 @@ import zlib
 from collections.abc import Iterable
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from statelog.compute import pc
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange

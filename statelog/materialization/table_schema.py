@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from statelog.arrays import integer_numpy
 from statelog.changelog.format import TIMER_STATES
+from statelog.compute import pc
 from statelog.descriptors import StateInfo, StateKind
 from statelog.types import PICKLE, arrow_type
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
+from statelog.compute import pc
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys.groups import MAX_MAX_PARALLELISM, KeyGroupRange
 from statelog.layout import table_file_key

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.arrays import numpy_integers
+from statelog.compute import pc
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys.batch import encode_keys, int64_keys, key_groups_of
 from statelog.readers import options as opt

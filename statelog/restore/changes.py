@@ -14,10 +14,10 @@ import concurrent.futures as cf
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart
+from statelog.compute import pc
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys.columns import decode_key_array
 from statelog.keys.groups import KeyGroupRange

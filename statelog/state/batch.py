@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.ops import Op
+from statelog.compute import pc
 from statelog.errors import SerializationError, StateTypeError
 from statelog.keys.batch import as_key_array, encode_keys
 from statelog.state.batch_reductions import (

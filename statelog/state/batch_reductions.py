@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from statelog.compute import pc
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,23 @@ class BatchReduction:
     identity: Any = None  # the value an absent entry counts as, if any (0 for sum and count)
 
 
-SUM = BatchReduction("sum", pc.add_checked, 0)
-COUNT = BatchReduction("count", pc.add_checked, 0)
-MIN = BatchReduction("min", pc.min_element_wise)
-MAX = BatchReduction("max", pc.max_element_wise)
+# the compute functions are looked up at the call: defining these imports no pyarrow.compute
+def _add_checked(a: Any, b: Any) -> Any:
+    return pc.add_checked(a, b)
+
+
+def _min_element_wise(a: Any, b: Any) -> Any:
+    return pc.min_element_wise(a, b)
+
+
+def _max_element_wise(a: Any, b: Any) -> Any:
+    return pc.max_element_wise(a, b)
+
+
+SUM = BatchReduction("sum", _add_checked, 0)
+COUNT = BatchReduction("count", _add_checked, 0)
+MIN = BatchReduction("min", _min_element_wise)
+MAX = BatchReduction("max", _max_element_wise)
 _KNOWN: dict[Any, BatchReduction] = {operator.add: SUM, min: MIN, max: MAX}
 
 

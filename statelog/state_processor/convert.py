@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.changelog.format import TIMER_STATES
+from statelog.compute import pc
 from statelog.descriptors import StateInfo, StateKind
 from statelog.errors import ConfigError, SerializationError
 from statelog.keys.encoding import decode_key, encode_key

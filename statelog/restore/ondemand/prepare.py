@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from statelog.arrays import integer_numpy
+from statelog.compute import pc
 from statelog.descriptors import StateInfo
 from statelog.restore.changes import base_entries
 from statelog.restore.ondemand.tail import Records, TailReader

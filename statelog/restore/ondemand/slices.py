@@ -14,8 +14,8 @@ import bisect
 import concurrent.futures as cf
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from statelog.compute import pc
 from statelog.descriptors import StateInfo
 from statelog.materialization.key_slices import decode_key_range, key_range_mask, key_slices
 from statelog.restore.ondemand.files import TableFiles
