@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", default=None,
                         help="follow only: the key counts of the takeover figures, comma-separated (default 10^6,10^7)")
     parser.add_argument("--takeover-only", action="store_true", help="follow only: the takeover figures only")
+    parser.add_argument("--persist-delay", type=float, default=None,
+                        help="follow only: the writer's persist_delay in seconds (default: the writer option's, 0.25)")
     parser.add_argument("--large", action="store_true", help="columnar only: also 10^7 keys (several GB)")
     args = parser.parse_args(argv)
     module = importlib.import_module(BENCHMARKS[args.name])
@@ -80,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             parser.error(f"--keys takes key counts separated by commas, e.g. 1000000,10000000; got {args.keys!r}")
         extra["takeover_only"] = args.takeover_only
+    if args.persist_delay is not None:
+        if args.name != "follow":
+            parser.error("--persist-delay applies to the follow benchmark only")
+        if not 0 <= args.persist_delay <= 60:
+            parser.error(f"--persist-delay takes seconds from 0 to 60, got {args.persist_delay}")
+        extra["persist_delay"] = args.persist_delay
     result = module.run(quick=args.quick, root=args.root, progress=not args.json, **extra)
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -1,6 +1,6 @@
 """Followers: how far a follower is behind a writer, at consistency "checkpoint" and "flushed".
 
-``python -m bench follow [--json] [--quick] [--keys N,N] [--takeover-only]`` (or ``python -m bench.follow``)
+``python -m bench follow [--json] [--quick] [--keys N,N] [--takeover-only] [--persist-delay S]``
 
 A writer process updates a ``ValueState<int64>`` of ``KEYS`` int keys (first written once
 and checkpointed) at ``RATE`` updates/s, paced, with a checkpoint every second, for
@@ -23,10 +23,11 @@ Takeover (:mod:`bench.follow_takeover`): ``takeover_first_record_s_<keys>``, sec
 writer lease freeing (clean close or SIGKILL) to the first record a hot standby processes,
 against a cold on-demand restore and an eager restore of the same root, for each key count
 of ``--keys`` (default 10^6 and 10^7; ``--quick``: 20,000), over ``TAKEOVER_ROUNDS`` rounds.
-``--takeover-only`` skips the freshness figures.
-
-The machine is shared and loaded by other processes while this runs: the figures are upper
-bounds of what an idle machine gives.
+``--takeover-only`` skips the freshness figures. ``--persist-delay S``: the writer's
+``persist_delay`` (default the option's, 0.25 s; ``writer_persist_delay_s`` in the JSON): a
+change reaches a "flushed" follower at the earliest when its segment is uploaded, so this
+bounds the lag at "flushed" from below. ``load_average_1m`` (before and after) says how busy
+the machine was.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ POLL_S, SAMPLE_S, WARMUP_S = 0.02, 0.05, 2.0
 TAKEOVER_KEYS, TAKEOVER_ROUNDS = [1_000_000, 10_000_000], 3
 
 
-def _writer(root: str, keys: int, rate: int, seconds: float, ready: Any, go: Any, done: Any) -> None:
-    job = statelog.open(root)
+def _writer(root: str, keys: int, rate: int, seconds: float, ready: Any, go: Any, done: Any,
+            persist_delay: float | None = None) -> None:  # fmt: skip
+    job = statelog.open(root, writer_options=None if persist_delay is None else {"persist_delay": persist_delay})
     b, st = seed(job, keys)
     ready.set()
     go.wait(600)  # the followers restored
@@ -115,11 +117,11 @@ def _p(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
-def _freshness(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
+def _freshness(root: str, keys: int, rate: int, seconds: float, persist_delay: float | None = None) -> dict[str, float]:
     """One round of the freshness figures: the writer and each follower in a process of its own."""
     ctx = mp.get_context("spawn")
     ready, go, stop, done = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
-    writer = ctx.Process(target=_writer, args=(root, keys, rate, seconds, ready, go, done))
+    writer = ctx.Process(target=_writer, args=(root, keys, rate, seconds, ready, go, done, persist_delay))
     procs = [writer]
     writer.start()
     try:
@@ -154,20 +156,21 @@ def _freshness(root: str, keys: int, rate: int, seconds: float) -> dict[str, flo
     }  # fmt: skip
 
 
-def _round(root: str, keys: int, rate: int, seconds: float) -> dict[str, float]:
-    return _freshness(root, keys, rate, seconds)
-
-
 def run(quick: bool = False, root: str | None = None, progress: bool = True, keys: list[int] | None = None,
-        takeover_only: bool = False) -> dict[str, Any]:
-    out: dict[str, Any] = {} if takeover_only else _freshness_rounds(quick, root, progress)
+        takeover_only: bool = False, persist_delay: float | None = None) -> dict[str, Any]:
+    """The freshness figures (unless ``takeover_only``; the writer with ``persist_delay`` if
+    given, else the option's default) and the takeover figures; ``load_average_1m`` before
+    and after says how busy the machine was."""
+    load_before = os.getloadavg()[0]
+    out: dict[str, Any] = {} if takeover_only else _freshness_rounds(quick, root, progress, persist_delay)
     takeover_keys = keys or ([QUICK["KEYS"]] if quick else TAKEOVER_KEYS)
     out.update(follow_takeover.run(takeover_keys, 1 if quick else TAKEOVER_ROUNDS, root, progress))
-    out["machine"] = "shared, loaded by other processes"
+    out["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    out["cpus"] = os.cpu_count()
     return out
 
 
-def _freshness_rounds(quick: bool, root: str | None, progress: bool) -> dict[str, Any]:
+def _freshness_rounds(quick: bool, root: str | None, progress: bool, persist_delay: float | None = None) -> dict[str, Any]:
     keys, rate, seconds, rounds = (
         (QUICK["KEYS"], QUICK["RATE"], QUICK["SECONDS"], QUICK["ROUNDS"]) if quick else (KEYS, RATE, SECONDS, ROUNDS)
     )
@@ -175,11 +178,14 @@ def _freshness_rounds(quick: bool, root: str | None, progress: bool) -> dict[str
     for i in range(rounds):
         with tempfile.TemporaryDirectory(prefix="bench-follow-") as tmp:
             r = root.rstrip("/") + f"/round-{i}-{time.time_ns()}" if root else (Path(tmp) / "root").as_uri()
-            per_round.append(_round(r, keys, rate, seconds))
+            per_round.append(_freshness(r, keys, rate, seconds, persist_delay))
         if progress:
             print(f"round {i + 1}/{rounds}: {per_round[-1]}", flush=True)
+    from statelog.options.engine import WriterOptions
+
     out: dict[str, Any] = {"keys": keys, "target_updates_per_s": rate, "seconds": seconds, "rounds": rounds,
-                           "machine": "shared, loaded by other processes"}  # fmt: skip
+                           "writer_persist_delay_s": WriterOptions().persist_delay if persist_delay is None
+                           else persist_delay}  # fmt: skip
     for name in per_round[0]:
         values = [r[name] for r in per_round]
         med = statistics.median(values)
@@ -189,10 +195,8 @@ def _freshness_rounds(quick: bool, root: str | None, progress: bool) -> dict[str
 
 
 if __name__ == "__main__":
-    import json
     import sys
 
-    keys_arg = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--keys=")), None)
-    print(json.dumps(run(quick="--quick" in sys.argv, progress="--json" not in sys.argv,
-                         keys=[int(k) for k in keys_arg.split(",")] if keys_arg else None,
-                         takeover_only="--takeover-only" in sys.argv), sort_keys=True))
+    from bench.__main__ import main
+
+    sys.exit(main(["follow", *sys.argv[1:]]))
