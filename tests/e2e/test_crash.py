@@ -115,8 +115,11 @@ def run_crash_loop(
     wait: tuple[float, float] = (0.3, 2.0),
     startup_kills: float = 0.15,
     disk: bool = False,
+    extra_kills: int | None = None,
 ) -> CrashStats:
-    """Start, kill and check the worker ``kills`` times.
+    """Start, kill and check the worker ``kills`` times, then up to ``extra_kills`` (default
+    ``kills``) more while no restored checkpoint had records after its seal (whether a kill
+    lands there is timing: the loop goes on until the path it exists for was exercised).
 
     The random wait before a kill counts from the worker's READY line (restored and running),
     so neither interpreter startup nor the restore, which grows with the changelog, eats it;
@@ -127,7 +130,9 @@ def run_crash_loop(
     checker.disk = disk
     rng = random.Random(seed)
     t0 = time.monotonic()
-    for n in range(kills):
+    extra = kills if extra_kills is None else extra_kills
+    n = -1
+    while (n := n + 1) < kills or (n < kills + extra and checker.stats.checkpoints_past_seal == 0):
         at_startup = rng.random() < startup_kills
         delay = rng.uniform(0.0, 0.6) if at_startup else rng.uniform(*wait)
         worker = Worker(root, seed, options, workdir / f"worker-{n}.stderr", disk=disk)
@@ -162,7 +167,7 @@ def run_crash_loop(
 
 def check_stats(stats: CrashStats, kills: int, with_checkpoint: int) -> None:
     print(f"\ncrash test: {stats}")
-    assert stats.kills == kills
+    assert kills <= stats.kills <= 2 * kills  # (more while the cut at the seal was not exercised)
     assert stats.kills_with_checkpoint >= with_checkpoint, stats
     offsets = stats.latest_offsets
     assert offsets and offsets[-1] > offsets[0], f"no progress across restarts: {offsets}"
