@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
@@ -192,9 +194,20 @@ class Follower:
     def read_many(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> Read:
         """The values of ``state`` of ``operator`` at each of ``keys`` (and ``namespace``), all
         read from the same state: a :class:`Read` whose ``value`` is the list of values."""
+        read = self.read_column(operator, state, keys, namespace)
+        if isinstance(read.value, pa.Array):
+            return Read(read.value.to_pylist(), read.checkpoint_id, read.flushed_records)
+        return read
+
+    def read_column(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> Read:
+        """:meth:`read_many` with the values of a value state (no TTL, an Arrow value type) as
+        one Arrow array of its type (``Read.value``; read a column at a time, as ``statelog
+        serve`` answers a Flight lookup), of other states as a list."""
+        keys = keys if isinstance(keys, list) else list(keys)
         with self._lock:
             rep = self._replica(operator)
-            values = [rep.get(state, key, namespace) for key in keys]
+            column = rep.get_column(state, keys, namespace) if len(keys) > 1 else None
+            values = column if column is not None else [rep.get(state, key, namespace) for key in keys]
             meta = self._meta
             return Read(values, None if meta is None else meta.checkpoint_id, self._ahead)
 

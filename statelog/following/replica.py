@@ -35,6 +35,7 @@ from statelog.restore.start import start_restore
 from statelog.state.backend import KeyedStateBackend
 from statelog.state.tables import disk as disk_tables
 from statelog.store.base import ObjectStore
+from statelog.types import PICKLE
 
 __all__ = ["OperatorReplica", "Prepared", "ReplicaOptions"]
 
@@ -301,8 +302,30 @@ class OperatorReplica:
             return state.get() if known_fn else state.accumulator()
         return state.value()
 
+    def get_column(self, name: str, keys: list[Any], namespace: Any) -> pa.Array | None:
+        """The values of value state ``name`` at ``keys`` (and ``namespace``) as one Arrow array
+        of its value type, the default where absent, computed a column at a time
+        (``ValueState.get_many``: keys encoded and their key groups found in bulk, one
+        ``dict.get`` per key); ``None`` for any other state (another kind, TTL, a value type
+        whose Python values Arrow does not give back as they are, such as maps or pickled
+        values), which :meth:`get` reads key by key."""
+        info = self.check_state(name)
+        state = self.states[name]
+        vt = state.descriptor.value_type
+        if info.kind is not StateKind.VALUE or info.ttl is not None or vt is PICKLE or not _plain_type(vt):
+            return None
+        state.set_namespace(namespace)
+        return state.get_many(keys)
+
     def close(self) -> None:
         self.backend.close()
+
+
+def _plain_type(t: pa.DataType) -> bool:
+    """Arrow gives a Python value of ``t`` back as the same value (numbers, bool, text, bytes)."""
+    ty = pa.types
+    return bool(ty.is_integer(t) or (ty.is_floating(t) and t != pa.float16()) or ty.is_boolean(t) or ty.is_string(t)
+                or ty.is_large_string(t) or ty.is_binary(t) or ty.is_large_binary(t))  # fmt: skip
 
 
 def _ranges(meta: CheckpointMetadata, uid: str) -> list[ChangelogRange]:

@@ -99,8 +99,10 @@ def _meta(table: pa.Table, **meta: Any) -> pa.Table:
     return table.replace_schema_metadata({k: json.dumps(v) for k, v in meta.items()})
 
 
-def _entries(key: list[Any], namespace: list[Any], value: list[Any], **more: pa.Array) -> tuple[pa.Table, dict[str, str]]:
-    cols = {"key": arrow_column(key), "namespace": arrow_column(namespace), "value": arrow_column(value)}
+def _entries(key: list[Any], namespace: list[Any], value: list[Any] | pa.Array,
+             **more: pa.Array) -> tuple[pa.Table, dict[str, str]]:  # fmt: skip
+    column = (value, "arrow") if isinstance(value, pa.Array) else arrow_column(value)
+    cols = {"key": arrow_column(key), "namespace": arrow_column(namespace), "value": column}
     table = pa.table({**{n: c[0] for n, c in cols.items()}, **more})
     return table, {n: c[1] for n, c in cols.items()}
 
@@ -220,8 +222,11 @@ class FlightStateServer(fl.FlightServerBase):
         else:
             decoded = [key_from_json(k, f"keys[{i}]") for i, k in enumerate(keys)]
         namespace = key_from_json(b.get("namespace"), "namespace")
-        read = self.follower.read_many(b["operator"], b["state"], decoded, namespace)
-        found = pa.array([v is not None for v in read.value], pa.bool_())
+        read = self.follower.read_column(b["operator"], b["state"], decoded, namespace)
+        if isinstance(read.value, pa.Array):  # a value state read a column at a time: sent as it is
+            found = read.value.is_valid()
+        else:
+            found = pa.array([v is not None for v in read.value], pa.bool_())
         table, encoding = _entries(decoded, [namespace] * len(keys), read.value, found=found)
         return _meta(table, encoding=encoding, checkpoint_id=read.checkpoint_id, flushed_records=read.flushed_records)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import statelog
@@ -119,6 +120,13 @@ def test_follower_state_is_the_writers_at_each_checkpoint(file_root: RootSpec, s
             assert pos.checkpoint_id == meta.checkpoint_id and pos.exact
             assert pos.consistency is Consistency.CHECKPOINT and pos.lag_checkpoints == 0
             assert follower_view(f) == want
+            for d in every_state_kind(10**9):  # read a batch at a time: a column at a time where it can be
+                for ns in NAMESPACES:
+                    assert f.read_many(UID, d.name, KEYS, ns).value == [want[(d.name, k, ns)] for k in KEYS], (d.name, ns)
+        # a value state of an Arrow value type is read as a column; pickled values and TTL key by key
+        assert isinstance(f.read_column(UID, "count", KEYS).value, pa.Array)
+        assert isinstance(f.read_column(UID, "blob", KEYS).value, list)
+        assert isinstance(f.read_column(UID, "ttl_v", KEYS).value, list)
         assert f.position.restores == 1  # it kept up: only the first restore
     w.close()
 
