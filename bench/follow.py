@@ -15,9 +15,11 @@ per change it applied (``follower_cpu_us_per_change_<level>``, from /proc) and t
 writer process's CPU per update, its checkpoints and uploads included
 (``writer_cpu_us_per_update``); over the rounds the median with its spread
 (``(max - min) / median``), and the writer's achieved rate and the followers' restores (1
-each: they kept up without restoring again). Lookups: ``lookup_p99_us``, the p99 of
+each: they kept up without restoring again). ``lookup_p99_us_polling``: the p99 of
 ``follower.get`` of random keys at "checkpoint", in the follower's process after the writer
-stopped.
+stopped, its thread still polling every ``POLL_S`` s. Then the lookup figures of
+:mod:`bench.follow_lookups` (``lookup_p99_us`` in a follower polling at the default rate,
+``http_p99_ms``, ``flight_batch_1000_ms``, ``sql_count_s_first``, ...), same sizes.
 
 Takeover (:mod:`bench.follow_takeover`): ``takeover_first_record_s_<keys>``, seconds from the
 writer lease freeing (clean close or SIGKILL) to the first record a hot standby processes,
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import statelog
-from bench import follow_takeover
+from bench import follow_lookups, follow_takeover
 from bench.follow_seed import UID, seed
 
 KEYS, RATE, SECONDS, ROUNDS = 1_000_000, 50_000, 20.0, 3
@@ -150,7 +152,7 @@ def _freshness(root: str, keys: int, rate: int, seconds: float, persist_delay: f
         "follower_cpu_us_per_change_checkpoint": got["checkpoint"]["cpu_us_per_change"],
         "follower_cpu_us_per_change_flushed": got["flushed"]["cpu_us_per_change"],
         "writer_cpu_us_per_update": w["cpu_us_per_update"], "writer_updates_per_s": w["rate"],
-        "lookup_p99_us": _p(got["checkpoint"]["lookups"], 0.99),
+        "lookup_p99_us_polling": _p(got["checkpoint"]["lookups"], 0.99),
         "restores_checkpoint": got["checkpoint"]["restores"], "restores_flushed": got["flushed"]["restores"],
         "samples": len(got["checkpoint"]["lags"]),
     }  # fmt: skip
@@ -163,6 +165,8 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, key
     and after says how busy the machine was."""
     load_before = os.getloadavg()[0]
     out: dict[str, Any] = {} if takeover_only else _freshness_rounds(quick, root, progress, persist_delay)
+    if not takeover_only:  # the lookup figures of the same run (bench.follow_lookups)
+        out.update(follow_lookups.measure_lookups(root, **(follow_lookups.QUICK if quick else {}), progress=progress))
     takeover_keys = keys or ([QUICK["KEYS"]] if quick else TAKEOVER_KEYS)
     out.update(follow_takeover.run(takeover_keys, 1 if quick else TAKEOVER_ROUNDS, root, progress))
     out["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]

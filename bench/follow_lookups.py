@@ -1,7 +1,7 @@
 """Lookups in a follower's replica: in-process, over HTTP (``statelog serve``), and SQL.
 
-``python -m bench follow_lookups [--json] [--quick]``; :func:`measure_lookups` is what
-``bench.follow`` calls.
+``python -m bench follow_lookups [--json] [--quick]``; ``python -m bench follow`` runs
+:func:`measure_lookups` too, after its freshness figures.
 
 A writer fills a ``ValueState<int64>`` of ``keys`` int keys and checkpoints once; a follower
 (``statelog.follow``, "checkpoint", the whole state loaded) and a ``statelog serve --restore
@@ -17,9 +17,8 @@ eager`` process (the whole state loaded before it serves) read it. Per round:
 * ``sql_count_s_first``: ``SELECT count(*)`` over the state's view, the first query (builds the
   view from the replica); ``sql_count_s``: the same query again (the view kept).
 
-Over the rounds the median and its spread (``(max - min) / median``). The machine is shared
-and loaded by other processes while this runs: the figures are upper bounds of what an idle
-machine gives.
+Over the rounds the median and its spread (``(max - min) / median``); ``load_average_1m``
+(before and after) says how busy the machine was.
 """
 
 from __future__ import annotations
@@ -165,6 +164,7 @@ def measure_lookups(root: str | None = None, keys: int = KEYS, rounds: int = ROU
     """The lookup figures (see the module's doc) over ``rounds`` rounds, each on a fresh root
     (under ``root`` when given, else a temporary directory) of ``keys`` keys."""
     per_round = []
+    load_before = os.getloadavg()[0]
     for i in range(rounds):
         with tempfile.TemporaryDirectory(prefix="bench-follow-lookups-") as tmp:
             r = root.rstrip("/") + f"/lookups-{i}-{time.time_ns()}" if root else (Path(tmp) / "root").as_uri()
@@ -173,7 +173,7 @@ def measure_lookups(root: str | None = None, keys: int = KEYS, rounds: int = ROU
         if progress:
             print(f"round {i + 1}/{rounds}: {per_round[-1]}", flush=True)
     out: dict[str, Any] = {"lookup_keys": keys, "lookup_rounds": rounds,
-                           "machine": "shared, loaded by other processes"}  # fmt: skip
+                           "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}  # fmt: skip
     for name in per_round[0]:
         values = [r[name] for r in per_round]
         med = statistics.median(values)

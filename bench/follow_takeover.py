@@ -38,7 +38,10 @@ import statelog
 from bench.follow_seed import UID, VALUE, seed
 from statelog.layout import WRITER_LEASE_PREFIX
 
-TTL_S = 2.0
+# the writer's lease ttl: the default. Neither mode waits for it on one host (a clean close
+# releases the lease, a dead process's lease is free at once), and writing 10^7 keys holds
+# the GIL in single calls (a dict's resize) long enough to miss a 2 s ttl's renewals
+TTL_S = 10.0
 
 
 def _writer(root: str, keys: int, ready: Any, go: Any) -> None:
