@@ -38,6 +38,12 @@ from statelog.errors import CorruptionError
 # value, expires_ms)
 Record = tuple[bytes, bytes, int, Any, Any, "int | None"]
 
+# records per bulk call of a restore: a call into C (zip, dict.update, numpy) holds the GIL
+# until it returns, so one over a whole tail of 10^7 records held it for 10-15 s and starved
+# the writer lease's renewal thread past its ttl (the process lost its root). Calls over at
+# most this many records take milliseconds; threads switch between them.
+BULK_RECORDS = 1 << 16
+
 # plain ints: an op read back from Arrow is an int, and int == int is the fastest compare
 _PUT, _DELETE = Op.PUT.value, Op.DELETE.value
 _LIST_APPEND, _LIST_REPLACE = Op.LIST_APPEND.value, Op.LIST_REPLACE.value
@@ -103,6 +109,10 @@ class ValueApplier(StateChangeApplier):
         expiring = self.expiring
         if not isinstance(records, list):
             records = list(records)
+        if len(records) > BULK_RECORDS:  # in order, a bounded call at a time (BULK_RECORDS)
+            for i in range(0, len(records), BULK_RECORDS):
+                self.apply_all(records[i : i + BULK_RECORDS], entries_for, keys)
+            return
         if len(records) > 1:
             # the common tail: only puts, to one namespace; one bulk update in order (the last
             # put of a key wins, as it does one record at a time)

@@ -22,6 +22,7 @@ from statelog.arrays import binary_array
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.keys.columns import decode_key_array, first_legacy_key
+from statelog.restore.appliers import BULK_RECORDS
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.collector import gc_paused
 from statelog.restore.ondemand.loader import KeyGroupLoader
@@ -180,8 +181,12 @@ class StateInstaller:
 
     @staticmethod
     def _put_entries(state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
-        if nss and nss.count(nss[0]) == len(nss):  # one namespace: one bulk update
-            state._table_for(nss[0]).update(zip(keys, values, strict=True))
+        if nss and nss.count(nss[0]) == len(nss):  # one namespace: bulk updates of BULK_RECORDS
+            table = state._table_for(nss[0])
+            if len(keys) != len(values):
+                raise ValueError(f"{len(keys)} keys but {len(values)} values")
+            for i in range(0, len(keys), BULK_RECORDS):
+                table.update(zip(keys[i : i + BULK_RECORDS], values[i : i + BULK_RECORDS], strict=True))
         else:
             table_for = state._table_for
             for key, nsb, v in zip(keys, nss, values, strict=True):
@@ -190,10 +195,13 @@ class StateInstaller:
     def _apply_records(self, state: KeyedState, records: list[Record]) -> None:
         known = self._decoded_keys
         new = list({r[0] for r in records if r[0] not in known})
-        if new:  # decode the keys in bulk (int and short-string columns decode without a loop)
-            arr = binary_array(new)
+        # decode the keys in bulk (int and short-string columns decode without a loop), a bounded
+        # call at a time (BULK_RECORDS: other threads, the lease's renewal, run between them)
+        for i in range(0, len(new), BULK_RECORDS):
+            part = new[i : i + BULK_RECORDS]
+            arr = binary_array(part)
             self.check_keys(state.name, arr)
-            known.update(zip(new, decode_key_array(arr), strict=True))
+            known.update(zip(part, decode_key_array(arr), strict=True))
         state.apply_many(records, known)
         if self._disk is not None and len(known) > 1 << 16:
             known.clear()  # bounded with a disk-backed working set

@@ -187,3 +187,84 @@ def test_restore_replays_through_the_appliers(tmp_path, monkeypatch):
         assert [t.timestamp for t in r.timers.timers()] == [10]
     finally:
         job.close()
+
+
+class _Sized(dict):
+    """A table that records the size of each bulk update."""
+
+    sizes: list[int]
+
+    def update(self, other=(), **kw):  # type: ignore[override]
+        pairs = list(other)
+        self.sizes.append(len(pairs))
+        super().update(pairs, **kw)
+
+
+@given(_records, st.booleans())
+def test_value_applier_bounds_its_bulk_calls(recs, expiring):
+    """A tail longer than BULK_RECORDS is applied in order a bounded call at a time (a call
+    into C holds the GIL; one over 10^7 records starved the lease's renewal past its ttl):
+    the same result as apply() record by record, no update larger than BULK_RECORDS."""
+    import statelog.restore.appliers as appliers
+
+    applier = ValueApplier("v", expiring)
+    records = [(kb, b"n", Op.PUT.value, None, v, exp) for kb, _nsb, _op, v, exp in recs]
+    records += [(kb, nsb, op, None, v if op == Op.PUT else None, exp if op == Op.PUT else None)
+                for kb, nsb, op, v, exp in recs]  # fmt: skip
+    keys = {b"a": "A", b"b": "B", b"c": "C"}
+    tables: dict = {}
+
+    def table(nsb):
+        t = tables.setdefault(nsb, _Sized())
+        t.sizes = getattr(t, "sizes", [])
+        return t
+
+    saved, appliers.BULK_RECORDS = appliers.BULK_RECORDS, 4
+    try:
+        applier.apply_all(records, table, keys)
+    finally:
+        appliers.BULK_RECORDS = saved
+    ref: dict = {}
+    for kb, nsb, op, uk, v, exp in records:
+        ValueApplier.apply(applier, ref.setdefault(nsb, {}), keys[kb], op, uk, v, exp)
+    assert {n: dict(t) for n, t in tables.items() if t or n in ref} == ref
+    sizes = [size for t in tables.values() for size in t.sizes]
+    assert all(size <= 4 for size in sizes)
+    # the chunks within the leading puts (one namespace, only puts) went in bulk
+    assert sum(sizes) >= 4 * (len(recs) // 4)
+
+
+def test_a_restore_installs_and_replays_in_bounded_calls(tmp_path, monkeypatch):
+    """Base entries, key decoding and the tail's replay, a bounded call at a time: the
+    restored state is the written one."""
+    import statelog
+    import statelog.restore.appliers as appliers
+    import statelog.restore.install as install
+    from materializer.build import materialize
+
+    job = statelog.open(tmp_path.as_uri())
+    try:
+        b = job.backend("op")
+        v = b.get_state(ValueStateDescriptor("v", pa.int64()))
+        for k in range(50):
+            b.set_current_key(k)
+            v.update(k)
+        materialize(job.store, job.checkpoint())
+        for k in range(0, 80, 3):  # the tail: overwrites and new keys
+            b.set_current_key(k)
+            v.update(1000 + k)
+        meta = job.checkpoint()
+        monkeypatch.setattr(appliers, "BULK_RECORDS", 3)
+        monkeypatch.setattr(install, "BULK_RECORDS", 3)
+        for on_demand in (False, True):
+            r = statelog.open(job.root, writer_lease=False).backend("op", restore=meta, changelog=False, on_demand=on_demand)
+            rv = r.get_state(ValueStateDescriptor("v", pa.int64()))
+            r.wait_loaded()
+            got = {}
+            for k in range(80):
+                r.set_current_key(k)
+                got[k] = rv.value()
+            assert got == {k: (1000 + k if k % 3 == 0 else k if k < 50 else None) for k in range(80)}
+            assert sorted(k for k, _ns, _v in r.entries("v")) == sorted(k for k in range(80) if k < 50 or k % 3 == 0)
+    finally:
+        job.close()
