@@ -166,6 +166,12 @@ def _encode_into(obj: Any, out: bytearray) -> None:
         out += payload
 
 
+def subclassed_key_types() -> bool:
+    """A registered key type subclasses ``int`` or ``str``: Arrow infers its keys as ints or
+    strings, which they are not encoded as (bulk encoders check this before inferring)."""
+    return any(issubclass(t, int | str) for t in _custom_by_type)
+
+
 def encode_key(obj: Any) -> bytes:
     """Serialize a key (or namespace, or map key) into its canonical bytes."""
     t = type(obj)

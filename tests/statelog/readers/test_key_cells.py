@@ -20,6 +20,9 @@ CASES = {
     "short str": [f"k{i}" for i in range(300)],
     "mixed": [1, "a", None, (1, "b"), b"raw", 2.5, True],
     "bool": [True, False],
+    "int and bool": [1, 2, True],
+    "int and float": [1, 2, 3.0, 4.5],
+    "integral floats": [1.0, 2.0],
 }
 
 
@@ -44,3 +47,18 @@ def test_typed_keys_keep_their_type() -> None:
     assert pa.array(cols["key"], pa.int64()).to_pylist() == [3, 1, 2]
     assert pa.array(cols["key_group"]).to_pylist() == [key_group_of_bytes_py(encode_key(k), 128) for k in (3, 1, 2)]
 
+
+
+class UserId(int):
+    """A registered key type that subclasses int: Arrow would infer its keys as int64."""
+
+
+def test_a_registered_int_subclass_is_encoded_as_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from statelog.keys import encoding
+
+    monkeypatch.setitem(encoding._custom_by_type, UserId, ("test.UserId", lambda u: str(int(u)).encode()))
+    ks: list[Any] = [UserId(5), 7, UserId(9)]
+    cols = _key_cells(ks, None, 128)
+    assert pa.array(cols["key_bytes"], pa.binary()).to_pylist() == [encode_key(k) for k in ks]
+    assert encode_key(UserId(5)) != encode_key(5)  # (the custom encoding, not the int's)
+    assert pa.array(cols["key"], pa.string()).to_pylist() == [render(k) for k in ks]
