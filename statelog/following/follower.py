@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-import pyarrow as pa
-
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.catalog import JobCatalog
 from statelog.checkpoint.metadata import CheckpointMetadata
@@ -195,21 +193,16 @@ class Follower:
         """The values of ``state`` of ``operator`` at each of ``keys`` (and ``namespace``), all
         read from the same state: a :class:`Read` whose ``value`` is the list of values."""
         read = self.read_column(operator, state, keys, namespace)
-        if isinstance(read.value, pa.Array):
-            return Read(read.value.to_pylist(), read.checkpoint_id, read.flushed_records)
+        if not isinstance(read.value, list):  # an Arrow column
+            read = Read(read.value.to_pylist(), read.checkpoint_id, read.flushed_records)
         return read
 
     def read_column(self, operator: str, state: str, keys: Iterable[Any], namespace: Any = None) -> Read:
-        """:meth:`read_many` with the values of a value state (no TTL, an Arrow value type) as
-        one Arrow array of its type (``Read.value``; read a column at a time, as ``statelog
-        serve`` answers a Flight lookup), of other states as a list."""
-        keys = keys if isinstance(keys, list) else list(keys)
+        """:meth:`read_many` with the values as one Arrow array where the replica reads them a column
+        at a time (:meth:`OperatorReplica.get_many`; what ``statelog serve`` sends over Flight)."""
         with self._lock:
-            rep = self._replica(operator)
-            column = rep.get_column(state, keys, namespace) if len(keys) > 1 else None
-            values = column if column is not None else [rep.get(state, key, namespace) for key in keys]
-            meta = self._meta
-            return Read(values, None if meta is None else meta.checkpoint_id, self._ahead)
+            values = self._replica(operator).get_many(state, list(keys), namespace)
+            return Read(values, None if self._meta is None else self._meta.checkpoint_id, self._ahead)
 
     def get(self, operator: str, state: str, key: Any, namespace: Any = None) -> Any:
         """The value of ``state`` of ``operator`` at ``key`` (and ``namespace``): a value

@@ -302,6 +302,12 @@ class OperatorReplica:
             return state.get() if known_fn else state.accumulator()
         return state.value()
 
+    def get_many(self, name: str, keys: list[Any], namespace: Any) -> pa.Array | list[Any]:
+        """The values of state ``name`` at ``keys`` (and ``namespace``): an Arrow array where
+        :meth:`get_column` reads them a column at a time, else a list read key by key."""
+        column = self.get_column(name, keys, namespace) if len(keys) > 1 else None
+        return column if column is not None else [self.get(name, key, namespace) for key in keys]
+
     def get_column(self, name: str, keys: list[Any], namespace: Any) -> pa.Array | None:
         """The values of value state ``name`` at ``keys`` (and ``namespace``) as one Arrow array
         of its value type, the default where absent, computed a column at a time
