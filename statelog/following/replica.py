@@ -35,7 +35,7 @@ from statelog.restore.start import start_restore
 from statelog.state.backend import KeyedStateBackend
 from statelog.state.tables import disk as disk_tables
 from statelog.store.base import ObjectStore
-from statelog.types import PICKLE
+from statelog.types import fast_check
 
 __all__ = ["OperatorReplica", "Prepared", "ReplicaOptions"]
 
@@ -317,21 +317,14 @@ class OperatorReplica:
         values), which :meth:`get` reads key by key."""
         info = self.check_state(name)
         state = self.states[name]
-        vt = state.descriptor.value_type
-        if info.kind is not StateKind.VALUE or info.ttl is not None or vt is PICKLE or not _plain_type(vt):
+        # fast_check: the value type's values are one plain Python type, which Arrow gives back as is
+        if info.kind is not StateKind.VALUE or info.ttl is not None or fast_check(state.descriptor.value_type) is None:
             return None
         state.set_namespace(namespace)
         return state.get_many(keys)
 
     def close(self) -> None:
         self.backend.close()
-
-
-def _plain_type(t: pa.DataType) -> bool:
-    """Arrow gives a Python value of ``t`` back as the same value (numbers, bool, text, bytes)."""
-    ty = pa.types
-    return bool(ty.is_integer(t) or (ty.is_floating(t) and t != pa.float16()) or ty.is_boolean(t) or ty.is_string(t)
-                or ty.is_large_string(t) or ty.is_binary(t) or ty.is_large_binary(t))  # fmt: skip
 
 
 def _ranges(meta: CheckpointMetadata, uid: str) -> list[ChangelogRange]:
