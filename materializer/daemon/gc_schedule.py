@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from materializer.daemon.report import report_json
-from materializer.gc.collect import collect_garbage
 from materializer.lease import LeaderLease, LeaseKeeper
 from statelog.errors import StatelogError
 from statelog.store.base import ObjectStore
@@ -49,6 +48,9 @@ class GcSchedule:
             log.warning("not collecting garbage: the lease is no longer valid")
             return None
         self.emit("collecting garbage")
+        # garbage collection's modules load at the first collection, not at the daemon's start
+        from materializer.gc.collect import collect_garbage
+
         try:
             with LeaseKeeper(self.lease):
                 report = collect_garbage(

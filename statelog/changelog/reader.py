@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from statelog.arrays import integer_numpy, numpy_integers
+from statelog.arrays import integer_numpy, take_table
 from statelog.changelog import format as fmt
-from statelog.compute import pc
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange
 from statelog.store.base import ObjectStore
@@ -228,13 +227,11 @@ class SegmentReader:
         for blocks in loads:
             for info, table, in_range in blocks:
                 if info.first_seq < start or info.last_seq >= end:
-                    seq = table.column("seq")
-                    table = table.filter(pc.and_(pc.greater_equal(seq, start), pc.less(seq, end)))
+                    seq = integer_numpy(table.column("seq"))
+                    table = take_table(table, np.flatnonzero((seq >= start) & (seq < end)))
                 if not in_range and (info.kg_min < key_groups.start or info.kg_max > key_groups.end):
-                    kg = table.column("key_group")
-                    table = table.filter(
-                        pc.and_(pc.greater_equal(kg, key_groups.start), pc.less_equal(kg, key_groups.end))
-                    )
+                    kg = integer_numpy(table.column("key_group"))
+                    table = take_table(table, np.flatnonzero((kg >= key_groups.start) & (kg <= key_groups.end)))
                 if table.num_rows:
                     yield ChangeBatch(info.state, table)
 
@@ -267,7 +264,7 @@ class SegmentReader:
                 if lo < hi:
                     if lo > 0 or hi < len(kgs):  # a key group's rows are in order; several: sorted back
                         rows = order[lo:hi] if key_groups.start == key_groups.end else np.sort(order[lo:hi])
-                        table = table.take(numpy_integers(rows))
+                        table = take_table(table, rows)
                     yield info, table, True
         finally:
             if not (keep and self._hold(seg.name, seg.size)) and not self._linger(seg.name):

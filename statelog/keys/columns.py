@@ -8,7 +8,6 @@ the Python value of a declared Arrow type (``docs/format.md`` 3.5), as the reade
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import numpy as np
@@ -53,27 +52,39 @@ def decode_key_array(arr: Any, key_type: Any = None) -> list[Any]:
 
 
 def _decode_key_chunk(arr: Any) -> list[Any]:
-
+    """One chunk of :func:`decode_key_array`, read through its buffers in numpy (a restarted
+    process decodes its first key group without importing ``pyarrow.compute``)."""
     n = len(arr)
     if n == 0:
         return []
-    if arr.null_count == 0 and pa.types.is_binary(arr.type):
-        lo, hi = (x.as_py() for x in pc.min_max(pc.binary_length(arr)).values())
+    if arr.null_count == 0 and arr.type == pa.binary():
+        offs = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4)
+        lens = np.diff(offs)
+        lo, hi = int(lens.min()), int(lens.max())
+        if lo == 0:
+            return [decode_key(b) for b in arr.to_pylist()]  # (raises: an encoded key is never empty)
+        raw = arr.buffers()[2]
         if lo == hi == 9:  # int64 keys if every tag byte is TAG_INT64
-            offsets = arr.buffers()[1]
-            (first,) = struct.unpack_from("<i", offsets, arr.offset * 4)
-            data = memoryview(arr.buffers()[2])[first : first + 9 * n]
+            data = memoryview(raw)[int(offs[0]) : int(offs[0]) + 9 * n]
             if data[::9].tobytes().count(TAG_INT64) == n:
                 # big-endian value + 2^63: flipping the top bit gives the two's complement
                 biased = np.frombuffer(data, dtype=_INT64_KEY)["value"].astype("<u8")
                 return (biased ^ np.uint64(INT64_BIAS)).view("<i8").tolist()
-        tags = pc.binary_slice(arr, 0, 1)
-        tag = tags[0].as_py()[0] if pc.count_distinct(tags).as_py() == 1 else None
-        if tag == TAG_STR and hi <= 129:  # one-byte varint length: the rest is the string
-            try:  # tag and length (< 128) are ASCII, so they are the first two code units
-                return pc.utf8_slice_codeunits(arr.cast(pa.string()), 2).to_pylist()
+        data = np.frombuffer(raw, np.uint8)
+        tags = data[offs[:-1]]
+        if lo >= 2 and hi <= 129 and bool((tags == TAG_STR).all()):  # one-byte varint length: the rest is the string
+            base = int(offs[0])
+            keep = np.ones(int(offs[-1]) - base, bool)
+            keep[offs[:-1] - base] = False  # drop each key's tag and length bytes
+            keep[offs[:-1] - base + 1] = False
+            new = (offs - base - 2 * np.arange(n + 1, dtype=np.int32)).astype(np.int32)
+            strings = pa.Array.from_buffers(
+                pa.string(), n, [None, pa.py_buffer(new), pa.py_buffer(data[base : int(offs[-1])][keep].tobytes())])
+            try:
+                strings.validate(full=True)  # UTF-8
             except pa.ArrowInvalid as e:
                 raise CorruptionError(f"malformed serialized string keys: {e}") from None
+            return strings.to_pylist()
     return [decode_key(b) for b in arr.to_pylist()]
 
 
@@ -89,11 +100,21 @@ def first_legacy_key(arr: Any) -> bytes | None:
 
     if len(arr) == 0:
         return None
-    tags = pc.binary_slice(arr, 0, 1)
-    maybe = pc.is_in(tags, binary_array([bytes((t,)) for t in _LEGACY_TAGS]).cast(tags.type))
-    if not pc.any(maybe).as_py():
-        return None
-    for kb in arr.filter(maybe).to_pylist():
+    if arr.type != pa.binary() or arr.null_count:
+        tags = pc.binary_slice(arr, 0, 1)
+        maybe = pc.is_in(tags, binary_array([bytes((t,)) for t in _LEGACY_TAGS]).cast(tags.type))
+        if not pc.any(maybe).as_py():
+            return None
+        candidates = arr.filter(maybe).to_pylist()
+    else:  # the tag bytes in numpy (no pyarrow.compute on a restarted process's first key group)
+        offs = np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, arr.offset * 4)
+        data = np.frombuffer(arr.buffers()[2] or b"", np.uint8)
+        nonempty = np.flatnonzero(offs[1:] > offs[:-1])  # (an encoded key is never empty)
+        hits = nonempty[np.isin(data[offs[nonempty]], np.array(_LEGACY_TAGS, np.uint8))]
+        if len(hits) == 0:
+            return None
+        candidates = [arr[int(i)].as_py() for i in hits]
+    for kb in candidates:
         if is_legacy_key(decode_key(kb)):
             return kb
     return None

@@ -12,10 +12,11 @@ import bisect
 import zlib
 from collections.abc import Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from statelog.compute import pc
+from statelog.arrays import integer_numpy, take_table
 from statelog.descriptors import StateInfo
 from statelog.errors import CorruptionError, ObjectNotFoundError
 from statelog.keys.groups import KeyGroupRange
@@ -93,11 +94,11 @@ def decode_table_file(
             need_row_groups(data, groups)
             table = pf.read_row_groups(groups) if groups else pf.schema_arrow.empty_table()
             if not exact:
-                kg = table.column("key_group")
+                kg = integer_numpy(table.column("key_group"))  # (numpy: no pyarrow.compute on a first key group)
                 if only is None:
-                    table = table.filter(pc.and_(pc.greater_equal(kg, kgr.start), pc.less_equal(kg, kgr.end)))
+                    table = take_table(table, np.flatnonzero((kg >= kgr.start) & (kg <= kgr.end)))
                 else:
-                    table = table.filter(pc.is_in(kg, pa.array(only, kg.type)))
+                    table = take_table(table, np.flatnonzero(np.isin(kg, np.asarray(only, np.int64))))
     except (OSError, pa.ArrowException) as e:
         raise CorruptionError(f"state table {f.path} cannot be read: {e}", key=f.path) from None
     return of_state(table, f, info)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from statelog.arrays import all_equal_bytes
 from statelog.changelog.reader import SegmentReader
 from statelog.checkpoint.metadata import ChangelogRange, MaterializedPart
-from statelog.compute import pc
 from statelog.descriptors import StateInfo, StateKind
 from statelog.keys.columns import decode_key_array
 from statelog.keys.groups import KeyGroupRange
@@ -56,9 +56,9 @@ def _namespaces(col: pa.ChunkedArray) -> list[bytes]:
     (as in a state without namespaces: no object per row)."""
     n = len(col)
     if n and col.null_count == 0:
-        first = col[0]
-        if pc.all(pc.equal(col, first)).as_py():
-            return [first.as_py()] * n
+        first = col[0].as_py()
+        if all_equal_bytes(col, first):
+            return [first] * n
     return col.to_pylist()
 
 

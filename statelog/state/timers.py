@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from sortedcontainers import SortedSet
 
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.ops import Op
@@ -70,10 +69,20 @@ class TimerService:
         self, ctx: KeyContext, streams: tuple[ChangelogStream | None, ChangelogStream | None]
     ) -> None:
         self._ctx = ctx
-        self._sets = (SortedSet(), SortedSet())
+        self._sorted: tuple[Any, Any] | None = None
         self._logs = (_TimerLog(streams[0]), _TimerLog(streams[1]))
         self._appliers = (TimerApplier(TIMER_STATES[0]), TimerApplier(TIMER_STATES[1]))
         self.current_watermark: int | None = None
+
+    @property
+    def _sets(self) -> tuple[Any, Any]:
+        """The timers of each domain in order (``sortedcontainers.SortedSet``, imported when a
+        backend first touches its timers: most backends have none)."""
+        if self._sorted is None:
+            from sortedcontainers import SortedSet
+
+            self._sorted = (SortedSet(), SortedSet())
+        return self._sorted
 
     def _domain(self, domain: str) -> int:
         if domain == EVENT_TIME:
@@ -149,7 +158,7 @@ class TimerService:
         ]
 
     def __len__(self) -> int:
-        return len(self._sets[0]) + len(self._sets[1])
+        return 0 if self._sorted is None else len(self._sorted[0]) + len(self._sorted[1])
 
     def apply(self, d: int, kb: bytes, nsb: bytes, op: int, timestamp: int) -> None:
         """Apply one change record of domain ``d`` (restore path; :mod:`statelog.restore.appliers`)."""

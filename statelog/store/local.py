@@ -22,7 +22,6 @@ import contextlib
 import errno
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -63,6 +62,18 @@ def _read_exactly(f: BinaryIO, length: int) -> bytes:
         remaining -= len(chunk)
     return b"".join(parts)
 
+
+
+def _temp_file(directory: Path) -> tuple[int, str]:
+    """A new file ``TEMP_PREFIX<random>`` in ``directory``, opened for writing (as
+    ``tempfile.mkstemp``, without importing it: a process's start pays no ``shutil``)."""
+    for _ in range(100):
+        name = os.path.join(directory, f"{TEMP_PREFIX}{os.urandom(8).hex()}")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {directory}")
 
 class LocalObjectStore(ObjectStore):
     """Write-once objects as files below ``root_dir`` (created on first put)."""
@@ -199,7 +210,7 @@ class LocalObjectStore(ObjectStore):
         Returns ``False`` when the name already exists (file or directory), ``True`` once
         the new entry is durable.
         """
-        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=path.parent)
+        fd, tmp = _temp_file(path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)

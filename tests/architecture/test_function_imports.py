@@ -48,6 +48,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("statelog.query_client", "statelog.flight_client"): "start-up time: pyarrow.flight (gRPC) only for a grpc:// URL",
     ("materializer.daemon.metrics", "materializer.daemon.metrics_export"): "prometheus_client loads when a daemon's "
         "metrics are served, not when a background materializer starts (and the exporter imports DaemonMetrics)",
+    ("statelog.state.timers", "sortedcontainers"): "start-up time: a backend's timers are sorted sets only once it has timers",
+    ("statelog.state.tables.disk.directories", "tempfile"): "start-up time: tempfile and shutil (with bz2 and lzma) load "
+                                                            "for a disk working set only",
+    ("statelog.state.tables.disk.directories", "shutil"): "start-up time: as tempfile",
+    ("materializer.daemon.gc_schedule", "materializer.gc.collect"): "start-up time: garbage collection's modules load "
+                                                                     "at the first collection, not when a background materializer starts",
     ("statelog.job", "statelog.following.standby"): "start-up time: the follower's modules load for a standby "
                                                     "only, not when a writer opens its root",
 }

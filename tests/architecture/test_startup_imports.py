@@ -253,3 +253,41 @@ def test_background_materialization_of_the_first_checkpoint_loads_no_pandas(tmp_
         "bg.stop(); job.close()\n"
     )
     assert _heavy_modules_after(code) == []
+
+
+@pytest.mark.parametrize("keys", ["strings", "ints"])
+def test_first_record_after_a_restore_loads_no_arrow_compute(tmp_path: Path, keys: str) -> None:
+    """A restarted loop's first record loads its key group (materialized rows and the changelog
+    tail: selected, decoded and checked in numpy) without importing ``pyarrow.compute`` (with
+    the ``pydoc`` it imports, ~0.04 s of a restart) nor the sorted sets of timers."""
+    url = (tmp_path / "root").as_uri()
+    key = "f'user-{i}'" if keys == "strings" else "i"
+    make = (
+        "import pyarrow as pa, statelog, materializer\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore='none')\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        "def run(n):\n"
+        "    for i in range(n):\n"
+        f"        b.set_current_key({key}); s.update(s.value() + 1)\n"
+        "bg = materializer.start_background(job)\n"
+        "run(3000); job.checkpoint(sources={'input': {0: 3000}})\n"
+        "assert bg.trigger()['materialization']['checkpoint_id'] == 1\n"
+        "run(500); job.checkpoint(sources={'input': {0: 3500}})\n"
+        "bg.stop(); job.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", make], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first = "'user-7'" if keys == "strings" else "7"
+    code = (
+        "import json, sys, pyarrow as pa, statelog\n"
+        f"job = statelog.open({url!r})\n"
+        "b = job.backend('counts', restore=job.latest_checkpoint())\n"
+        "s = b.get_state(statelog.ValueStateDescriptor('count', pa.int64(), default=0))\n"
+        f"b.set_current_key({first}); s.update(s.value() + 1)\n"
+        "assert s.value() == 3, s.value()\n"
+        "loaded = sorted(m for m in ('pyarrow.compute', 'sortedcontainers', 'pandas') if m in sys.modules)\n"
+        "job.close(flush=False)\n"
+        "print(json.dumps(loaded))\n"
+    )
+    assert json.loads(_run(code).splitlines()[-1]) == []

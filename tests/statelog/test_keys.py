@@ -299,3 +299,40 @@ def test_booleans_equals_pa_array(values: list[bool]) -> None:
     arr = booleans(np.array(values, bool))
     arr.validate(full=True)
     assert arr.equals(pa.array(values, pa.bool_())) and arr.null_count == 0
+
+
+def test_decode_key_array_equals_decode_key_per_key():
+    """The bulk decoding (numpy over the buffers) gives what decode_key gives key by key, for
+    int and string columns, sliced or chunked, mixed columns and strings past the one-byte length."""
+    import pyarrow as pa
+
+    from statelog.keys.columns import decode_key_array
+    from statelog.keys.encoding import decode_key, encode_key
+
+    columns = [
+        [0, -1, 7, 2**63 - 1, -(2**63)],
+        ["user-1", "", "héllo", "x" * 127, "日本語"],
+        ["a" * 128, "b"],  # a two-byte length: key by key
+        ["a", 1, (1, "b"), None, 2.5],
+        ["only"],
+    ]
+    for keys in columns:
+        arr = pa.array([encode_key(k) for k in keys], pa.binary())
+        want = [decode_key(b) for b in arr.to_pylist()]
+        assert decode_key_array(arr) == want
+        assert decode_key_array(arr.slice(1)) == want[1:]
+        assert decode_key_array(pa.chunked_array([arr.slice(0, 2), arr.slice(2)])) == want
+
+
+def test_decode_key_array_refuses_malformed_utf8_strings():
+    import pyarrow as pa
+    import pytest
+
+    from statelog.errors import CorruptionError
+    from statelog.keys.columns import decode_key_array
+    from statelog.keys.encoding import encode_key
+
+    good = encode_key("ab")
+    bad = good[:2] + b"\xff\xfe"
+    with pytest.raises(CorruptionError, match="malformed"):
+        decode_key_array(pa.array([good, bad], pa.binary()))

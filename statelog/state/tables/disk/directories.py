@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import uuid
 
 from statelog.errors import ConfigError
@@ -22,6 +20,8 @@ DIR_PREFIX = "statelog-ws-"
 
 def default_state_dir() -> str:
     """Where working-set directories go unless ``state_dir`` says otherwise."""
+    import tempfile  # (and shutil) on first use: a process without a disk working set never needs them
+
     return os.path.join(tempfile.gettempdir(), "statelog-state")
 
 
@@ -50,6 +50,8 @@ def remove_stale(parent: str) -> None:
             continue
         if pid != os.getpid() and not _pid_alive(pid):
             log.info("deleting the working-set directory of a process that is gone: %s", name)
+            import shutil
+
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
