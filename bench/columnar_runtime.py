@@ -30,7 +30,14 @@ final checkpoint is restored and its total count checked against the input.
     ``counts.add_many(batch["key"], ones)`` on a ``ReducingState`` with ``operator.add``;
   - ``kafka_record_events_per_s``: ``Application.run``, per record ``count.update(count.value() + 1)``;
   - ``kafka_consume_only_events_per_s``: a ``Consumer`` reading the topic and reading each
-    message's key and value, no state: what the client costs alone.
+    message's key and value, no state, with the cyclic collector paused during each batch as
+    ``Application`` pauses it: what the client costs alone;
+    ``kafka_consume_only_cpu_us_per_msg_{python,client,broker}`` split its CPU per message
+    between this process's Python thread (the ``consume()`` calls, which build a Message
+    object per record, and the key and value reads), librdkafka's own threads (fetching,
+    parsing) and the broker process;
+  - ``kafka_consume_only_gc_on_events_per_s``: the same with the collector running (each
+    batch's Message objects, tracked by it, set off collections that traverse the batch).
 
   events/s = records ÷ the run's wall time (the application's construction to its final
   checkpoint); the reported figure is the median over the rounds, with its spread.
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import os
 import shutil
 import statistics
 import tempfile
@@ -58,6 +66,7 @@ from bench.kafka import produce
 from runtime import Application, CollectSink, ParquetSource, StreamExecutionEnvironment
 from runtime.api.batches import aggregate_descriptor
 from statelog import ReducingStateDescriptor, ValueStateDescriptor
+from statelog.restore.collector import gc_paused
 
 EVENTS = 1_000_000
 KEYS = 100_000
@@ -179,9 +188,34 @@ def record_run(bootstrap: str, topic: str, root: str, events: int) -> float:
     return time.perf_counter() - t
 
 
-def consume_only(bootstrap: str, topic: str, events: int) -> float:
+def _cpu_s(stat: Path) -> float:
+    """utime + stime of a /proc ``stat`` file, in seconds."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _threads_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads by name (librdkafka's are ``rdk:...``)."""
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            out[name] = out.get(name, 0.0) + _cpu_s(task / "stat")
+    return out
+
+
+def consume_only(bootstrap: str, topic: str, events: int, pause_gc: bool = True, cpu: dict[str, float] | None = None,
+                 broker_pid: int | None = None) -> float:
+    """Read ``events`` messages and each message's key and value with a plain ``Consumer``,
+    the cyclic collector paused during each ``consume()`` batch as ``Application`` does it
+    (``pause_gc=False``: not paused); with ``cpu``, add the CPU seconds of the run to it: this process's Python
+    thread (``python``: the calls into the client, its Message objects), the client's own
+    threads (``client``: librdkafka's fetching and parsing) and the broker (``broker``)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+    before = _threads_cpu()
+    broker_stat = Path(f"/proc/{broker_pid}/stat") if broker_pid else None
+    broker0 = _cpu_s(broker_stat) if broker_stat else 0.0
     t = time.perf_counter()
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -189,13 +223,22 @@ def consume_only(bootstrap: str, topic: str, events: int) -> float:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
         seen = 0
         while seen < events:
-            for msg in consumer.consume(BATCH, 0.5):
-                if msg.error() is None:
-                    msg.key(), msg.value()
-                    seen += 1
+            with gc_paused() if pause_gc else contextlib.nullcontext():
+                for msg in consumer.consume(BATCH, 0.5):
+                    if msg.error() is None:
+                        msg.key(), msg.value()
+                        seen += 1
+        dt = time.perf_counter() - t
+        if cpu is not None:  # (before close: the client's threads are gone after it)
+            after = _threads_cpu()
+            for name, s in after.items():
+                part = "client" if name.startswith("rdk:") else "python"
+                cpu[part] = cpu.get(part, 0.0) + s - before.get(name, 0.0)
+            if broker_stat:
+                cpu["broker"] = cpu.get("broker", 0.0) + _cpu_s(broker_stat) - broker0
     finally:
         consumer.close()
-    return time.perf_counter() - t
+    return dt
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -209,7 +252,9 @@ def run(quick: bool = False, progress: bool = True, rounds: int = 3) -> dict[str
 
     events, keys = (100_000, 10_000) if quick else (EVENTS, KEYS)
     work = Path(tempfile.mkdtemp(prefix="statelog-bench-columnar-kafka-"))
-    rates: dict[str, list[float]] = {"kafka_consume_only": [], "kafka_record": [], "kafka": []}
+    rates: dict[str, list[float]] = {"kafka_consume_only": [], "kafka_consume_only_gc_on": [], "kafka_record": [],
+                                     "kafka": []}
+    cpu: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, work, ignore_errors=True)
         broker = stack.enter_context(start_kafka())
@@ -230,8 +275,10 @@ def run(quick: bool = False, progress: bool = True, rounds: int = 3) -> dict[str
                     s = batch_run(bootstrap, topic, root, events)
                 elif kind == "kafka_record":
                     s = record_run(bootstrap, topic, root, events)
+                elif kind == "kafka_consume_only_gc_on":
+                    s = consume_only(bootstrap, topic, events, pause_gc=False)
                 else:
-                    s = consume_only(bootstrap, topic, events)
+                    s = consume_only(bootstrap, topic, events, cpu=cpu, broker_pid=broker.process.pid)
                 rates[kind].append(events / s)
                 shutil.rmtree(work / f"root-{n}", ignore_errors=True)
                 _log(progress, f"round {r + 1} {kind}: {events / s:,.0f} events/s")
@@ -240,6 +287,9 @@ def run(quick: bool = False, progress: bool = True, rounds: int = 3) -> dict[str
         med = statistics.median(xs)
         out[f"{kind}_events_per_s"] = round(med)
         out[f"{kind}_events_per_s_spread"] = [round(min(xs)), round(max(xs))]
+    consumed = events * len(rates["kafka_consume_only"])
+    for part, seconds in sorted(cpu.items()):  # CPU per message of the consume-only runs, by whom
+        out[f"kafka_consume_only_cpu_us_per_msg_{part}"] = round(seconds / consumed * 1e6, 3)
     out["kafka_batch_vs_record"] = round(out["kafka_events_per_s"] / out["kafka_record_events_per_s"], 2)
     return out
 

@@ -42,6 +42,7 @@ from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.job import StateJob
 from statelog.kafka import KafkaOffsets
+from statelog.restore.collector import gc_paused
 from statelog.signals import stop_on_signals
 from statelog.state.backend import KeyedStateBackend
 
@@ -184,25 +185,14 @@ class Application:
         since, last_time = 0, time.monotonic()
         log.info("application %s reading %s from %s", opts.uid, list(opts.topics or ()), self.start_offsets)
         while not self._stop.is_set():
-            got = self.consumer.consume(opts.batch_size, opts.poll_timeout_s)
-            msgs = [m for m in got if m.error() is None]
-            if len(msgs) != len(got):  # skip (log) or raise the errors, then the usable messages
-                msgs = [m for m in got if self._usable(m)]
-            if msgs:
-                if opts.key is not None and mode != "columns":  # batch state calls prefetch their keys
-                    self.backend.prefetch([self.key_of(m) for m in msgs])
-                if mode != "record":
-                    process(msgs)
-                elif opts.key is None:
-                    for msg in msgs:
-                        process(msg)
-                else:
-                    for msg in self.keyed(msgs):
-                        process(msg)
-                self.records += len(msgs)
-                self.job.metrics.records_in(len(msgs))
-                since += len(msgs)
-                log.debug("%d records processed", self.records)
+            # The client's Message objects are tracked by Python's cyclic collector: a batch of
+            # 10^5 of them set off dozens of collections that traverse the batch again and
+            # again (about half of the client's time in its consume() calls, measured). The
+            # collector is paused while a batch is consumed and processed; the batch is freed
+            # before it resumes, so what is left to collect is what the processing kept.
+            with gc_paused():
+                n = self._consume_and_process(process, mode)
+            since += n
             now = time.monotonic()
             if since and (
                 (opts.checkpoint_every is not None and since >= opts.checkpoint_every)
@@ -210,6 +200,31 @@ class Application:
             ):
                 self._checkpoint()
                 since, last_time = 0, time.monotonic()
+
+    def _consume_and_process(self, process: Callable[[Any], Any], mode: str) -> int:
+        """One ``consume()`` and its processing; returns the number of records processed."""
+        opts = self.options
+        got = self.consumer.consume(opts.batch_size, opts.poll_timeout_s)
+        msgs = [m for m in got if m.error() is None]
+        if len(msgs) != len(got):  # skip (log) or raise the errors, then the usable messages
+            msgs = [m for m in got if self._usable(m)]
+        del got
+        if not msgs:
+            return 0
+        if opts.key is not None and mode != "columns":  # batch state calls prefetch their keys
+            self.backend.prefetch([self.key_of(m) for m in msgs])
+        if mode != "record":
+            process(msgs)
+        elif opts.key is None:
+            for msg in msgs:
+                process(msg)
+        else:
+            for msg in self.keyed(msgs):
+                process(msg)
+        self.records += len(msgs)
+        self.job.metrics.records_in(len(msgs))
+        log.debug("%d records processed", self.records)
+        return len(msgs)
 
     def _usable(self, msg: Any) -> bool:
         err = msg.error()

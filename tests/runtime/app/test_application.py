@@ -271,3 +271,32 @@ def test_a_standby_application_takes_over_from_its_replica(kafka_broker, file_ro
 def test_standby_is_an_option_of_the_application_not_of_open_options(kafka_broker, file_root) -> None:
     with pytest.raises(ConfigError, match="set standby as an option of the Application"):
         make_app(kafka_broker, file_root.url, "t", open_options={"standby": True})
+
+
+def test_the_collector_is_paused_while_a_batch_is_processed(kafka_broker, tmp_path) -> None:
+    """Application pauses Python's cyclic collector during each consume() and its processing
+    (the client's Message objects would set off collections that traverse the batch) and
+    resumes it after: the processing sees it paused, the caller finds it enabled again."""
+    import gc
+
+    from confluent_kafka import Producer
+
+    topic = kafka_broker.create_topic(partitions=1)
+    p = Producer(kafka_broker.config())
+    for i in range(20):
+        p.produce(topic, key=str(i % 3).encode(), value=b"x")
+    p.flush(10)
+    app = Application((tmp_path / "root").as_uri(), uid="gc", topics=topic,
+                      kafka={"bootstrap.servers": kafka_broker.bootstrap_servers}, start="earliest",
+                      materializer=False, handle_signals=False)
+    seen: list[bool] = []
+
+    def per_batch(batch) -> None:
+        seen.append(gc.isenabled())
+        if app.records + batch.num_rows >= 20:
+            app.stop()
+
+    assert gc.isenabled()
+    app.run_batches(per_batch)
+    assert seen and not any(seen)
+    assert gc.isenabled()
