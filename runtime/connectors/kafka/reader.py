@@ -22,6 +22,7 @@ from runtime.connectors.kafka.records import (
     split_id,
 )
 from runtime.connectors.sources import SourceSplits, WatermarkStrategy, records_to_batch
+from statelog.restore.collector import gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,13 @@ class KafkaSourceSplits(SourceSplits):
         return self.source.bounded and all(p.finished for p in self.parts.values())
 
     def read(self, max_records: int) -> list[tuple[Any, int | None]]:
+        # the cyclic collector paused while the client builds its Message objects and they are
+        # turned into records (as runtime.Application does: they set off collections that
+        # traverse the batch again and again)
+        with gc_paused():
+            return self._read(max_records)
+
+    def _read(self, max_records: int) -> list[tuple[Any, int | None]]:
         if self.source.discovery_interval_s is not None and time.monotonic() >= self._next_discovery:
             self._discover()
         if self.finished:
