@@ -58,9 +58,9 @@ BATCHES = [
     ([1, 2, 1], [9, 9, 9]),
     ("ns", None),
     (["a", "b", "a"], [4, 5, 6]),
-    ([5, 200], [I64_MAX, 1]),  # a sum of 5's and I64_MAX leaves int64
-    ([6], [120]),
-    ([6, 7], [10, 10]),  # 130 leaves int8; key 7 precedes it in key order
+    ([4, 5, 200], [1, I64_MAX, 1]),  # the sum of key 5 leaves int64 (after key 4 was written)
+    ([300], [120]),
+    ([299, 300], [1, 10]),  # 130 leaves int8 (after the new key 299 was written)
     ([8, 8, 9], [100, 100, 1]),  # a partial sum of 200 leaves int8
     ([-(2**31), 2**40], [2**31 - 1, -5]),
     ("put", 10, True),
