@@ -1,5 +1,6 @@
-/* Hot path of value-like state in C: ValueState.update() without the interpreter, and the
- * columnar record buffer of narrow changelog streams.
+/* Hot path of value-like state in C: ValueState.update() without the interpreter, the
+ * columnar record buffer of narrow changelog streams, and the fold of add_many's int
+ * reductions into a dict.
  *
  * RecordBuffer holds the narrow records (key bytes, key group, namespace bytes, op, value;
  * statelog/changelog/records.py) of one stream as typed columns: key and namespace bytes as
@@ -29,6 +30,18 @@
  * stream its limit as a one-element list (0 while throttled). The pure-Python closure in
  * statelog/state/kinds.py is the reference implementation and the fallback when this
  * module is not built.
+ *
+ * add_into(table, keys, partial, out, op, lo, hi): the read-modify-write of add_many's int
+ * folds (statelog/state/batch_reductions.py fold_into_dict): for each of a batch's distinct
+ * keys, table[key] = fold(table.get(key), partial[i]) (a sum with 0 for an absent entry, or
+ * a min or max that an absent entry leaves at partial[i]) and out[i] = the new value, with
+ * partial and out int64 buffers. Each key is looked up once and set right after, while its
+ * dict entry is still in the cache (the Python path reads every key and then writes every
+ * key, two cache misses per key when the table is large). All or nothing: a stored value
+ * that is not an exact int in [lo, hi] (the declared type's range) or a result outside it
+ * (int64 overflow included) puts back the entries it changed and returns False, and the
+ * caller's Arrow path folds the batch, raising its own errors; the Arrow path is the
+ * reference and the fallback when this module is not built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -723,8 +736,153 @@ static PyObject *make_update(PyObject *module, PyObject *args) {
     return (PyObject *)self;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* add_into: the read-modify-write of a batch reduction                                     */
+
+enum { FOLD_SUM = 0, FOLD_MIN = 1, FOLD_MAX = 2 };
+#define HAD 1     /* the key had an entry before the call (its value in old[]) */
+#define WROTE 2   /* the call set the key's entry */
+
+/* obj's buffer as n native int64s in C order (writable when asked), or -1 with an error. */
+static int int64_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=') f++; /* native byte order */
+    if (view->itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0' || view->len != n * 8) {
+        PyErr_Format(PyExc_TypeError, "add_into: %s must be %zd int64s", what, n);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Put back the entries of keys[0:upto] that the call changed (newest first): the value it
+ * held, or no entry. Keeps the pending exception, if any; an error of the undo itself (no
+ * memory) is dropped, and that entry keeps the call's value. */
+static void add_into_undo(PyObject *table, PyObject *keys, const int64_t *old, const uint8_t *flags,
+                          Py_ssize_t upto) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    for (Py_ssize_t j = upto - 1; j >= 0; j--) {
+        if (!(flags[j] & WROTE) || j >= PyList_GET_SIZE(keys)) continue;
+        PyObject *key = PyList_GET_ITEM(keys, j);
+        Py_INCREF(key);
+        int rc;
+        if (flags[j] & HAD) {
+            PyObject *v = PyLong_FromLongLong(old[j]);
+            rc = v == NULL ? -1 : PyDict_SetItem(table, key, v);
+            Py_XDECREF(v);
+        } else {
+            rc = PyDict_DelItem(table, key);
+        }
+        Py_DECREF(key);
+        if (rc < 0) PyErr_Clear();
+    }
+    PyErr_Restore(et, ev, tb);
+}
+
+/* add_into(table, keys, partial, out, op, lo, hi) -> bool
+ *
+ * For each i: table[keys[i]] = fold(table.get(keys[i]), partial[i]) and out[i] = that value,
+ * each key looked up once and set while its entry is still in the cache (the keys are
+ * distinct). op: FOLD_SUM (an absent entry counts as 0), FOLD_MIN or FOLD_MAX (an absent entry
+ * takes partial[i]). An entry whose value the fold leaves unchanged is not written.
+ *
+ * All or nothing: returns True when every key was folded. When a stored value is not an
+ * exact int in [lo, hi] or a result is not in [lo, hi] (int64 overflow included), the
+ * entries changed so far are put back and it returns False: the caller folds the batch its
+ * own way, which raises its own errors. Raises only for a failure of the dict itself (no
+ * memory, a key's __hash__ or __eq__), after putting back the same way. */
+static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "add_into(table, keys, partial, out, op, lo, hi)");
+        return NULL;
+    }
+    PyObject *table = args[0], *keys = args[1];
+    if (!PyDict_CheckExact(table) || !PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "add_into: table must be a dict and keys a list");
+        return NULL;
+    }
+    long op = PyLong_AsLong(args[4]);
+    if (op == -1 && PyErr_Occurred()) return NULL;
+    if (op < FOLD_SUM || op > FOLD_MAX) {
+        PyErr_Format(PyExc_ValueError, "add_into: unknown fold %ld", op);
+        return NULL;
+    }
+    long long lo = PyLong_AsLongLong(args[5]);
+    if (lo == -1 && PyErr_Occurred()) return NULL;
+    long long hi = PyLong_AsLongLong(args[6]);
+    if (hi == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    Py_buffer pv, ov;
+    if (int64_view(args[2], &pv, n, 0, "partial") < 0) return NULL;
+    if (int64_view(args[3], &ov, n, 1, "out") < 0) { PyBuffer_Release(&pv); return NULL; }
+    const int64_t *partial = (const int64_t *)pv.buf;
+    int64_t *out = (int64_t *)ov.buf;
+    /* what to put back: the old value and the flags of each key */
+    int64_t *old = PyMem_Malloc((size_t)(n ? n : 1) * (sizeof(int64_t) + 1));
+    if (old == NULL) {
+        PyBuffer_Release(&pv);
+        PyBuffer_Release(&ov);
+        return PyErr_NoMemory();
+    }
+    uint8_t *flags = (uint8_t *)(old + n);
+    int declined = 0;
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        if (i >= PyList_GET_SIZE(keys)) { /* only if Python code (a key's __eq__) shrank it */
+            PyErr_SetString(PyExc_RuntimeError, "add_into: the key list changed");
+            break;
+        }
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_INCREF(key);
+        PyObject *cur = PyDict_GetItemWithError(table, key); /* borrowed: read before any call */
+        int64_t p = partial[i], o = 0, x = p;
+        uint8_t f = 0;
+        if (cur == NULL) {
+            if (PyErr_Occurred()) { Py_DECREF(key); break; }
+        } else {
+            int of = 0;
+            long long y = PyLong_CheckExact(cur) ? PyLong_AsLongLongAndOverflow(cur, &of) : 0;
+            if (!PyLong_CheckExact(cur) || of || y < lo || y > hi) { Py_DECREF(key); declined = 1; break; }
+            o = (int64_t)y;
+            f = HAD;
+            if (op == FOLD_SUM) {
+                if ((p > 0 && o > INT64_MAX - p) || (p < 0 && o < INT64_MIN - p)) {
+                    Py_DECREF(key);
+                    declined = 1;
+                    break;
+                }
+                x = o + p;
+            } else if (op == FOLD_MIN) x = o < p ? o : p;
+            else x = o > p ? o : p;
+        }
+        if (x < lo || x > hi) { Py_DECREF(key); declined = 1; break; }
+        out[i] = x;
+        old[i] = o;
+        flags[i] = f;
+        if (f && x == o) { Py_DECREF(key); continue; }
+        PyObject *v = PyLong_FromLongLong(x);
+        int rc = v == NULL ? -1 : PyDict_SetItem(table, key, v);
+        Py_XDECREF(v);
+        Py_DECREF(key);
+        if (rc < 0) break;
+        flags[i] = f | WROTE;
+    }
+    if (i < n) add_into_undo(table, keys, old, flags, i);
+    PyMem_Free(old);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&ov);
+    if (i == n) Py_RETURN_TRUE;
+    if (declined) Py_RETURN_FALSE;
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"make_update", make_update, METH_VARARGS, "Build the fast update() of a value-like state."},
+    {"add_into", (PyCFunction)(void (*)(void))add_into, METH_FASTCALL,
+     "add_into(table, keys, partial, out, op, lo, hi): fold a batch into a dict of ints."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -742,7 +900,10 @@ PyMODINIT_FUNC PyInit_fastpath(void) {
         PyModule_AddIntConstant(m, "VALUE_OBJECT", VK_OBJECT) < 0 ||
         PyModule_AddIntConstant(m, "VALUE_INT64", VK_INT64) < 0 ||
         PyModule_AddIntConstant(m, "VALUE_FLOAT64", VK_FLOAT64) < 0 ||
-        PyModule_AddIntConstant(m, "WIDTH", WIDTH) < 0) {
+        PyModule_AddIntConstant(m, "WIDTH", WIDTH) < 0 ||
+        PyModule_AddIntConstant(m, "FOLD_SUM", FOLD_SUM) < 0 ||
+        PyModule_AddIntConstant(m, "FOLD_MIN", FOLD_MIN) < 0 ||
+        PyModule_AddIntConstant(m, "FOLD_MAX", FOLD_MAX) < 0) {
         Py_DECREF(&RecordBufferType);
         Py_DECREF(m);
         return NULL;

@@ -11,7 +11,13 @@ array or a Python sequence, in the state's current namespace:
   key groups loaded first during an on-demand restore, and with the disk-backed working set
   read in one batched read (``ctx.batch_keys``, set by the backend);
 * the entries are read and written with ``map``/``dict.update`` over the table (C loops, no
-  Python function per key) and the values computed with pyarrow compute;
+  Python function per key) and the values computed with pyarrow compute; the int sums,
+  counts, minima and maxima of a state without TTL whose table is a dict are folded in
+  one C pass instead (:func:`~statelog.state.batch_reductions.fold_into_dict`: each key
+  looked up once and set while its entry is in the cache, the new values in a numpy buffer
+  that becomes the changelog's value column), which leaves to this Arrow path, unchanged,
+  any batch with a stored value or a result it does not handle (so the errors are this
+  path's);
 * the change records of the call go to the state's changelog stream as one block part of
   Arrow columns (:meth:`ChangelogStream.append_columns
   <statelog.changelog.stream.ChangelogStream.append_columns>`), the same records, in the same
@@ -45,6 +51,7 @@ from statelog.state.batch_reductions import (
     CountAggregate,
     SumAggregate,
     batch_reduction_of,
+    fold_into_dict,
     group_numpy,
 )
 from statelog.state.context import NO_KEY, NO_KEY_INFO
@@ -275,19 +282,25 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
     ukeys, partial = _group(keys, vals, red.aggregation)
     pykeys, kbs, kgs = _keys(state, ukeys)
     table = _table(state, pykeys)
-    partial = partial.cast(vt)
     try:
-        if red.identity is not None and not state._ttl and pa.types.is_integer(vt):
-            old = pa.array(np.fromiter(map(table.get, pykeys, repeat(red.identity)), np.int64, len(pykeys)))
-            new = red.combine(old, partial).cast(vt)
-        else:
-            old, _ = _current(state, table, pykeys, vt)
-            new = pc.coalesce(red.combine(old, partial), partial).cast(vt)
+        partial = partial.cast(vt)
+        # in C when it applies (it stores the new values), else with Arrow
+        folded = None if state._ttl else fold_into_dict(table, pykeys, red, partial, vt)
+        new = folded if folded is not None else _fold(state, red, table, pykeys, partial, vt)
     except (pa.ArrowInvalid, OverflowError) as e:
         raise StateTypeError(f"state {state.name!r}: the batch's result does not fit the declared type {vt}: {e}") from None
-    exp = _store_values(state, table, pykeys, _pylist(new))
+    exp = None if folded is not None else _store_values(state, table, pykeys, _pylist(new))
     _emit(state, _PUT, kbs, kgs, new, exp)
     return None
+
+
+def _fold(state: Any, red: BatchReduction, table: Any, pykeys: list[Any], partial: pa.Array, vt: Any) -> pa.Array:
+    """The stored values of ``pykeys`` folded with ``partial`` by ``red`` (the reference path)."""
+    if red.identity is not None and not state._ttl and pa.types.is_integer(vt):
+        old = pa.array(np.fromiter(map(table.get, pykeys, repeat(red.identity)), np.int64, len(pykeys)))
+        return red.combine(old, partial).cast(vt)
+    cur, _ = _current(state, table, pykeys, vt)
+    return pc.coalesce(red.combine(cur, partial), partial).cast(vt)
 
 
 def _pylist(arr: pa.Array) -> list[Any]:

@@ -1,6 +1,7 @@
 """The reductions that ``add_many`` vectorizes (:class:`BatchReduction`), the aggregate
-functions that have one, and the grouping of a batch's int keys in numpy
-(:mod:`statelog.state.batch` uses them)."""
+functions that have one, the grouping of a batch's int keys in numpy, and the fold of a
+batch's int sums, counts, minima and maxima into a dict in C (:func:`fold_into_dict`,
+``add_into`` of ``statelog/_ext/fastpath.c``); :mod:`statelog.state.batch` uses them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from statelog import _ext
 from statelog.compute import pc
 
 
@@ -56,6 +58,15 @@ MIN = BatchReduction("min", _min_element_wise)
 MAX = BatchReduction("max", _max_element_wise)
 _KNOWN: dict[Any, BatchReduction] = {operator.add: SUM, min: MIN, max: MAX}
 
+# The fold of a batch into a dict in C (statelog/_ext/fastpath.c add_into), when it was
+# built and STATELOG_PURE_PYTHON is not set; else None (the Arrow path of add_many).
+_fastpath = _ext.load("fastpath")
+_add_into = getattr(_fastpath, "add_into", None)
+# the integer types whose values are all int64s: numpy dtype, lowest and highest value
+_INT_TYPES = {t: (np.dtype(t.to_pandas_dtype()), int(np.iinfo(t.to_pandas_dtype()).min),
+                  int(np.iinfo(t.to_pandas_dtype()).max))
+              for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32())}
+
 
 def batch_reduction_of(fn: Any) -> BatchReduction | None:
     """The :class:`BatchReduction` of a reduce function or aggregate function, if any."""
@@ -97,6 +108,44 @@ class SumAggregate:
 
     def get_result(self, acc: Any) -> Any:
         return acc
+
+
+def fold_into_dict(table: Any, pykeys: list[Any], red: BatchReduction, partial: pa.Array, vt: Any) -> pa.Array | None:
+    """``table[k] = red(table.get(k), p)`` for each distinct key ``k`` of ``pykeys`` and value
+    ``p`` of ``partial`` (the batch's fold per key, of the declared type ``vt``), returning the
+    new values as an Arrow array of ``vt``: one pass in C over the keys, each looked up once
+    and set while its entry is still in the cache, the results written to a numpy buffer (no
+    Python list). For :data:`SUM` and :data:`COUNT` an absent entry counts as 0, for
+    :data:`MIN` and :data:`MAX` it takes ``p``.
+
+    ``None`` with ``table`` unchanged when this does not apply: the extension is not built
+    (or STATELOG_PURE_PYTHON is set), ``table`` is not a dict (the disk-backed working set's
+    view of keys that are not all resident), another reduction, a value type other than the
+    integer types within int64, a stored value that is not an int of ``vt``, or a result
+    outside ``vt`` (int64 overflow included). The caller's Arrow path then folds the batch,
+    and raises its errors."""
+    if _add_into is None or type(table) is not dict:
+        return None
+    fold = _fold_code(red)
+    kind = _INT_TYPES.get(vt)
+    if fold is None or kind is None:
+        return None
+    dtype, lo, hi = kind
+    p = np.ascontiguousarray(partial.to_numpy(zero_copy_only=False), np.int64)
+    out = np.empty(len(p), np.int64)
+    if not _add_into(table, pykeys, p, out, fold, lo, hi):
+        return None
+    return pa.array(out if dtype == np.int64 else out.astype(dtype), vt)
+
+
+def _fold_code(red: BatchReduction) -> int | None:
+    if red is SUM or red is COUNT:
+        return _fastpath.FOLD_SUM  # type: ignore[union-attr]
+    if red is MIN:
+        return _fastpath.FOLD_MIN  # type: ignore[union-attr]
+    if red is MAX:
+        return _fastpath.FOLD_MAX  # type: ignore[union-attr]
+    return None
 
 
 _REDUCEAT = {"sum": np.add, "min": np.minimum, "max": np.maximum}
