@@ -276,8 +276,7 @@ def test_first_record_after_a_restore_loads_no_arrow_compute(tmp_path: Path, key
         "run(500); job.checkpoint(sources={'input': {0: 3500}})\n"
         "bg.stop(); job.close()\n"
     )
-    out = subprocess.run([sys.executable, "-c", make], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    _run(make)
     first = "'user-7'" if keys == "strings" else "7"
     code = (
         "import json, sys, pyarrow as pa, statelog\n"
