@@ -5,6 +5,7 @@ reported and pins nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pyarrow as pa
@@ -12,6 +13,7 @@ import pyarrow as pa
 import statelog
 from materializer.build import materialize
 from materializer.gc.collect import collect_garbage
+from statelog.errors import StatelogError
 from statelog.following.pin import live_pins, read_pin
 from statelog.layout import FOLLOWER_LEASE_PREFIX, follower_lease_key
 from tests.support.s3server import RootSpec
@@ -78,6 +80,8 @@ def test_a_dead_followers_lease_pins_nothing_after_its_ttl(file_root: RootSpec) 
     report = collect_garbage(job.store, retain_checkpoints=1, grace_s=0, now=pin.written_ms / 1000 + 6)
     assert first.checkpoint_id in report.checkpoints_deleted  # expired: pins nothing
     job.close()
+    with contextlib.suppress(StatelogError):  # its store is closed; this ends its restore (the collector resumes)
+        follower.close()
 
 
 def test_an_unreadable_follower_lease_is_reported_and_pins_nothing(file_root: RootSpec) -> None:
