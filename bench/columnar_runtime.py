@@ -75,7 +75,7 @@ BATCH = 100_000
 UID = "bench-count"
 RECORD_COUNT = ValueStateDescriptor("count", pa.int64(), default=0)
 BATCH_COUNT = ReducingStateDescriptor("count", pa.int64(), reduce_fn=operator.add)
-RUNTIME_EVENTS = 4_000_000
+RUNTIME_EVENTS = 12_000_000  # a batch run lasts a few seconds: several checkpoints, not only the final one
 RUNTIME_FILES = 20
 RUNTIME_BATCH_ROWS = 131_072
 RUNTIME_ROUNDS = 5
