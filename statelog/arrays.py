@@ -31,7 +31,8 @@ def integer_numpy(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     t = column.type
     if not pa.types.is_integer(t) or column.null_count:
         return column.to_numpy(zero_copy_only=False)
-    dtype = np.dtype(f"<{'i' if pa.types.is_signed_integer(t) else 'u'}{t.bit_width // 8}")
+    dtype = _fixed_dtype(t)
+    assert dtype is not None
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     parts = [np.frombuffer(c.buffers()[1], dtype, len(c), c.offset * dtype.itemsize) for c in chunks if len(c)]
     if not parts:
@@ -45,6 +46,12 @@ def booleans(values: np.ndarray) -> pa.Array:
     values = np.asarray(values, dtype=bool)
     bits = np.packbits(values, bitorder="little")
     return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(bits)])
+
+
+def binary_offsets(arr: pa.Array) -> np.ndarray:
+    """The ``len(arr) + 1`` int32 offsets of a ``binary`` or ``string`` array (into its data
+    buffer), a view of its offsets buffer."""
+    return np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, arr.offset * 4)
 
 
 def _valid_mask(arr: pa.Array) -> np.ndarray:
@@ -88,7 +95,7 @@ def take_array(arr: pa.Array | pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
     if dtype is not None:
         data = np.frombuffer(bufs[1], dtype, len(arr), arr.offset * dtype.itemsize)[rows]
         return pa.Array.from_buffers(t, n, [validity, pa.py_buffer(data)], nulls)
-    offs = np.frombuffer(bufs[1], np.int32, len(arr) + 1, arr.offset * 4)
+    offs = binary_offsets(arr)
     starts, lens = offs[rows].astype(np.int64), (offs[rows + 1] - offs[rows]).astype(np.int64)
     new = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=new[1:])
@@ -112,7 +119,7 @@ def all_equal_bytes(column: pa.Array | pa.ChunkedArray, value: bytes) -> bool:
             continue
         if c.null_count or c.type != pa.binary():
             return c.to_pylist() == [value] * n
-        offs = np.frombuffer(c.buffers()[1], np.int32, n + 1, c.offset * 4)
+        offs = binary_offsets(c)
         if not bool((np.diff(offs) == len(value)).all()):
             return False
         if value:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from statelog.arrays import binary_array
+from statelog.arrays import binary_array, binary_offsets
 from statelog.compute import pc
 from statelog.errors import CorruptionError, SerializationError
 from statelog.keys.encoding import (
@@ -58,7 +58,7 @@ def _decode_key_chunk(arr: Any) -> list[Any]:
     if n == 0:
         return []
     if arr.null_count == 0 and arr.type == pa.binary():
-        offs = np.frombuffer(arr.buffers()[1], np.int32, n + 1, arr.offset * 4)
+        offs = binary_offsets(arr)
         lens = np.diff(offs)
         lo, hi = int(lens.min()), int(lens.max())
         if lo == 0:
@@ -107,7 +107,7 @@ def first_legacy_key(arr: Any) -> bytes | None:
             return None
         candidates = arr.filter(maybe).to_pylist()
     else:  # the tag bytes in numpy (no pyarrow.compute on a restarted process's first key group)
-        offs = np.frombuffer(arr.buffers()[1], np.int32, len(arr) + 1, arr.offset * 4)
+        offs = binary_offsets(arr)
         data = np.frombuffer(arr.buffers()[2] or b"", np.uint8)
         nonempty = np.flatnonzero(offs[1:] > offs[:-1])  # (an encoded key is never empty)
         hits = nonempty[np.isin(data[offs[nonempty]], np.array(_LEGACY_TAGS, np.uint8))]

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from statelog import _ext
+from statelog.arrays import integer_numpy, numpy_integers
 from statelog.compute import pc
 
 
@@ -131,11 +132,11 @@ def fold_into_dict(table: Any, pykeys: list[Any], red: BatchReduction, partial: 
     if fold is None or kind is None:
         return None
     dtype, lo, hi = kind
-    p = np.ascontiguousarray(partial.to_numpy(zero_copy_only=False), np.int64)
+    p = np.ascontiguousarray(integer_numpy(partial), np.int64)
     out = np.empty(len(p), np.int64)
     if not _add_into(table, pykeys, p, out, fold, lo, hi):
         return None
-    return pa.array(out if dtype == np.int64 else out.astype(dtype), vt)
+    return numpy_integers(out if dtype == np.int64 else out.astype(dtype))
 
 
 def _fold_code(red: BatchReduction) -> int | None:

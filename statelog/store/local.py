@@ -63,7 +63,6 @@ def _read_exactly(f: BinaryIO, length: int) -> bytes:
     return b"".join(parts)
 
 
-
 def _temp_file(directory: Path) -> tuple[int, str]:
     """A new file ``TEMP_PREFIX<random>`` in ``directory``, opened for writing (as
     ``tempfile.mkstemp``, without importing it: a process's start pays no ``shutil``)."""
@@ -74,6 +73,7 @@ def _temp_file(directory: Path) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {directory}")
+
 
 class LocalObjectStore(ObjectStore):
     """Write-once objects as files below ``root_dir`` (created on first put)."""
