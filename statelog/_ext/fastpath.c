@@ -757,17 +757,30 @@ static int int64_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable
     return 0;
 }
 
+/* keys[j] of add_into's keys (a list, or int64s ikeys), a new reference; NULL with an error
+ * (no memory), or NULL without one when the list no longer holds it. */
+static inline PyObject *key_at(PyObject *keys, const int64_t *ikeys, Py_ssize_t j) {
+    if (ikeys != NULL) return PyLong_FromLongLong(ikeys[j]);
+    if (j >= PyList_GET_SIZE(keys)) return NULL; /* only if Python code (a key's __eq__) shrank it */
+    PyObject *k = PyList_GET_ITEM(keys, j);
+    Py_INCREF(k);
+    return k;
+}
+
 /* Put back the entries of keys[0:upto] that the call changed (newest first): the value it
  * held, or no entry. Keeps the pending exception, if any; an error of the undo itself (no
  * memory) is dropped, and that entry keeps the call's value. */
-static void add_into_undo(PyObject *table, PyObject *keys, const int64_t *old, const uint8_t *flags,
-                          Py_ssize_t upto) {
+static void add_into_undo(PyObject *table, PyObject *keys, const int64_t *ikeys, const int64_t *old,
+                          const uint8_t *flags, Py_ssize_t upto) {
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
     for (Py_ssize_t j = upto - 1; j >= 0; j--) {
-        if (!(flags[j] & WROTE) || j >= PyList_GET_SIZE(keys)) continue;
-        PyObject *key = PyList_GET_ITEM(keys, j);
-        Py_INCREF(key);
+        if (!(flags[j] & WROTE)) continue;
+        PyObject *key = key_at(keys, ikeys, j);
+        if (key == NULL) {
+            PyErr_Clear();
+            continue;
+        }
         int rc;
         if (flags[j] & HAD) {
             PyObject *v = PyLong_FromLongLong(old[j]);
@@ -782,12 +795,200 @@ static void add_into_undo(PyObject *table, PyObject *keys, const int64_t *old, c
     PyErr_Restore(et, ev, tb);
 }
 
+/* Prefetching a dict's lookups ahead of a loop over a batch of keys (add_into).
+ *
+ * A lookup in a dict of millions of entries misses the cache three times in a row: the
+ * index slot, the entry, then the stored key and value objects. A loop over a batch knows
+ * its next keys, so it asks for those lines ahead (__builtin_prefetch), a stage per miss:
+ * the index slot of key i + PF_INDEX, the entry of key i + PF_ENTRY (its slot is cached by
+ * then), the key and value objects of key i + PF_OBJECTS; the lookups themselves are the
+ * API's (PyDict_GetItemWithError and PyDict_SetItem), which then find every line in the
+ * cache. The stages read the dict's table in CPython's layout (Objects/dictobject.c,
+ * 3.11 and 3.12), which is not a public API: only for prefetch addresses, every index
+ * bounds-checked, and only after a self-check at import found the layout where it is
+ * expected (dict_layout_ok); otherwise, and for keys other than exact ints and strs (whose
+ * hash runs no Python code), nothing is prefetched and only the speed differs. */
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030D0000 && !defined(Py_GIL_DISABLED)
+#define HAVE_DICT_PREFETCH 1
+typedef struct {
+    Py_ssize_t dk_refcnt;
+    uint8_t dk_log2_size;
+    uint8_t dk_log2_index_bytes;
+    uint8_t dk_kind; /* 0: general entries (hash, key, value); 1: str keys (key, value); 2: split */
+    uint32_t dk_version;
+    Py_ssize_t dk_usable;
+    Py_ssize_t dk_nentries;
+    char dk_indices[];
+} DictKeys;
+typedef struct { Py_hash_t hash; PyObject *key; PyObject *value; } DictEntry;
+typedef struct { PyObject *key; PyObject *value; } DictStrEntry;
+#endif
+
+#define PF_INDEX 24
+#define PF_ENTRY 12
+#define PF_OBJECTS 4
+#define PF_RING 32 /* > PF_INDEX, a power of 2 */
+
+static int dict_layout_ok = 0;
+
+typedef struct {
+    Py_hash_t hash[PF_RING];
+    Py_ssize_t ix[PF_RING];
+} Prefetch;
+
+#ifdef HAVE_DICT_PREFETCH
+/* The entry index the first slot of hash h holds, or -1 (empty, deleted, out of range). */
+static inline Py_ssize_t dk_slot(const DictKeys *dk, Py_hash_t h) {
+    size_t slot = (size_t)h & (((size_t)1 << dk->dk_log2_size) - 1);
+    Py_ssize_t ix;
+    switch (dk->dk_log2_index_bytes - dk->dk_log2_size) {
+    case 0: ix = ((const int8_t *)dk->dk_indices)[slot]; break;
+    case 1: ix = ((const int16_t *)dk->dk_indices)[slot]; break;
+    case 2: ix = ((const int32_t *)dk->dk_indices)[slot]; break;
+    case 3: ix = (Py_ssize_t)((const int64_t *)dk->dk_indices)[slot]; break;
+    default: return -1;
+    }
+    return ix >= 0 && ix < dk->dk_nentries ? ix : -1;
+}
+
+static inline const DictKeys *dict_keys(PyObject *table) {
+    const PyDictObject *d = (const PyDictObject *)table;
+    if (d->ma_values != NULL) return NULL; /* a split table (instance dicts) */
+    const DictKeys *dk = (const DictKeys *)d->ma_keys;
+    return dk->dk_kind <= 1 ? dk : NULL;
+}
+
+static inline const char *dk_entries(const DictKeys *dk) {
+    return dk->dk_indices + ((size_t)1 << dk->dk_log2_index_bytes);
+}
+
+/* Both entry kinds: the key and value of entry ix. */
+static inline void dk_entry(const DictKeys *dk, Py_ssize_t ix, PyObject **key, PyObject **value) {
+    if (dk->dk_kind == 0) {
+        const DictEntry *e = (const DictEntry *)dk_entries(dk) + ix;
+        *key = e->key;
+        *value = e->value;
+    } else {
+        const DictStrEntry *e = (const DictStrEntry *)dk_entries(dk) + ix;
+        *key = e->key;
+        *value = e->value;
+    }
+}
+#endif
+
+/* The first prefetch stage, for key j of the batch (its object k): its hash and index slot.
+ * Only exact ints and strs are hashed here (their hash runs no Python code). */
+static inline void prefetch_slot(PyObject *table, PyObject *k, Py_ssize_t j, Prefetch *pf) {
+    pf->hash[j & (PF_RING - 1)] = -1;
+#ifdef HAVE_DICT_PREFETCH
+    if (!dict_layout_ok || k == NULL || !(PyLong_CheckExact(k) || PyUnicode_CheckExact(k))) return;
+    const DictKeys *dk = dict_keys(table);
+    if (dk == NULL) return;
+    Py_hash_t h = PyObject_Hash(k);
+    if (h == -1) {
+        PyErr_Clear();
+        return;
+    }
+    pf->hash[j & (PF_RING - 1)] = h;
+    size_t slot = (size_t)h & (((size_t)1 << dk->dk_log2_size) - 1);
+    __builtin_prefetch(dk->dk_indices + (slot << (dk->dk_log2_index_bytes - dk->dk_log2_size)));
+#else
+    (void)table; (void)k;
+#endif
+}
+
+/* The later stages before the lookup of key i (i may start at -PF_INDEX to fill the
+ * pipeline): the entry of key i + PF_ENTRY, the key and value objects of key i + PF_OBJECTS.
+ * The dict may have been resized since a stage ran: a stale index then only prefetches a
+ * useless line (every read is bounds-checked against the current table). */
+static inline void prefetch_entries(PyObject *table, Py_ssize_t i, Py_ssize_t n, Prefetch *pf) {
+#ifdef HAVE_DICT_PREFETCH
+    if (!dict_layout_ok) return;
+    const DictKeys *dk = dict_keys(table);
+    if (dk == NULL) return;
+    Py_ssize_t j = i + PF_ENTRY;
+    if (j >= 0 && j < n) {
+        Py_hash_t h = pf->hash[j & (PF_RING - 1)];
+        Py_ssize_t ix = h == -1 ? -1 : dk_slot(dk, h);
+        pf->ix[j & (PF_RING - 1)] = ix;
+        if (ix >= 0)
+            __builtin_prefetch(dk_entries(dk) + (size_t)ix * (dk->dk_kind == 0 ? sizeof(DictEntry) : sizeof(DictStrEntry)));
+    }
+    j = i + PF_OBJECTS;
+    if (j >= 0 && j < n) {
+        Py_ssize_t ix = pf->ix[j & (PF_RING - 1)];
+        if (ix >= 0 && ix < dk->dk_nentries) {
+            PyObject *key, *value;
+            dk_entry(dk, ix, &key, &value);
+            if (key != NULL) __builtin_prefetch(key);
+            if (value != NULL) __builtin_prefetch(value);
+        }
+    }
+#else
+    (void)table; (void)i; (void)n; (void)pf;
+#endif
+}
+
+/* Whether dicts are laid out as the prefetch stages read them: every key of a dict of ints and of
+ * a dict of strs found through its first slot or a later probe, with its value (checked
+ * once, at import). */
+static int check_dict_layout(void) {
+#ifdef HAVE_DICT_PREFETCH
+    int ok = 1;
+    for (int kind = 0; kind < 2 && ok; kind++) {
+        PyObject *d = PyDict_New();
+        if (d == NULL) return -1;
+        int found = 0;
+        for (long k = 0; k < 1000 && ok; k++) {
+            PyObject *key = kind == 0 ? PyLong_FromLong(k * 7919) : PyUnicode_FromFormat("k%ld", k);
+            PyObject *v = PyLong_FromLong(k);
+            if (key == NULL || v == NULL || PyDict_SetItem(d, key, v) < 0) {
+                Py_XDECREF(key); Py_XDECREF(v); Py_DECREF(d);
+                return -1;
+            }
+            Py_DECREF(v);
+            Py_DECREF(key);
+        }
+        const DictKeys *dk = dict_keys(d);
+        if (dk == NULL || dk->dk_nentries != 1000 || dk->dk_kind != kind ||
+            dk->dk_log2_size < 10 || dk->dk_log2_size > 16 ||
+            dk->dk_log2_index_bytes - dk->dk_log2_size != 1) {
+            ok = 0;
+        } else {
+            Py_ssize_t pos = 0;
+            PyObject *key, *value;
+            while (PyDict_Next(d, &pos, &key, &value)) {
+                Py_hash_t h = PyObject_Hash(key);
+                Py_ssize_t ix = dk_slot(dk, h);
+                PyObject *k2 = NULL, *v2 = NULL;
+                if (ix >= 0) dk_entry(dk, ix, &k2, &v2);
+                if (k2 == key && v2 == value) found++;
+                PyObject *k3, *v3;
+                dk_entry(dk, pos - 1, &k3, &v3); /* entries in insertion order, no deletions */
+                if (k3 != key || v3 != value) ok = 0;
+            }
+            if (found < 500) ok = 0; /* most keys sit in their first slot */
+        }
+        Py_DECREF(d);
+    }
+    dict_layout_ok = ok;
+#endif
+    return 0;
+}
+
+/* add_into hands the GIL over every this many keys (about 1 ms of a large table): a batch of
+ * hundreds of thousands of keys would otherwise hold it for tens of milliseconds, while the
+ * changelog's flusher waits for it between its steps outside the GIL. */
+#define GIL_EVERY 4096
+
 /* add_into(table, keys, partial, out, op, lo, hi) -> bool
  *
  * For each i: table[keys[i]] = fold(table.get(keys[i]), partial[i]) and out[i] = that value,
  * each key looked up once and set while its entry is still in the cache (the keys are
- * distinct). op: FOLD_SUM (an absent entry counts as 0), FOLD_MIN or FOLD_MAX (an absent entry
- * takes partial[i]). An entry whose value the fold leaves unchanged is not written.
+ * distinct). keys: a list, or a buffer of int64s (each key the int of that value, made here a
+ * few keys ahead of its lookup: no list of them). op: FOLD_SUM (an absent entry counts as 0),
+ * FOLD_MIN or FOLD_MAX (an absent entry takes partial[i]). An entry whose value the fold
+ * leaves unchanged is not written.
  *
  * All or nothing: returns True when every key was folded. When a stored value is not an
  * exact int in [lo, hi] or a result is not in [lo, hi] (int64 overflow included), the
@@ -800,8 +1001,8 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     PyObject *table = args[0], *keys = args[1];
-    if (!PyDict_CheckExact(table) || !PyList_CheckExact(keys)) {
-        PyErr_SetString(PyExc_TypeError, "add_into: table must be a dict and keys a list");
+    if (!PyDict_CheckExact(table)) {
+        PyErr_SetString(PyExc_TypeError, "add_into: table must be a dict");
         return NULL;
     }
     long op = PyLong_AsLong(args[4]);
@@ -814,10 +1015,38 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (lo == -1 && PyErr_Occurred()) return NULL;
     long long hi = PyLong_AsLongLong(args[6]);
     if (hi == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    Py_buffer pv, ov;
-    if (int64_view(args[2], &pv, n, 0, "partial") < 0) return NULL;
-    if (int64_view(args[3], &ov, n, 1, "out") < 0) { PyBuffer_Release(&pv); return NULL; }
+    Py_buffer kv = {0}, pv, ov;
+    const int64_t *ikeys = NULL;
+    Py_ssize_t n;
+    if (PyList_CheckExact(keys)) {
+        n = PyList_GET_SIZE(keys);
+    } else {
+        const char *f = NULL;
+        if (PyObject_GetBuffer(keys, &kv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+            f = kv.format ? kv.format : "B";
+            if (*f == '@' || *f == '=') f++;
+            if (kv.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0') {
+                PyBuffer_Release(&kv);
+                f = NULL;
+            }
+        }
+        if (f == NULL) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "add_into: keys must be a list or a buffer of int64s");
+            return NULL;
+        }
+        n = kv.len / 8;
+        ikeys = (const int64_t *)kv.buf;
+    }
+    if (int64_view(args[2], &pv, n, 0, "partial") < 0) {
+        if (ikeys) PyBuffer_Release(&kv);
+        return NULL;
+    }
+    if (int64_view(args[3], &ov, n, 1, "out") < 0) {
+        PyBuffer_Release(&pv);
+        if (ikeys) PyBuffer_Release(&kv);
+        return NULL;
+    }
     const int64_t *partial = (const int64_t *)pv.buf;
     int64_t *out = (int64_t *)ov.buf;
     /* what to put back: the old value and the flags of each key */
@@ -825,18 +1054,34 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (old == NULL) {
         PyBuffer_Release(&pv);
         PyBuffer_Release(&ov);
+        if (ikeys) PyBuffer_Release(&kv);
         return PyErr_NoMemory();
     }
     uint8_t *flags = (uint8_t *)(old + n);
     int declined = 0;
+    Prefetch pf;
+    PyObject *ring[PF_RING] = {NULL}; /* the keys from index i to i + PF_INDEX, owned */
     Py_ssize_t i;
-    for (i = 0; i < n; i++) {
-        if (i >= PyList_GET_SIZE(keys)) { /* only if Python code (a key's __eq__) shrank it */
+    for (i = -PF_INDEX; i < n; i++) {
+        Py_ssize_t j = i + PF_INDEX; /* the key whose object and slot come now */
+        if (j < n) {
+            PyObject *k = key_at(keys, ikeys, j);
+            if (k == NULL && PyErr_Occurred()) break;
+            ring[j & (PF_RING - 1)] = k;
+            prefetch_slot(table, k, j, &pf);
+        }
+        prefetch_entries(table, i, n, &pf);
+        if (i < 0) continue;
+        if ((i & (GIL_EVERY - 1)) == GIL_EVERY - 1) { /* let waiting threads (the changelog's flusher) run */
+            Py_BEGIN_ALLOW_THREADS
+            Py_END_ALLOW_THREADS
+        }
+        PyObject *key = ring[i & (PF_RING - 1)]; /* (owned) */
+        ring[i & (PF_RING - 1)] = NULL;
+        if (key == NULL) {
             PyErr_SetString(PyExc_RuntimeError, "add_into: the key list changed");
             break;
         }
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_INCREF(key);
         PyObject *cur = PyDict_GetItemWithError(table, key); /* borrowed: read before any call */
         int64_t p = partial[i], o = 0, x = p;
         uint8_t f = 0;
@@ -870,17 +1115,101 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (rc < 0) break;
         flags[i] = f | WROTE;
     }
-    if (i < n) add_into_undo(table, keys, old, flags, i);
+    for (int r = 0; r < PF_RING; r++) Py_XDECREF(ring[r]); /* the keys made ahead of a stop */
+    if (i < 0) i = 0; /* (stopped while filling the pipeline: nothing changed) */
+    if (i < n) add_into_undo(table, keys, ikeys, old, flags, i);
     PyMem_Free(old);
     PyBuffer_Release(&pv);
     PyBuffer_Release(&ov);
+    if (ikeys) PyBuffer_Release(&kv);
     if (i == n) Py_RETURN_TRUE;
     if (declined) Py_RETURN_FALSE;
     return NULL;
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* radix_sort: the sort of a batch's int64 keys                                             */
+
+/* radix_sort(values, bits): sort a C-contiguous buffer of int64s in [0, 2**bits) in place,
+ * ascending (an LSD radix sort in passes of at most 11 bits, skipping a pass whose digit
+ * every value shares), without the GIL. add_many's grouping sorts a batch's keys (or keys
+ * and values packed into one int64) with it: about 4x faster than numpy's sort here. A value
+ * outside the range raises ValueError (nothing sorted). */
+static PyObject *radix_sort(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "radix_sort(values, bits)");
+        return NULL;
+    }
+    long bits = PyLong_AsLong(args[1]);
+    if (bits == -1 && PyErr_Occurred()) return NULL;
+    if (bits < 0 || bits > 63) {
+        PyErr_SetString(PyExc_ValueError, "radix_sort: bits must be in [0, 63]");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return NULL;
+    const char *f = view.format ? view.format : "B";
+    if (*f == '@' || *f == '=') f++;
+    if (view.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0') {
+        PyErr_SetString(PyExc_TypeError, "radix_sort: values must be int64s");
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t n = view.len / 8;
+    uint64_t *a = (uint64_t *)view.buf;
+    uint64_t limit = bits == 63 ? (uint64_t)INT64_MAX : ((uint64_t)1 << bits) - 1;
+    int bad = 0;
+    uint64_t *tmp = NULL;
+    if (n > 1 && bits > 0) tmp = PyMem_RawMalloc((size_t)n * sizeof(uint64_t));
+    if (n > 1 && bits > 0 && tmp == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] > limit) { bad = 1; break; }
+    if (!bad && tmp != NULL) {
+        int passes = (int)((bits + 10) / 11);
+        int width = (int)((bits + passes - 1) / passes);
+        size_t buckets = (size_t)1 << width;
+        Py_ssize_t *count = PyMem_RawCalloc(buckets, sizeof(Py_ssize_t));
+        if (count == NULL) bad = 2;
+        uint64_t *src = a, *dst = tmp;
+        for (int p = 0; p < passes && !bad; p++) {
+            int shift = p * width;
+            uint64_t mask = buckets - 1;
+            memset(count, 0, buckets * sizeof(Py_ssize_t));
+            for (Py_ssize_t i = 0; i < n; i++) count[(src[i] >> shift) & mask]++;
+            if (count[(src[0] >> shift) & mask] == n) continue; /* one digit: nothing to move */
+            Py_ssize_t sum = 0;
+            for (size_t b = 0; b < buckets; b++) {
+                Py_ssize_t c = count[b];
+                count[b] = sum;
+                sum += c;
+            }
+            for (Py_ssize_t i = 0; i < n; i++) dst[count[(src[i] >> shift) & mask]++] = src[i];
+            uint64_t *t = src;
+            src = dst;
+            dst = t;
+        }
+        if (!bad && src != a) memcpy(a, src, (size_t)n * sizeof(uint64_t));
+        PyMem_RawFree(count);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(tmp);
+    PyBuffer_Release(&view);
+    if (bad == 1) {
+        PyErr_Format(PyExc_ValueError, "radix_sort: a value is negative or not below 2**%ld", bits);
+        return NULL;
+    }
+    if (bad == 2) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"make_update", make_update, METH_VARARGS, "Build the fast update() of a value-like state."},
+    {"radix_sort", (PyCFunction)(void (*)(void))radix_sort, METH_FASTCALL,
+     "radix_sort(values, bits): sort int64s in [0, 2**bits) in place."},
     {"add_into", (PyCFunction)(void (*)(void))add_into, METH_FASTCALL,
      "add_into(table, keys, partial, out, op, lo, hi): fold a batch into a dict of ints."},
     {NULL, NULL, 0, NULL},
@@ -891,6 +1220,7 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "fastpath", NULL, 
 PyMODINIT_FUNC PyInit_fastpath(void) {
     if (PyType_Ready(&UpdateType) < 0) return NULL;
     if (PyType_Ready(&RecordBufferType) < 0) return NULL;
+    if (check_dict_layout() < 0) return NULL;
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL;
     INTERN(s_key, "key") INTERN(s_key_info, "key_info") INTERN(s_on_buffer_full, "on_buffer_full")
     PyObject *m = PyModule_Create(&moduledef);
@@ -903,7 +1233,8 @@ PyMODINIT_FUNC PyInit_fastpath(void) {
         PyModule_AddIntConstant(m, "WIDTH", WIDTH) < 0 ||
         PyModule_AddIntConstant(m, "FOLD_SUM", FOLD_SUM) < 0 ||
         PyModule_AddIntConstant(m, "FOLD_MIN", FOLD_MIN) < 0 ||
-        PyModule_AddIntConstant(m, "FOLD_MAX", FOLD_MAX) < 0) {
+        PyModule_AddIntConstant(m, "FOLD_MAX", FOLD_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "DICT_PREFETCH", dict_layout_ok) < 0) {
         Py_DECREF(&RecordBufferType);
         Py_DECREF(m);
         return NULL;

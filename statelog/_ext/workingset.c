@@ -10,6 +10,9 @@
  *
  * key_group(key_bytes, max_parallelism): murmur3's fmix32 of the CRC-32 (zlib's: reflected
  *     polynomial 0xEDB88320) of the key bytes, modulo max_parallelism.
+ * key_groups(offsets, data, max_parallelism, out): key_group of each value of a binary Arrow
+ *     array given by its buffers (offsets: n + 1 int32s, from the array's offset; data: its
+ *     value bytes), written to out (n uint16s): the batch calls' and the router's key groups.
  * key_prefix(key_group, key_bytes): the database key of a key's record: key group (2 bytes,
  *     big-endian), length of the key bytes (4 bytes, big-endian), the key bytes.
  * install(key, record, index, primary, extra): put a key's record ({state id: entry}) into
@@ -88,6 +91,63 @@ static PyObject *key_group(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     uint32_t h = fmix32(crc32_of((const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0])));
     return PyLong_FromUnsignedLong(h % (unsigned long)maxp);
+}
+
+/* A C-contiguous buffer of n items of itemsize bytes (writable when asked), or -1 with an error. */
+static int items_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, Py_ssize_t itemsize, int writable, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->len != n * itemsize) {
+        PyErr_Format(PyExc_ValueError, "key_groups: %s must hold %zd items of %zd bytes", what, n, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *key_groups(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "key_groups(offsets, data, max_parallelism, out)");
+        return NULL;
+    }
+    long maxp = PyLong_AsLong(args[2]);
+    if (maxp == -1 && PyErr_Occurred()) return NULL;
+    if (maxp <= 0 || maxp > 0x10000) {
+        PyErr_SetString(PyExc_ValueError, "key_groups: max_parallelism must be in [1, 65536]");
+        return NULL;
+    }
+    Py_buffer ov, dv, kv;
+    if (PyObject_GetBuffer(args[3], &kv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    Py_ssize_t n = kv.len / 2;
+    if (kv.len % 2) {
+        PyErr_SetString(PyExc_ValueError, "key_groups: out must hold uint16s");
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    if (items_view(args[0], &ov, n + 1, 4, 0, "offsets") < 0) { PyBuffer_Release(&kv); return NULL; }
+    if (PyObject_GetBuffer(args[1], &dv, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&ov);
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    const int32_t *off = (const int32_t *)ov.buf;
+    const unsigned char *data = (const unsigned char *)dv.buf;
+    uint16_t *out = (uint16_t *)kv.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS /* (buffers held by the views) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t a = off[i], b = off[i + 1];
+        if (a < 0 || b < a || b > dv.len) { bad = 1; break; }
+        out[i] = (uint16_t)(fmix32(crc32_of(data + a, b - a)) % (uint32_t)maxp);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&ov);
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&kv);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "key_groups: offsets out of order or past the data");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* new reference to the prefix bytes, or NULL */
@@ -606,6 +666,8 @@ static PyObject *rec_loads(PyObject *module, PyObject *const *args, Py_ssize_t n
 static PyMethodDef methods[] = {
     {"key_group", (PyCFunction)(void (*)(void))key_group, METH_FASTCALL,
      "key_group(key_bytes, max_parallelism): fmix32(crc32(key_bytes)) % max_parallelism"},
+    {"key_groups", (PyCFunction)(void (*)(void))key_groups, METH_FASTCALL,
+     "key_groups(offsets, data, max_parallelism, out): key_group of each value of a binary array"},
     {"key_prefix", (PyCFunction)(void (*)(void))key_prefix, METH_FASTCALL,
      "key_prefix(key_group, key_bytes): the database key of a key's record"},
     {"install", (PyCFunction)(void (*)(void))install, METH_FASTCALL,

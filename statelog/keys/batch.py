@@ -4,8 +4,9 @@
 Python objects (the tables' keys) and their encodings (:func:`statelog.keys.encoding.encode_key`)
 as one Arrow ``binary`` array; :func:`key_groups_of` their key groups with the hash of the
 per-record path (``fmix32(crc32(key_bytes)) % max_parallelism``, :mod:`statelog.keys.groups`).
-Columns of int64 keys and of short strings are encoded with numpy, and their key groups computed
-with a table-driven CRC-32 over the byte columns; other keys are encoded key by key.
+Columns of int64 keys and of short strings are encoded with numpy, other keys key by key; the
+key groups of a column are computed in C (``key_groups`` of ``statelog/_ext/workingset.c``), or,
+when it is not built, with a table-driven CRC-32 over the byte columns in numpy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from statelog import _ext
+from statelog.arrays import binary_offsets
 from statelog.compute import pc
 from statelog.keys.encoding import INT64_BIAS, TAG_INT64, TAG_STR, encode_key
 
@@ -26,6 +29,8 @@ for _i in range(256):
         _c = (_c >> 1) ^ 0xEDB88320 if _c & 1 else _c >> 1
     _CRC_TABLE[_i] = _c
 _FULL = np.uint32(0xFFFFFFFF)
+# the key groups of a binary column in C (None: not built, or STATELOG_PURE_PYTHON set)
+_key_groups = getattr(_ext.load("workingset"), "key_groups", None)
 
 
 def as_key_array(keys: Any) -> pa.Array | None:
@@ -37,14 +42,16 @@ def as_key_array(keys: Any) -> pa.Array | None:
     return None
 
 
-def encode_keys(keys: Any) -> tuple[list[Any], pa.Array]:
+def encode_keys(keys: Any, int_column: bool = False) -> tuple[list[Any] | np.ndarray, pa.Array]:
     """``(python keys, encoded keys)`` of a batch of keys: an Arrow array (int, string,
-    binary, ...) or a Python sequence. Null keys are the key ``None``."""
+    binary, ...) or a Python sequence. Null keys are the key ``None``. ``int_column``: the
+    keys of an Arrow integer array without nulls come as its int64 numpy array, not as a list
+    of ints (for a caller that makes the ints itself, as ``add_many``'s fold in C does)."""
     arr = as_key_array(keys)
     if arr is not None:
         if arr.null_count == 0 and (pa.types.is_integer(arr.type) and arr.type != pa.uint64()):
             ints = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            return ints.tolist(), int64_keys(ints)
+            return ints if int_column else ints.tolist(), int64_keys(ints)
         if arr.null_count == 0 and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
             kbs = _str_keys(arr)
             if kbs is not None:
@@ -116,6 +123,16 @@ def crc32_of(kbs: pa.Array) -> np.ndarray:
 
 def key_groups_of(kbs: pa.Array, max_parallelism: int) -> np.ndarray:
     """The key group of every encoded key: ``fmix32(crc32(kb)) % max_parallelism`` (uint16)."""
+    if _key_groups is not None and kbs.type == pa.binary() and kbs.null_count == 0 and len(kbs):
+        out = np.empty(len(kbs), np.uint16)
+        data = kbs.buffers()[2]
+        _key_groups(binary_offsets(kbs), b"" if data is None else data, max_parallelism, out)
+        return out
+    return key_groups_numpy(kbs, max_parallelism)
+
+
+def key_groups_numpy(kbs: pa.Array, max_parallelism: int) -> np.ndarray:
+    """:func:`key_groups_of` in numpy (the reference of the C version, and its fallback)."""
     h = crc32_of(kbs).astype(np.uint64)
     m = np.uint64(0xFFFFFFFF)
     h ^= h >> np.uint64(16)
@@ -126,4 +143,4 @@ def key_groups_of(kbs: pa.Array, max_parallelism: int) -> np.ndarray:
     return (h % np.uint64(max_parallelism)).astype(np.uint16)
 
 
-__all__ = ["as_key_array", "crc32_of", "encode_keys", "int64_keys", "key_groups_of"]
+__all__ = ["as_key_array", "crc32_of", "encode_keys", "int64_keys", "key_groups_numpy", "key_groups_of"]

@@ -345,18 +345,20 @@ class KeyedStateBackend:
         self._working_set.close()
 
 
-def batch_keys(backend: KeyedStateBackend, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
+def batch_keys(backend: KeyedStateBackend, keys: Any, int_column: bool = False) -> tuple[Any, pa.Array, np.ndarray]:
     """The keys of a batch call (an Arrow array or a Python sequence) as ``(python keys,
     encoded keys, key groups)``, computed a column at a time (:mod:`statelog.keys.batch`),
     after the checks and loads of :meth:`KeyedStateBackend._admit_key`: every key must be in this subtask's
     key groups (else :class:`KeyGroupError` names the first that is not), their key groups
     are loaded first during an on-demand restore, and the disk-backed working set reads the
-    keys not resident in one batched read."""
-    pykeys, kbs = encode_keys(keys)
+    keys not resident in one batched read (``int_column``: an int column's keys as int64s)."""
+    pykeys, kbs = encode_keys(keys, int_column)
     kgs = key_groups_of(kbs, backend.max_parallelism)
     if len(kgs) == 0:
         return pykeys, kbs, kgs
     outside = (kgs < backend._kg_lo) | (kgs > backend._kg_hi)
+    if isinstance(pykeys, np.ndarray) and (backend._ws is not None or outside.any()):
+        pykeys = pykeys.tolist()  # (the disk-backed working set and the error take Python keys)
     if outside.any():
         i = int(np.argmax(outside))
         raise KeyGroupError(

@@ -86,18 +86,18 @@ def _values_array(state: Any, values: Any, n: int) -> pa.Array:
     return arr
 
 
-def _table(state: Any, pykeys: list[Any]) -> Any:
+def _table(state: Any, pykeys: list[Any] | np.ndarray) -> Any:
     """The table of the current namespace that ``pykeys`` can be read and written through (with
     the disk-backed working set the resident dict when the batch's keys are all resident)."""
     table = state._store.replay_table_for(state._table_for)(state._nsb)
     if_resident = getattr(table, "if_resident", None)
     if if_resident is not None:
-        return if_resident(pykeys) or table
+        return if_resident(pykeys.tolist() if isinstance(pykeys, np.ndarray) else pykeys) or table
     return table
 
 
-def _keys(state: Any, keys: Any) -> tuple[list[Any], pa.Array, np.ndarray]:
-    return state._ctx.batch_keys(keys)
+def _keys(state: Any, keys: Any, int_column: bool = False) -> tuple[Any, pa.Array, np.ndarray]:
+    return state._ctx.batch_keys(keys, int_column)
 
 
 def _emit(state: Any, op: int, kbs: pa.Array, kgs: np.ndarray, values: Any, expires: Any = None) -> None:
@@ -280,12 +280,15 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
     if n == 0:
         return None
     ukeys, partial = _group(keys, vals, red.aggregation)
-    pykeys, kbs, kgs = _keys(state, ukeys)
+    # (the keys of an int column as int64s: the fold in C makes each int as it needs it)
+    pykeys, kbs, kgs = _keys(state, ukeys, int_column=True)
     table = _table(state, pykeys)
     try:
         partial = partial.cast(vt)
         # in C when it applies (it stores the new values), else with Arrow
         folded = None if state._ttl else fold_into_dict(table, pykeys, red, partial, vt)
+        if folded is None and isinstance(pykeys, np.ndarray):
+            pykeys = pykeys.tolist()
         new = folded if folded is not None else _fold(state, red, table, pykeys, partial, vt)
     except (pa.ArrowInvalid, OverflowError) as e:
         raise StateTypeError(f"state {state.name!r}: the batch's result does not fit the declared type {vt}: {e}") from None

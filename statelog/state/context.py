@@ -47,7 +47,7 @@ def _nothing() -> None:
     return None
 
 
-def _no_batch_keys(_keys: Any) -> Any:
+def _no_batch_keys(_keys: Any, _int_column: bool = False) -> Any:
     raise StatelogError("this key context has no batch key check: the backend that owns it installs one")
 
 
@@ -97,7 +97,7 @@ class KeyContext:
         # the store of the states' entries (statelog.state.tables), set by the backend
         self.working_set: Any = None
         # the keys of a batch call: (python keys, encoded keys, key groups), set by the backend
-        self.batch_keys: Callable[[Any], tuple[list[Any], Any, Any]] = _no_batch_keys
+        self.batch_keys: Callable[..., tuple[Any, Any, Any]] = _no_batch_keys
 
     @property
     def current_key(self) -> Any:

@@ -73,14 +73,8 @@ class BulkLoader:
             yield from pr.take_ready()
             thread = pr.thread
             assert thread is not None
-            with pr.cond:  # the whole tail, if the background thread is reading it
-                while self._tail.whole is None and pr.error is None and thread.is_alive():
-                    pr.cond.wait(0.05)
-                pr.raise_error()
-            with self._tail.lock:
-                need_tail = self._tail.whole is None
-            if need_tail and runs:  # no background thread: read the tail while the pool decodes
-                self._tail.read_whole()
+            if self._raw_keys and runs:  # each key group is prepared with its tail: the tail first
+                self._whole_tail(thread)
             tail_kgs: list[int] = []
             for i, run in enumerate(runs):
                 if waves and waves[0][0][2] <= i:  # the next wave starts with this run's files
@@ -97,6 +91,7 @@ class BulkLoader:
                 pr.mark_taken(run)
                 yield from prepared
             if tail_kgs:  # one replay of the tail, as an eager restore does
+                self._whole_tail(thread)
                 yield self._builder.tail_part(tail_kgs)
             # the run the background thread was preparing when it was stopped
             if thread.is_alive() and thread is not threading.current_thread():
@@ -108,3 +103,16 @@ class BulkLoader:
         finally:
             fetcher.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _whole_tail(self, thread: threading.Thread) -> None:
+        """Wait for the whole tail while the background thread reads it (in memory, the bases
+        are installed meanwhile: the tail is replayed after them), or read it here."""
+        pr = self._progress
+        with pr.cond:
+            while self._tail.whole is None and pr.error is None and thread.is_alive():
+                pr.cond.wait(0.05)
+            pr.raise_error()
+        with self._tail.lock:
+            need_tail = self._tail.whole is None
+        if need_tail:  # no background thread (stopped before it read the tail): read it here
+            self._tail.read_whole()

@@ -19,7 +19,7 @@ from statelog import (
     ValueStateDescriptor,
 )
 from statelog.errors import KeyGroupError, StateTypeError
-from statelog.keys.batch import encode_keys, key_groups_of
+from statelog.keys.batch import encode_keys, key_groups_numpy, key_groups_of
 from statelog.keys.encoding import encode_key
 from statelog.keys.groups import key_group_of_bytes, key_group_of_bytes_py
 from statelog.state.batch import BatchReduction, CountAggregate
@@ -60,6 +60,33 @@ def test_key_groups_of_a_column_equal_the_per_record_hash(keys, maxp):
     kgs = key_groups_of(kbs, maxp).tolist()
     assert kgs == [key_group_of_bytes(encode_key(k), maxp) for k in pykeys]
     assert kgs == [key_group_of_bytes_py(encode_key(k), maxp) for k in pykeys]
+
+
+@pytest.mark.parametrize("maxp", [1, 128, 65536])
+def test_key_groups_in_c_equal_the_numpy_reference_on_slices(maxp):
+    """``key_groups_of`` (in C when built) and its numpy reference agree on sliced columns
+    (an offset into the buffers) of fixed-width and variable-width keys."""
+    for keys in (pa.array(np.arange(-5000, 5000, 3)), pa.array([f"k{i}" * (i % 5) for i in range(3000)])):
+        _, kbs = encode_keys(keys)
+        for part in (kbs, kbs.slice(17), kbs.slice(5, 40), kbs.slice(0, 0)):
+            assert key_groups_of(part, maxp).tolist() == key_groups_numpy(part, maxp).tolist()
+
+
+def test_key_groups_in_c_refuse_offsets_past_the_data():
+    from statelog._ext import load
+
+    ext = load("workingset")
+    if ext is None:
+        pytest.skip("statelog/_ext/workingset.c is not built")
+    out = np.zeros(2, np.uint16)
+    with pytest.raises(ValueError, match="offsets out of order or past the data"):
+        ext.key_groups(np.array([0, 4, 2], np.int32), b"abcd", 128, out)
+    with pytest.raises(ValueError, match="offsets out of order or past the data"):
+        ext.key_groups(np.array([0, 4, 9], np.int32), b"abcd", 128, out)
+    with pytest.raises(ValueError, match="max_parallelism"):
+        ext.key_groups(np.array([0, 1, 2], np.int32), b"ab", 0, out)
+    with pytest.raises(ValueError, match="offsets must hold 3 items"):
+        ext.key_groups(np.array([0, 1], np.int32), b"ab", 128, out)
 
 
 def test_batch_keys_of_other_subtasks_are_refused(tmp_path):

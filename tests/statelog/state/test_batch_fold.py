@@ -161,13 +161,15 @@ def test_the_disk_working_set_and_ttl_fold_as_the_arrow_path(tmp_path, monkeypat
     assert (c[4][True] > 0) is not ttl
 
 
-def _fold(table, keys, partial, op, lo=-(2**63), hi=I64_MAX):
+def _fold(table, keys, partial, op, lo=-(2**63), hi=I64_MAX, ints=False):
+    """add_into over ``keys`` as a list or (``ints``) as an int64 array."""
     out = np.zeros(len(keys), np.int64)
-    done = fp.add_into(table, keys, np.array(partial, np.int64), out, op, lo, hi)
+    done = fp.add_into(table, np.array(keys, np.int64) if ints else keys, np.array(partial, np.int64), out, op, lo, hi)
     return done, out.tolist()
 
 
 @needs_ext
+@pytest.mark.parametrize("ints", [False, True], ids=["list", "int64s"])
 @pytest.mark.parametrize("fold, stored, partial, lo, hi", [
     ("FOLD_SUM", I64_MAX, 1, -(2**63), I64_MAX),  # int64 overflow
     ("FOLD_SUM", -(2**63), -1, -(2**63), I64_MAX),
@@ -178,27 +180,99 @@ def _fold(table, keys, partial, op, lo=-(2**63), hi=I64_MAX):
     ("FOLD_MAX", 300, 1, -128, 127),  # not an int8
     ("FOLD_SUM", "1", 1, -(2**63), I64_MAX),
 ])
-def test_add_into_declines_with_the_table_unchanged(fold, stored, partial, lo, hi):
+def test_add_into_declines_with_the_table_unchanged(fold, stored, partial, lo, hi, ints):
     """A declined batch leaves the entries that it changed before the bad key as they were
     (absent entries absent again)."""
     table = {0: 5, 1: 6, 9: stored}
     before = dict(table)
-    done, _ = _fold(table, [0, 1, 2, 9, 3], [1, 1, 1, partial, 1], getattr(fp, fold), lo, hi)
+    done, _ = _fold(table, [0, 1, 2, 9, 3], [1, 1, 1, partial, 1], getattr(fp, fold), lo, hi, ints)
     assert done is False
     assert table == before and [type(v) for v in table.values()] == [type(v) for v in before.values()]
 
 
 @needs_ext
-def test_add_into_folds_and_writes_the_new_values():
+@pytest.mark.parametrize("ints", [False, True], ids=["list", "int64s"])
+def test_add_into_folds_and_writes_the_new_values(ints):
     table = {1: 10, 2: -3}
     kept = table[1]
-    assert _fold(table, [0, 1, 2], [5, 1, 4], fp.FOLD_SUM) == (True, [5, 11, 1])
+    assert _fold(table, [0, 1, 2], [5, 1, 4], fp.FOLD_SUM, ints=ints) == (True, [5, 11, 1])
     assert table == {1: 11, 2: 1, 0: 5}
     table = {1: kept, 2: -3}
-    assert _fold(table, [0, 1, 2], [5, 11, -4], fp.FOLD_MIN) == (True, [5, 10, -4])
+    assert _fold(table, [0, 1, 2], [5, 11, -4], fp.FOLD_MIN, ints=ints) == (True, [5, 10, -4])
     assert table == {1: 10, 2: -4, 0: 5} and table[1] is kept  # unchanged: not rewritten
-    assert _fold(table, [0, 1, 2], [7, 7, 7], fp.FOLD_MAX) == (True, [7, 10, 7])
-    assert _fold({}, [], [], fp.FOLD_SUM) == (True, [])
+    assert _fold(table, [0, 1, 2], [7, 7, 7], fp.FOLD_MAX, ints=ints) == (True, [7, 10, 7])
+    assert _fold({}, [], [], fp.FOLD_SUM, ints=ints) == (True, [])
+
+
+@needs_ext
+def test_dicts_are_laid_out_as_the_prefetching_reads_them():
+    """The fold prefetches a large table's lines ahead of its lookups from the dict's layout,
+    which the extension checks at import; on the CPython versions it knows, it must pass."""
+    known = sys.implementation.name == "cpython" and (3, 11) <= sys.version_info[:2] <= (3, 12)
+    assert int(known) == fp.DICT_PREFETCH
+
+
+def _reference(table, keys, partial, op):
+    fn = {fp.FOLD_SUM: operator.add, fp.FOLD_MIN: min, fp.FOLD_MAX: max}[op]
+    out = []
+    for k, p in zip(keys, partial, strict=True):
+        cur = table.get(k)
+        table[k] = p if cur is None and op != fp.FOLD_SUM else fn(0 if cur is None else cur, p)
+        out.append(table[k])
+    return out
+
+
+@needs_ext
+@pytest.mark.parametrize("kind", ["ints", "int64s", "strs", "mixed"])
+def test_the_prefetching_fold_of_large_tables_equals_the_reference(kind):
+    """Folds into tables large enough to be prefetched, with deleted entries (dummy slots),
+    keys present, deleted and new, batches that resize the table, and (mixed) keys whose
+    hash the prefetching does not run: the same tables and values as a loop in Python."""
+    rng = np.random.default_rng(len(kind))
+    n = 60_000
+
+    def key(i):
+        if kind == "strs" or (kind == "mixed" and i % 3 == 0):
+            return f"k{i}"
+        return (i, 1) if kind == "mixed" and i % 3 == 1 else i
+
+    table = {key(i): i for i in range(0, 2 * n, 2)}
+    for i in range(0, 2 * n, 8):
+        del table[key(i)]
+    want = dict(table)
+    for size, op in ((5_000, fp.FOLD_SUM), (40_000, fp.FOLD_MAX), (150_000, fp.FOLD_MIN), (7, fp.FOLD_SUM)):
+        ids = np.unique(rng.integers(-50, 4 * n, size))
+        keys = [key(i) for i in ids.tolist()]
+        partial = rng.integers(-1000, 1000, len(keys)).tolist()
+        expect = _reference(want, keys, partial, op)
+        done, out = _fold(table, ids if kind == "int64s" else keys, partial, op, ints=kind == "int64s")
+        assert done is True and out == expect
+        assert table == want and list(table) == list(want)  # (insertion order too)
+
+
+@needs_ext
+@pytest.mark.parametrize("bits", [0, 1, 7, 11, 12, 23, 33, 62, 63])
+def test_radix_sort_equals_numpys(bits):
+    rng = np.random.default_rng(bits)
+    for n in (0, 1, 2, 1000, 50_000):
+        a = rng.integers(0, max(1, 2**bits) if bits < 63 else I64_MAX, n, dtype=np.int64)
+        if n > 2:
+            a[: n // 4] = a[n // 2]  # runs of one value, and a digit every value shares
+        b = a.copy()
+        fp.radix_sort(b, bits)
+        assert (b == np.sort(a)).all()
+
+
+@needs_ext
+def test_radix_sort_refuses_values_out_of_range():
+    for values, bits in (([5, -1], 10), ([5, 1024], 10), ([1], 64)):
+        a = np.array(values, np.int64)
+        before = a.copy()
+        with pytest.raises(ValueError):
+            fp.radix_sort(a, bits)
+        assert (a == before).all()
+    with pytest.raises(TypeError, match="int64s"):
+        fp.radix_sort(np.zeros(4, np.int32), 8)
 
 
 @needs_ext
@@ -212,6 +286,11 @@ def test_add_into_refuses_bad_arguments():
         fp.add_into({}, [1, 2], np.ones(2, np.int64), np.zeros(3, np.int64), fp.FOLD_SUM, 0, 9)
     with pytest.raises(ValueError, match="unknown fold"):
         fp.add_into({}, [1, 2], np.ones(2, np.int64), out, 7, 0, 9)
+    for keys in (np.ones(2, np.int32), (1, 2)):
+        with pytest.raises(TypeError, match="keys must be a list or a buffer of int64s"):
+            fp.add_into({}, keys, np.ones(2, np.int64), out, fp.FOLD_SUM, 0, 9)
+    with pytest.raises(TypeError, match="partial must be 3 int64s"):
+        fp.add_into({}, np.ones(3, np.int64), np.ones(2, np.int64), out, fp.FOLD_SUM, 0, 9)
     table = {}
     with pytest.raises(TypeError, match="unhashable"):
         fp.add_into(table, [1, [2]], np.ones(2, np.int64), out, fp.FOLD_SUM, 0, 9)
