@@ -976,11 +976,6 @@ static int check_dict_layout(void) {
     return 0;
 }
 
-/* add_into hands the GIL over every this many keys (about 1 ms of a large table): a batch of
- * hundreds of thousands of keys would otherwise hold it for tens of milliseconds, while the
- * changelog's flusher waits for it between its steps outside the GIL. */
-#define GIL_EVERY 4096
-
 /* add_into(table, keys, partial, out, op, lo, hi) -> bool
  *
  * For each i: table[keys[i]] = fold(table.get(keys[i]), partial[i]) and out[i] = that value,
@@ -1072,10 +1067,6 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
         prefetch_entries(table, i, n, &pf);
         if (i < 0) continue;
-        if ((i & (GIL_EVERY - 1)) == GIL_EVERY - 1) { /* let waiting threads (the changelog's flusher) run */
-            Py_BEGIN_ALLOW_THREADS
-            Py_END_ALLOW_THREADS
-        }
         PyObject *key = ring[i & (PF_RING - 1)]; /* (owned) */
         ring[i & (PF_RING - 1)] = NULL;
         if (key == NULL) {
