@@ -1119,6 +1119,58 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* put_items: a restore's bulk load                                                         */
+
+/* put_items(table, keys, values, start, stop): table[keys[i]] = values[i] for i in
+ * [start, stop), in order (as dict.update(zip(keys[start:stop], values[start:stop])) does),
+ * with the dict's lines prefetched a few keys ahead as add_into does: a restore installs a
+ * key group's (or a piece's) keys in key-group order, which is random in the dict's index,
+ * so each key's slot would otherwise be a cache miss of its own. */
+static PyObject *put_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "put_items(table: dict, keys: list, values: list, start, stop)");
+        return NULL;
+    }
+    PyObject *table = args[0], *keys = args[1], *values = args[2];
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t stop = PyLong_AsSsize_t(args[4]);
+    if (stop == -1 && PyErr_Occurred()) return NULL;
+    if (PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) {
+        PyErr_Format(PyExc_ValueError, "put_items: %zd keys but %zd values", PyList_GET_SIZE(keys),
+                     PyList_GET_SIZE(values));
+        return NULL;
+    }
+    if (start < 0 || stop < start || stop > PyList_GET_SIZE(keys)) {
+        PyErr_SetString(PyExc_ValueError, "put_items: start and stop must be within the lists");
+        return NULL;
+    }
+    Prefetch pf;
+    Py_ssize_t n = stop - start;
+    for (Py_ssize_t i = -PF_INDEX; i < n; i++) {
+        Py_ssize_t j = i + PF_INDEX;
+        /* (the lists cannot shrink meanwhile: only a key's __hash__ or __eq__ runs Python code,
+         * and those of exact ints and strs, the only keys prefetched, do not) */
+        if (j < n && start + j < PyList_GET_SIZE(keys)) prefetch_slot(table, PyList_GET_ITEM(keys, start + j), j, &pf);
+        else if (j < n) pf.hash[j & (PF_RING - 1)] = -1;
+        prefetch_entries(table, i, n, &pf);
+        if (i < 0) continue;
+        if (start + i >= PyList_GET_SIZE(keys) || start + i >= PyList_GET_SIZE(values)) {
+            PyErr_SetString(PyExc_RuntimeError, "put_items: the lists changed");
+            return NULL;
+        }
+        PyObject *key = PyList_GET_ITEM(keys, start + i), *value = PyList_GET_ITEM(values, start + i);
+        Py_INCREF(key);
+        Py_INCREF(value);
+        int rc = PyDict_SetItem(table, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* radix_sort: the sort of a batch's int64 keys                                             */
 
 /* radix_sort(values, bits): sort a C-contiguous buffer of int64s in [0, 2**bits) in place,
@@ -1199,6 +1251,8 @@ static PyObject *radix_sort(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"make_update", make_update, METH_VARARGS, "Build the fast update() of a value-like state."},
+    {"put_items", (PyCFunction)(void (*)(void))put_items, METH_FASTCALL,
+     "put_items(table, keys, values, start, stop): table[keys[i]] = values[i], prefetched."},
     {"radix_sort", (PyCFunction)(void (*)(void))radix_sort, METH_FASTCALL,
      "radix_sort(values, bits): sort int64s in [0, 2**bits) in place."},
     {"add_into", (PyCFunction)(void (*)(void))add_into, METH_FASTCALL,

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
+from statelog import _ext
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.ops import Op, op_label
 from statelog.descriptors import StateInfo, StateKind
@@ -43,6 +44,25 @@ Record = tuple[bytes, bytes, int, Any, Any, "int | None"]
 # the writer lease's renewal thread past its ttl (the process lost its root). Calls over at
 # most this many records take milliseconds; threads switch between them.
 BULK_RECORDS = 1 << 16
+
+# table[key] = value for lists of keys and values in C with the dict's lines prefetched
+# (statelog/_ext/fastpath.c put_items), when built and STATELOG_PURE_PYTHON is not set
+_put_items = getattr(_ext.load("fastpath"), "put_items", None)
+
+
+def put_items(table: Any, keys: list[Any], values: list[Any]) -> None:
+    """``table.update(zip(keys, values))`` a ``BULK_RECORDS`` at a time (other threads run
+    between): for a dict in C, each key's slot in the dict prefetched a few keys ahead (a
+    restore's keys come in key-group order, random in the dict's index)."""
+    if len(keys) != len(values):
+        raise ValueError(f"{len(keys)} keys but {len(values)} values")
+    n = len(keys)
+    if _put_items is not None and type(table) is dict:
+        for i in range(0, n, BULK_RECORDS):
+            _put_items(table, keys, values, i, min(n, i + BULK_RECORDS))
+    else:
+        for i in range(0, n, BULK_RECORDS):
+            table.update(zip(keys[i : i + BULK_RECORDS], values[i : i + BULK_RECORDS], strict=True))
 
 # plain ints: an op read back from Arrow is an int, and int == int is the fastest compare
 _PUT, _DELETE = Op.PUT.value, Op.DELETE.value
@@ -119,8 +139,8 @@ class ValueApplier(StateChangeApplier):
             kbs, nss, ops, _ukeys, values, exps = zip(*records, strict=True)
             n = len(records)
             if ops.count(_PUT) == n and nss.count(nss[0]) == n:
-                entries = map(list, zip(values, exps, strict=True)) if expiring else values
-                entries_for(nss[0]).update(zip(map(keys.__getitem__, kbs), entries, strict=True))
+                entries = list(map(list, zip(values, exps, strict=True))) if expiring else list(values)
+                put_items(entries_for(nss[0]), list(map(keys.__getitem__, kbs)), entries)
                 return
         last: bytes | None = None
         table: Any = None

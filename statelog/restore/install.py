@@ -22,7 +22,7 @@ from statelog.arrays import binary_array
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.keys.columns import decode_key_array, first_legacy_key
-from statelog.restore.appliers import BULK_RECORDS
+from statelog.restore.appliers import BULK_RECORDS, put_items
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.collector import gc_paused
 from statelog.restore.ondemand.loader import KeyGroupLoader
@@ -186,11 +186,7 @@ class StateInstaller:
     @staticmethod
     def _put_entries(state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
         if nss and nss.count(nss[0]) == len(nss):  # one namespace: bulk updates of BULK_RECORDS
-            table = state._table_for(nss[0])
-            if len(keys) != len(values):
-                raise ValueError(f"{len(keys)} keys but {len(values)} values")
-            for i in range(0, len(keys), BULK_RECORDS):
-                table.update(zip(keys[i : i + BULK_RECORDS], values[i : i + BULK_RECORDS], strict=True))
+            put_items(state._table_for(nss[0]), keys, values)
         else:
             table_for = state._table_for
             for key, nsb, v in zip(keys, nss, values, strict=True):

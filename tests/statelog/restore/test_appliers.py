@@ -268,3 +268,51 @@ def test_a_restore_installs_and_replays_in_bounded_calls(tmp_path, monkeypatch):
             assert sorted(k for k, _ns, _v in r.entries("v")) == sorted(k for k in range(80) if k < 50 or k % 3 == 0)
     finally:
         job.close()
+
+
+@pytest.mark.parametrize("kind", ["ints", "strs", "mixed"])
+def test_put_items_equals_dict_update(kind, monkeypatch):
+    """A restore's bulk load (``put_items``: in C with the dict's lines prefetched when the
+    extension is built) leaves the table as ``dict.update`` does, insertion order included:
+    new and existing keys, a table with deleted entries, more keys than one bulk call."""
+    import numpy as np
+
+    import statelog.restore.appliers as ap
+
+    monkeypatch.setattr(ap, "BULK_RECORDS", 1000)
+
+    def key(i):
+        if kind == "strs" or (kind == "mixed" and i % 3 == 0):
+            return f"k{i}"
+        return (i, "t") if kind == "mixed" and i % 3 == 1 else i
+
+    rng = np.random.default_rng(7)
+    base = {key(i): -i for i in range(0, 20_000, 2)}
+    for i in range(0, 20_000, 6):
+        del base[key(i)]
+    ids = rng.permutation(30_000)[:12_345].tolist()
+    keys, values = [key(i) for i in ids], [i * 3 for i in ids]
+    got, want = dict(base), dict(base)
+    ap.put_items(got, keys, values)
+    want.update(zip(keys, values, strict=True))
+    assert got == want and list(got) == list(want)
+    with pytest.raises(ValueError, match="2 keys but 1 values"):
+        ap.put_items({}, [1, 2], [1])
+
+
+def test_put_items_in_c_refuses_bad_arguments():
+    from statelog._ext import load
+
+    fp = load("fastpath")
+    if fp is None:
+        pytest.skip("statelog/_ext/fastpath.c is not built")
+    with pytest.raises(TypeError, match="put_items"):
+        fp.put_items({}.items(), [1], [1], 0, 1)
+    with pytest.raises(ValueError, match="start and stop"):
+        fp.put_items({}, [1], [1], 0, 2)
+    with pytest.raises(ValueError, match="1 keys but 2 values"):
+        fp.put_items({}, [1], [1, 2], 0, 1)
+    table = {}
+    with pytest.raises(TypeError, match="unhashable"):
+        fp.put_items(table, [1, [2]], [1, 2], 0, 2)
+    assert table == {1: 1}  # (as dict.update: the keys before the failure are in)
