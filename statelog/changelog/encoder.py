@@ -186,9 +186,6 @@ def split_by_key_group(
         acc += c
     if not starts:
         return [batches]
-    pieces = _sorted_pieces(batches, starts)
-    if pieces is not None:
-        return pieces
     lut = np.zeros(len(counts), np.uint16)  # key group -> block
     for i, g in enumerate(starts):
         lut[g:] = i + 1
@@ -208,32 +205,6 @@ def split_by_key_group(
         kgs = kg[order[start:end]]
         out.append([EncodedBatch(part, int(seq[start]), int(seq[end - 1]), int(kgs.min()), int(kgs.max()))])
         start = end
-    return out
-
-
-def _sorted_pieces(batches: list[EncodedBatch], starts: list[int]) -> list[list[EncodedBatch]] | None:
-    """The blocks of :func:`split_by_key_group` without a gather, when the rows of every batch
-    are in key-group order (a batch call writes them so: ``statelog/state/batch.py``), or
-    ``None``: a block is then each batch's slice of its key groups, the batches in order
-    (their sequence numbers ascend within a batch, as its key groups do, and from batch to
-    batch)."""
-    cuts = []
-    for b in batches:
-        kg = b.batch.column(1).to_numpy()
-        if len(kg) > 1 and not bool((kg[1:] >= kg[:-1]).all()):
-            return None
-        cuts.append([0, *np.searchsorted(kg, starts).tolist(), len(kg)])
-    out: list[list[EncodedBatch]] = []
-    for i in range(len(starts) + 1):
-        block = []
-        for b, cut in zip(batches, cuts, strict=True):
-            lo, hi = cut[i], cut[i + 1]
-            if hi > lo:
-                part = b.batch.slice(lo, hi - lo)
-                seq, kg = part.column(0), part.column(1)
-                block.append(EncodedBatch(part, seq[0].as_py(), seq[-1].as_py(), kg[0].as_py(), kg[-1].as_py()))
-        if block:
-            out.append(block)
     return out
 
 

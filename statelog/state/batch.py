@@ -38,11 +38,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from statelog.arrays import take_array
 from statelog.changelog.ops import Op
 from statelog.compute import pc
 from statelog.errors import SerializationError, StateTypeError
-from statelog.keys.batch import as_key_array, encode_keys, int64_keys
+from statelog.keys.batch import as_key_array, encode_keys
 from statelog.state.batch_reductions import (
     COUNT,
     MAX,
@@ -283,8 +282,6 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
     ukeys, partial = _group(keys, vals, red.aggregation)
     # (the keys of an int column as int64s: the fold in C makes each int as it needs it)
     pykeys, kbs, kgs = _keys(state, ukeys, int_column=True)
-    if isinstance(pykeys, np.ndarray) and state._stream is not None:
-        pykeys, kbs, kgs, partial = _by_key_group(pykeys, kbs, kgs, partial)
     table = _table(state, pykeys)
     try:
         partial = partial.cast(vt)
@@ -298,20 +295,6 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
     exp = None if folded is not None else _store_values(state, table, pykeys, _pylist(new))
     _emit(state, _PUT, kbs, kgs, new, exp)
     return None
-
-
-def _by_key_group(
-    ints: np.ndarray, kbs: pa.Array, kgs: np.ndarray, partial: pa.Array
-) -> tuple[np.ndarray, pa.Array, np.ndarray, pa.Array]:
-    """The distinct int keys of a batch (with their encodings, key groups and folded values)
-    in key-group order (stable: in key order within a key group), so that the changelog's
-    flusher cuts the batch's records into key-group blocks by slicing, not by a gather of
-    every column (``statelog.changelog.encoder.split_by_key_group``)."""
-    if len(kgs) < 2 or bool((kgs[1:] >= kgs[:-1]).all()):
-        return ints, kbs, kgs, partial
-    order = np.argsort(kgs, kind="stable")  # (a radix sort: 16-bit key groups)
-    ints = ints[order]
-    return ints, int64_keys(ints), kgs[order], take_array(partial, order)
 
 
 def _fold(state: Any, red: BatchReduction, table: Any, pykeys: list[Any], partial: pa.Array, vt: Any) -> pa.Array:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 import pyarrow as pa
 import pytest
 
-from statelog.changelog import encoder as encoder_module
 from statelog.changelog import format as fmt
 from statelog.changelog.encoder import BlockEncoder, EncodedBatch
 from statelog.changelog.ops import Op
@@ -96,29 +95,19 @@ def _put_stream_segments(
     return refs, seq
 
 
-@pytest.mark.parametrize("shape", ["uniform", "skewed", "sorted"])
+@pytest.mark.parametrize("shape", ["uniform", "skewed"])
 def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, monkeypatch, shape) -> None:
     """Segment version 2: a stream with many records is split into blocks of disjoint,
     ascending key-group ranges (a key group is never split), each in sequence order; a reader
-    of one key group decodes one block; every record reads back, each key's in order.
-    ``sorted``: each batch's rows in key-group order, as a batch call writes them, which the
-    writer cuts into blocks by slicing each batch (a block then holds a slice of each)."""
+    of one key group decodes one block; every record reads back, each key's in order."""
     rng = random.Random(7)
     if shape == "uniform":
         kgs = [rng.randrange(128) for _ in range(997)]
-        kgs_a, kgs_b = kgs, kgs[::-1]
-    elif shape == "skewed":  # one key group holds most records: it is one block of its own, larger than the rest
+    else:  # one key group holds most records: it is one block of its own, larger than the rest
         kgs = [40] * 900 + [rng.randrange(128) for _ in range(97)]
-        kgs_a, kgs_b = kgs, kgs[::-1]
-    else:
-        kgs_a = sorted(rng.randrange(128) for _ in range(12_000))
-        kgs_b = sorted([40] * 4_000 + [rng.randrange(128) for _ in range(5_000)])
-    sliced = []
-    pieces = encoder_module._sorted_pieces
-    monkeypatch.setattr(encoder_module, "_sorted_pieces", lambda *a: sliced.append(pieces(*a)) or sliced[-1])
     enc = BlockEncoder()
-    seqs_a, cols_a = _records(12_000, kgs_a, 0)
-    seqs_b, cols_b = _records(9_000, kgs_b, 24_000)
+    seqs_a, cols_a = _records(12_000, kgs, 0)
+    seqs_b, cols_b = _records(9_000, kgs[::-1], 24_000)
     big = [enc.encode_batch("count", pa.int64(), None, False, seqs_a, cols_a),
            enc.encode_batch("count", pa.int64(), None, False, seqs_b, cols_b)]
     chunks = [StreamChunk("op.0.a/count", "count", 0, 42_000, big),
@@ -133,8 +122,7 @@ def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, m
     assert reader.verify_segment(name, len(data)) == footer
     blocks = [b for b in footer.blocks if b.stream == "op.0.a/count"]
     assert [b.stream for b in footer.blocks[len(blocks):]] == ["op.0.a/small"]
-    assert [p is not None for p in sliced] == [shape == "sorted"]
-    if shape != "skewed":
+    if shape == "uniform":
         assert len(blocks) >= 21_000 // fmt.SPLIT_BLOCK_ROWS
     else:  # the key groups before the hot one, the hot one alone, the rest
         assert [(b.kg_min <= 39, b.kg_min == b.kg_max == 40, b.kg_min >= 41) for b in blocks] == [
@@ -150,8 +138,6 @@ def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, m
         assert (min(kg), max(kg)) == (b.kg_min, b.kg_max) and t.num_rows == b.rows
         if shape == "uniform":
             assert b.rows <= 2 * fmt.SPLIT_BLOCK_ROWS
-        if shape == "sorted" and 40 not in kg:
-            assert b.rows <= 2 * fmt.SPLIT_BLOCK_ROWS
     ref = SegmentRef(name, len(data), 0, 42_000, footer.streams[0].bytes)
     got = [(r[0], r[1], r[3]) for b in reader.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(0, 127), [ref])
            for r in b.rows()]
@@ -165,7 +151,7 @@ def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, m
             rows = [(r[0], r[1], r[3]) for b in ranged.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(kg, kg),
                                                                   [ref], whole_limit=0) for r in b.rows()]  # fmt: skip
             assert rows == [w for w in want if w[1] == kg]
-        if shape != "skewed":  # not the whole segment (the skewed one's hot block is most of it)
+        if shape == "uniform":  # not the whole segment (the skewed one's hot block is most of it)
             assert ranged.bytes_read < len(data)
     short = tmp_path / "short"
     short.mkdir()
@@ -176,7 +162,7 @@ def test_a_stream_with_many_records_gets_a_block_per_key_group_range(tmp_path, m
     decoded: list[fmt.BlockInfo] = []
     block = reader.block
     monkeypatch.setattr(reader, "block", lambda n, info: decoded.append(info) or block(n, info))
-    present = sorted(set(kgs_a) | set(kgs_b))
+    present = sorted(set(kgs))
     for kg in (present[0], 40, present[len(present) // 2], present[-1]):
         decoded.clear()
         rows = [(r[0], r[1], r[3]) for b in reader.read_range("op.0.a/count", 0, 42_000, KeyGroupRange(kg, kg), [ref])
