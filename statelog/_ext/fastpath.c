@@ -744,12 +744,17 @@ enum { FOLD_SUM = 0, FOLD_MIN = 1, FOLD_MAX = 2 };
 #define WROTE 2   /* the call set the key's entry */
 
 /* obj's buffer as n native int64s in C order (writable when asked), or -1 with an error. */
+/* Whether a buffer (got with PyBUF_FORMAT) holds native int64s. */
+static int int64_format(const Py_buffer *view) {
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=') f++; /* native byte order */
+    return view->itemsize == 8 && (f[0] == 'l' || f[0] == 'q') && f[1] == '\0';
+}
+
 static int int64_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=') f++; /* native byte order */
-    if (view->itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0' || view->len != n * 8) {
+    if (!int64_format(view) || view->len != n * 8) {
         PyErr_Format(PyExc_TypeError, "add_into: %s must be %zd int64s", what, n);
         PyBuffer_Release(view);
         return -1;
@@ -1016,16 +1021,12 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (PyList_CheckExact(keys)) {
         n = PyList_GET_SIZE(keys);
     } else {
-        const char *f = NULL;
-        if (PyObject_GetBuffer(keys, &kv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
-            f = kv.format ? kv.format : "B";
-            if (*f == '@' || *f == '=') f++;
-            if (kv.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0') {
-                PyBuffer_Release(&kv);
-                f = NULL;
-            }
+        int ok = PyObject_GetBuffer(keys, &kv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0;
+        if (ok && !int64_format(&kv)) {
+            PyBuffer_Release(&kv);
+            ok = 0;
         }
-        if (f == NULL) {
+        if (!ok) {
             PyErr_Clear();
             PyErr_SetString(PyExc_TypeError, "add_into: keys must be a list or a buffer of int64s");
             return NULL;
@@ -1191,9 +1192,7 @@ static PyObject *radix_sort(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return NULL;
-    const char *f = view.format ? view.format : "B";
-    if (*f == '@' || *f == '=') f++;
-    if (view.itemsize != 8 || (f[0] != 'l' && f[0] != 'q') || f[1] != '\0') {
+    if (!int64_format(&view)) {
         PyErr_SetString(PyExc_TypeError, "radix_sort: values must be int64s");
         PyBuffer_Release(&view);
         return NULL;

@@ -88,11 +88,12 @@ def _values_array(state: Any, values: Any, n: int) -> pa.Array:
 
 def _table(state: Any, pykeys: list[Any] | np.ndarray) -> Any:
     """The table of the current namespace that ``pykeys`` can be read and written through (with
-    the disk-backed working set the resident dict when the batch's keys are all resident)."""
+    the disk-backed working set the resident dict when the batch's keys are all resident; its
+    batch keys are always a list, ``batch_keys``)."""
     table = state._store.replay_table_for(state._table_for)(state._nsb)
     if_resident = getattr(table, "if_resident", None)
     if if_resident is not None:
-        return if_resident(pykeys.tolist() if isinstance(pykeys, np.ndarray) else pykeys) or table
+        return if_resident(pykeys) or table
     return table
 
 
