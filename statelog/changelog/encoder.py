@@ -3,7 +3,8 @@
 :meth:`BlockEncoder.encode_batch` converts the columns of one state's records (narrow or
 full layout, :mod:`statelog.changelog.records`) to a record batch of the block schema;
 :meth:`BlockEncoder.write_block` serializes the batches of one stream as one compressed,
-checksummed block (``docs/format.md`` section 4), which
+checksummed block (``docs/format.md`` section 4), :meth:`BlockEncoder.write_blocks` the blocks
+of one stream in a segment with the same bytes in one Arrow call, which
 :func:`statelog.changelog.format.decode_block` verifies and reads back.
 """
 
@@ -17,13 +18,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from statelog import _ext
 from statelog.changelog.format import (
     COMPRESS_MIN_ROWS,
+    IPC_EOS,
     META_STATE,
     SPLIT_BLOCK_ROWS,
     SPLIT_MIN_ROWS,
     Codec,
     block_schema,
+    ipc_message_ends,
 )
 from statelog.changelog.records import (
     C_KEY,
@@ -38,6 +42,9 @@ from statelog.changelog.records import (
 )
 from statelog.compute import pc
 from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
+
+# the checksums of a segment's blocks in one call without the GIL (statelog/_ext/fastpath.c)
+_crc32_ranges = getattr(_ext.load("fastpath"), "crc32_ranges", None)
 
 
 class BlockEncoder:
@@ -143,6 +150,64 @@ class BlockEncoder:
         raw = sum(batch_nbytes(b.batch) for b in batches) if compress else len(stored)
         return stored, raw, zlib.crc32(stored)
 
+    def write_blocks(self, blocks: list[list[EncodedBatch]]) -> list[tuple[list[Any], int, int, int]]:
+        """Serialize several blocks of one (stream, state), each as :meth:`write_block` would:
+        ``(pieces, stored_length, uncompressed_data_bytes, crc32)`` per block, its stored bytes
+        being ``b"".join(pieces)``.
+
+        The blocks that compress are written in one Arrow IPC call and checksummed in one
+        call without the GIL (``fastpath.crc32_ranges``): each block is that stream's schema
+        message, the block's batch messages and the end-of-stream marker, the bytes
+        :meth:`write_block` writes. The flusher then takes the GIL back a few times per
+        segment instead of a few times per block; each take can wait for a task thread's long
+        C call (a batch fold of 50-100 ms), which made a flusher of 128 blocks per segment the
+        bottleneck of a task at 10^7 keys (docs/performance.md, "Columnar")."""
+        out: list[Any] = [None] * len(blocks)
+        compressed = [i for i, bl in enumerate(blocks) if self._compresses(bl)]
+        plain = [i for i, bl in enumerate(blocks) if not self._compresses(bl)]
+        for idx, options in ((compressed, self._ipc_options), (plain, None)):
+            together = self._write_together([blocks[i] for i in idx], options) if len(idx) > 1 else None
+            for j, i in enumerate(idx):
+                if together is not None:
+                    out[i] = together[j]
+                else:
+                    data, raw, crc = self.write_block(blocks[i])
+                    out[i] = ([data], len(data), raw, crc)
+        return out
+
+    def _compresses(self, batches: list[EncodedBatch]) -> bool:
+        return self._ipc_options is not None and sum(b.batch.num_rows for b in batches) >= COMPRESS_MIN_ROWS
+
+    def _write_together(self, blocks: list[list[EncodedBatch]], options: Any) -> list[tuple[list[Any], int, int, int]] | None:
+        """The blocks written as one IPC stream and cut into standalone streams, or ``None``
+        (no C extension, or the stream's messages are not one per batch)."""
+        if _crc32_ranges is None:
+            return None
+        batches = [b.batch for bl in blocks for b in bl]
+        schema = batches[0].schema
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema, options=options) as w:
+            w.write_table(pa.Table.from_batches(batches, schema))
+        buf = sink.getvalue()
+        ends = ipc_message_ends(buf)
+        if ends is None or len(ends) != 1 + len(batches):
+            return None
+        bounds = [ends[0]]
+        k = 0
+        for bl in blocks:
+            k += len(bl)
+            bounds.append(ends[k])
+        view = memoryview(buf)
+        head = bytes(view[: ends[0]])
+        crcs = _crc32_ranges(buf, np.array(bounds, np.int64), zlib.crc32(head), IPC_EOS)
+        out = []
+        for j, bl in enumerate(blocks):
+            a, b = bounds[j], bounds[j + 1]
+            length = len(head) + (b - a) + len(IPC_EOS)
+            raw = sum(batch_nbytes(e.batch) for e in bl) if options is not None else length
+            out.append(([head, view[a:b], IPC_EOS], length, raw, crcs[j]))
+        return out
+
 
 @dataclass(frozen=True)
 class EncodedBatch:
@@ -192,20 +257,23 @@ def split_by_key_group(
     block = lut[kg]
     # stable (a radix sort for 16-bit values): each block's rows stay in sequence order
     order = np.argsort(block, kind="stable")
-    sorted_table = table.take(pa.array(order))
-    seq = sorted_table.column(0).to_numpy()
+    # one take and one combined batch, sliced per block (no Arrow or numpy call per block:
+    # each releases the GIL, and taking it back can wait for a task thread's long C call)
+    sorted_batch = table.take(pa.array(order)).combine_chunks().to_batches()[0]
+    seq = sorted_batch.column(0).to_numpy()
+    kgs = kg[order]
     sizes = np.bincount(block, minlength=len(starts) + 1)
-    out: list[list[EncodedBatch]] = []
-    start = 0
-    for size in sizes.tolist():
-        if not size:
-            continue
-        end = start + size
-        part = sorted_table.slice(start, size).combine_chunks().to_batches()[0]
-        kgs = kg[order[start:end]]
-        out.append([EncodedBatch(part, int(seq[start]), int(seq[end - 1]), int(kgs.min()), int(kgs.max()))])
-        start = end
-    return out
+    sizes = sizes[sizes > 0]
+    ends = np.cumsum(sizes)
+    begins = ends - sizes
+    return [
+        [EncodedBatch(sorted_batch.slice(b, n), f, la, lo, hi)]
+        for b, n, f, la, lo, hi in zip(
+            begins.tolist(), sizes.tolist(), seq[begins].tolist(), seq[ends - 1].tolist(),
+            np.minimum.reduceat(kgs, begins).tolist(), np.maximum.reduceat(kgs, begins).tolist(),
+            strict=True,
+        )
+    ]
 
 
 _IOTA: list[pa.Array] = []  # built on first use: pa.array() imports pandas (through pyarrow)

@@ -131,6 +131,43 @@ def block_schema(value_type: ValueType, user_key_type: ValueType | None, is_list
     )
 
 
+IPC_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's end-of-stream marker
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U16 = struct.Struct("<H")
+_I64 = struct.Struct("<q")
+
+
+def ipc_message_ends(data: Any) -> list[int] | None:
+    """The end offsets of the messages of an Arrow IPC stream written by pyarrow (schema,
+    then record batches), or ``None`` unless ``data`` is exactly such messages and the
+    end-of-stream marker. A message is the continuation marker, its metadata's length, the
+    metadata (a flatbuffer ``Message``, whose field 3 is the body's length) and the body
+    (Arrow's IPC format, "Encapsulated message format")."""
+    view = memoryview(data)
+    n = len(view)
+    pos = 0
+    ends: list[int] = []
+    try:
+        while True:
+            if _U32.unpack_from(view, pos)[0] != 0xFFFFFFFF:
+                return None
+            size = _I32.unpack_from(view, pos + 4)[0]
+            if size == 0:
+                return ends if pos + len(IPC_EOS) == n else None
+            meta = pos + 8
+            table = meta + _U32.unpack_from(view, meta)[0]
+            vtable = table - _I32.unpack_from(view, table)[0]
+            field = _U16.unpack_from(view, vtable + 10)[0] if _U16.unpack_from(view, vtable)[0] > 10 else 0
+            body = _I64.unpack_from(view, table + field)[0] if field else 0
+            if size < 0 or body < 0:
+                return None
+            pos = meta + size + body
+            ends.append(pos)
+    except struct.error:
+        return None
+
+
 def decode_block(data: bytes, info: BlockInfo, object_key: str) -> pa.Table:
     """Verify and decode one block read back from ``object_key``."""
     if len(data) != info.length:

@@ -57,19 +57,18 @@ def encode_segment(
             split = split_by_key_group(list(c.batches), split_min_rows, split_block_rows)
             if len(split) > 1:
                 version = 2
-            for batches in split:
-                data, raw_len, crc = encoder.write_block(batches)
-                parts.append(data)
+            for batches, (pieces, length, raw_len, crc) in zip(split, encoder.write_blocks(split), strict=True):
+                parts.extend(pieces)
                 blocks.append(
                     fmt.BlockInfo(
-                        c.stream, c.state, offset, len(data), crc, raw_len,
+                        c.stream, c.state, offset, length, crc, raw_len,
                         sum(b.batch.num_rows for b in batches), min(b.first_seq for b in batches),
                         max(b.last_seq for b in batches), min(b.kg_min for b in batches),
                         max(b.kg_max for b in batches),
                     )
                 )
-                offset += len(data)
-                size += len(data)
+                offset += length
+                size += length
         spans.append(fmt.StreamSpan(c.stream, c.start, c.end, size))
     footer = fmt.SegmentFooter(writer, segment, created_ms, tuple(blocks), tuple(spans))
     parts[0] = fmt.encode_header(version)

@@ -339,3 +339,82 @@ def test_a_reader_that_keeps_blocks_reads_each_small_segment_once_for_any_key_gr
             for kgr, start, end in reads:
                 assert read(small, kgr, p, start, end) == read(SegmentReader(store), kgr, None, start, end)
             assert small.kept_bytes == 0 and len(gets) > len(refs)
+
+
+# -- blocks written together ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
+def test_blocks_written_in_one_call_are_the_bytes_of_one_block_at_a_time(codec: str, monkeypatch) -> None:
+    """``write_blocks`` (one Arrow IPC write and one checksum call for a stream's blocks) gives
+    each block the bytes, length, uncompressed size and CRC-32 that ``write_block`` gives it
+    alone: split blocks, blocks of several batches, blocks below the compression threshold
+    (written apart, uncompressed) and a block holding an empty batch."""
+    from statelog.changelog import encoder as encoder_module
+    from statelog.changelog.encoder import split_by_key_group
+
+    rng = random.Random(3)
+    enc = BlockEncoder(codec=codec)
+    kgs = [rng.randrange(64) for _ in range(301)]
+    seqs, cols = _records(20_000, kgs, 0)
+    split = split_by_key_group([enc.encode_batch("count", pa.int64(), None, False, seqs, cols)], 8192, 1500)
+    assert len(split) > 5
+    small = [_batch(enc, "count", 50_000, 100), _batch(enc, "count", 50_100, 7)]  # 107 rows: not compressed
+    several = [_batch(enc, "count", 60_000, 600), _batch(enc, "count", 60_600, 900)]
+    empty = [_batch(enc, "count", 70_000, 0), _batch(enc, "count", 70_000, 800)]
+    for blocks in (split, split + [small, several], [several, small, several], [empty, several], [several]):
+        got = enc.write_blocks(blocks)
+        want = [enc.write_block(b) for b in blocks]
+        assert [(b"".join(pieces), length, raw, crc) for pieces, length, raw, crc in got] == [
+            (data, len(data), raw, crc) for data, raw, crc in want
+        ]
+    if codec != "none" and encoder_module._crc32_ranges is not None:  # the split blocks in one write
+        calls: list[int] = []
+        one = enc.write_block
+        monkeypatch.setattr(enc, "write_block", lambda b: calls.append(len(b)) or one(b))
+        enc.write_blocks(split + [small])
+        assert calls == [2]  # only the uncompressed block alone
+
+
+def test_the_message_ends_of_an_ipc_stream_are_found_and_anything_else_is_refused() -> None:
+    batches = [pa.record_batch([pa.array(range(i * 10, i * 10 + 5 + i))], names=["x"]) for i in range(3)]
+    for options in (None, pa.ipc.IpcWriteOptions(compression="zstd")):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batches[0].schema, options=options) as w:
+            w.write_table(pa.Table.from_batches(batches))
+        data = sink.getvalue().to_pybytes()
+        ends = fmt.ipc_message_ends(data)
+        assert ends is not None and len(ends) == 4 and ends[-1] == len(data) - len(fmt.IPC_EOS)
+        for i, b in enumerate(batches):  # the schema, one batch's message and the end marker: a stream
+            alone = data[: ends[0]] + data[ends[i] : ends[i + 1]] + fmt.IPC_EOS
+            assert pa.ipc.open_stream(alone).read_all().to_batches() == [b]
+        assert fmt.ipc_message_ends(data[:-1]) is None  # truncated
+        assert fmt.ipc_message_ends(data + b"x") is None  # bytes after the end marker
+        assert fmt.ipc_message_ends(b"\x00" * 16) is None  # no continuation marker
+        assert fmt.ipc_message_ends(data[: ends[1] + 3]) is None  # cut inside a message
+
+
+def test_crc32_ranges_is_zlibs_crc_of_each_range_and_refuses_bad_bounds() -> None:
+    import zlib
+
+    import numpy as np
+
+    from statelog import _ext
+
+    fastpath = _ext.load("fastpath")
+    if not hasattr(fastpath, "crc32_ranges"):
+        pytest.skip("the C extension is not built")
+    data = random.Random(5).randbytes(100_003)
+    bounds = np.array([0, 0, 1, 9, 4096, 4097, 77_777, 100_003], np.int64)
+    init = zlib.crc32(b"schema")
+    got = fastpath.crc32_ranges(data, bounds, init, fmt.IPC_EOS)
+    assert got == [zlib.crc32(fmt.IPC_EOS, zlib.crc32(data[a:b], init)) for a, b in zip(bounds, bounds[1:], strict=False)]
+    assert fastpath.crc32_ranges(memoryview(data)[5:], np.array([3], np.int64), 0, b"") == []
+    with pytest.raises(ValueError, match="ascend within the data"):
+        fastpath.crc32_ranges(data, np.array([0, 100_004], np.int64), 0, b"")
+    with pytest.raises(ValueError, match="ascend within the data"):
+        fastpath.crc32_ranges(data, np.array([10, 5], np.int64), 0, b"")
+    with pytest.raises(TypeError, match="int64"):
+        fastpath.crc32_ranges(data, np.array([0, 5], np.int32), 0, b"")
+    with pytest.raises(ValueError, match="CRC-32"):
+        fastpath.crc32_ranges(data, bounds, 1 << 32, b"")
