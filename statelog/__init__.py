@@ -71,6 +71,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "subtask_for_key_group": ("statelog.keys.groups", "subtask_for_key_group"),
     "KeyedStateBackend": ("statelog.state.backend", "KeyedStateBackend"),
     "PendingSnapshot": ("statelog.state.snapshot", "PendingSnapshot"),
+    "PendingCheckpoint": ("statelog.checkpoint.pending", "PendingCheckpoint"),
     "PICKLE": ("statelog.types", "PICKLE"),
 }
 
@@ -112,6 +113,7 @@ __all__ = [
     "KeyedStateBackend",
     "ListStateDescriptor",
     "MapStateDescriptor",
+    "PendingCheckpoint",
     "PendingSnapshot",
     "QueryClient",
     "ReducingStateDescriptor",

@@ -26,6 +26,7 @@ from statelog.changelog.writer import ChangelogWriter
 from statelog.checkpoint.catalog import JobCatalog, load_savepoint, parse_checkpoint_id
 from statelog.checkpoint.history import CheckpointHistory
 from statelog.checkpoint.metadata import CheckpointMetadata, SubtaskStateHandle
+from statelog.checkpoint.pending import InflightCheckpoint, PendingCheckpoint
 from statelog.checkpoint.publish import CheckpointPublisher
 from statelog.checkpoint.root_lease import RootLease
 from statelog.checkpoint.writer_lease import DEFAULT_WRITER_LEASE_TTL_S, check_writer_lease_ttl
@@ -146,6 +147,7 @@ class StateJob:
         self.state_cache_entries: int | None = None  # a fixed cache size of disk backends (tests)
         self._checkpoints = CheckpointPublisher(self.catalog, self.job_id, self.max_parallelism, self._lease,
                                                 self.metrics.history_fields)
+        self._inflight = InflightCheckpoint()  # checkpoint_async's checkpoint still publishing
         self._writer: ChangelogWriter | None = None
         self._materializations = MaterializationWatch(self.store, log)
         self.materialization_poll_s = 1.0  # how often checkpoint() lists newer materializations
@@ -342,9 +344,19 @@ class StateJob:
         the source positions passed here; then it waits for durability and publishes
         (:mod:`statelog.checkpoint.publish`).
         """
+        self._inflight.wait_previous(timeout)
         live = [b for b in self._backends if not b._closed]
         return self.metrics.timed_checkpoint(self._checkpoints.take, live, sources or {}, timeout,
                                              self.adopt_latest_materialization, self._writer, self.retain_checkpoints)
+
+    def checkpoint_async(self, sources: Mapping[str, Any] | None = None, *, timeout: float = 60.0) -> PendingCheckpoint:
+        """:meth:`checkpoint` that returns after the synchronous part (the streams sealed at
+        these source positions): a thread waits for durability and publishes, while the loop
+        goes on. At most one is in flight; the next checkpoint waits for it and raises its
+        failure if nobody asked for it (:mod:`statelog.checkpoint.pending`)."""
+        live = [b for b in self._backends if not b._closed]
+        return self._inflight.start(self._checkpoints, live, sources or {}, timeout, self.adopt_latest_materialization,
+                                    self._writer, self.retain_checkpoints, self.metrics)  # fmt: skip
 
     def publish_checkpoint(
         self,
@@ -371,6 +383,7 @@ class StateJob:
         return self.catalog.latest()
 
     def close(self, flush: bool = True) -> None:
+        self._inflight.close(flush and self.fenced is None)  # a checkpoint in flight publishes first
         self.metrics.close()
         for b in self._backends:
             b.close()

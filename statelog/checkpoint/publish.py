@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from statelog.changelog.writer import ChangelogWriter
@@ -29,6 +30,17 @@ from statelog.state.backend import KeyedStateBackend
 from statelog.state.snapshot import PendingSnapshot
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartedCheckpoint:
+    """A checkpoint whose synchronous part is done: its id, the snapshots of its backends
+    waiting for durability, when it started and how long its synchronous part took."""
+
+    checkpoint_id: int
+    pending: list[PendingSnapshot]
+    t0: float
+    sync_ms: float
 
 
 class CheckpointPublisher:
@@ -70,6 +82,14 @@ class CheckpointPublisher:
         """Checkpoint ``backends`` (the live ones) at the ``sources`` positions and publish (blocks):
         ``before_snapshot`` runs once the lease and the id are taken (the job adopts a newer
         materialization there); ``writer`` is the backends' changelog writer, if opened."""
+        started = self.begin(backends, sources, before_snapshot)
+        return self.complete(started, backends, sources, timeout, writer, retain)
+
+    def begin(
+        self, backends: list[KeyedStateBackend], sources: Mapping[str, Any], before_snapshot: Callable[[], object]
+    ) -> StartedCheckpoint:
+        """The synchronous part of a checkpoint: check the sources and the lease, take an id,
+        run ``before_snapshot`` and seal every stream of ``backends`` at once."""
         t0 = time.monotonic()
         encode_sources(dict(sources))  # a non-JSON position fails before anything is sealed
         if self.lease is not None:
@@ -77,24 +97,33 @@ class CheckpointPublisher:
         cid = self.next_id()
         try:
             before_snapshot()
-            handles, stats = self.snapshot(backends, cid, timeout, t0, writer)
+            pending = self.seal(backends, cid)
+        except StatelogError as e:
+            self.history.record_failure(cid, f"{type(e).__name__}: {e}")
+            raise
+        return StartedCheckpoint(cid, pending, t0, (time.monotonic() - t0) * 1000)
+
+    def complete(
+        self,
+        started: StartedCheckpoint,
+        backends: list[KeyedStateBackend],
+        sources: Mapping[str, Any],
+        timeout: float,
+        writer: ChangelogWriter | None,
+        retain: int,
+    ) -> CheckpointMetadata:
+        """The asynchronous part: wait until the sealed changes are durable, then publish."""
+        cid = started.checkpoint_id
+        try:
+            handles, stats = self.wait_durable(started, timeout, writer)
             return self.publish(cid, handles, dict(sources), stats, backends, retain)
         except StatelogError as e:
             if self.last_id != cid:  # failed before its metadata was published
                 self.history.record_failure(cid, f"{type(e).__name__}: {e}")
             raise
 
-    def snapshot(
-        self,
-        backends: list[KeyedStateBackend],
-        checkpoint_id: int,
-        timeout: float,
-        t0: float,
-        writer: ChangelogWriter | None,
-    ) -> tuple[list[SubtaskStateHandle], dict[str, Any]]:
-        """Seal every stream of ``backends`` (all subtasks of their operators) and wait until
-        the changes are durable: the handles, and the stats of the checkpoint (its times since
-        ``t0``, and the changelog bytes uploaded since the previous one)."""
+    def seal(self, backends: list[KeyedStateBackend], checkpoint_id: int) -> list[PendingSnapshot]:
+        """Seal every stream of ``backends`` (all subtasks of their operators) at once."""
         by_uid: dict[str, list[KeyedStateBackend]] = {}
         for b in backends:
             by_uid.setdefault(b.operator_uid, []).append(b)
@@ -106,18 +135,23 @@ class CheckpointPublisher:
                     "process; a one-call checkpoint needs them all here (multi-process jobs publish "
                     "handles from a coordinator with StateJob.publish_checkpoint)"
                 )
-        pending: list[PendingSnapshot] = [b.snapshot(checkpoint_id) for b in backends]
-        sync_ms = (time.monotonic() - t0) * 1000
+        return [b.snapshot(checkpoint_id) for b in backends]
+
+    def wait_durable(
+        self, started: StartedCheckpoint, timeout: float, writer: ChangelogWriter | None
+    ) -> tuple[list[SubtaskStateHandle], dict[str, Any]]:
+        """Wait until the sealed changes are durable: the handles, and the stats of the
+        checkpoint (its times, and the changelog bytes uploaded since the previous one)."""
         try:
-            handles = [p.result(timeout) for p in pending]
+            handles = [p.result(timeout) for p in started.pending]
         except BaseException:
-            for p in pending:
+            for p in started.pending:
                 p.cancel()
             raise
-        async_ms = (time.monotonic() - t0) * 1000 - sync_ms
+        async_ms = (time.monotonic() - started.t0) * 1000 - started.sync_ms
         uploaded = writer.bytes_uploaded if writer is not None else 0
         stats = {
-            "sync_ms": round(sync_ms, 3),
+            "sync_ms": round(started.sync_ms, 3),
             "async_ms": round(async_ms, 3),
             "incremental_bytes": uploaded - self._last_bytes_uploaded,
         }

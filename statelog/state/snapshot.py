@@ -118,7 +118,8 @@ class CheckpointBase:
         with self._pending_lock:
             if self._pending == 0:  # else when the last pending snapshot is done
                 self._forget_covered_segments()
-        self.lineage = {c for c in self.lineage if c >= manifest.checkpoint_id}
+        # a copy first: a checkpoint published in the background may add to it meanwhile
+        self.lineage = {c for c in list(self.lineage) if c >= manifest.checkpoint_id}
         log.info(
             "operator %r subtask %d: checkpoints now build on materialization %s (checkpoint %d)",
             self.operator_uid, self.subtask, manifest.mid, manifest.checkpoint_id,
