@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from statelog import _ext
+from statelog.arrays import numpy_integers
 from statelog.changelog.format import (
     COMPRESS_MIN_ROWS,
     IPC_EOS,
@@ -45,6 +46,7 @@ from statelog.types import PICKLE, ValueType, arrow_type, to_arrow
 
 # the checksums of a segment's blocks in one call without the GIL (statelog/_ext/fastpath.c)
 _crc32_ranges = getattr(_ext.load("fastpath"), "crc32_ranges", None)
+_kg_blocks = getattr(_ext.load("fastpath"), "kg_blocks", None)
 
 
 class BlockEncoder:
@@ -237,10 +239,27 @@ def split_by_key_group(
         return [batches]
     table = pa.Table.from_batches([b.batch for b in batches])
     kg = table.column(1).to_numpy()  # uint16
+    target = rows / -(-rows // block_rows)
+    if _kg_blocks is not None:  # the same plan in one C call without the GIL (numpy's below)
+        plan = _kg_blocks(kg, target)
+        if plan is None:
+            return [batches]
+        order_bytes, spans = plan
+        sorted_batch = table.take(numpy_integers(np.frombuffer(order_bytes, np.int64))).combine_chunks().to_batches()[0]
+        seq = sorted_batch.column(0).to_numpy()
+        return [[EncodedBatch(sorted_batch.slice(b, n), int(seq[b]), int(seq[b + n - 1]), lo, hi)]
+                for b, n, lo, hi in spans]  # fmt: skip
+    return _split_numpy(batches, table, kg, target)
+
+
+def _split_numpy(
+    batches: list[EncodedBatch], table: pa.Table, kg: np.ndarray, target: float
+) -> list[list[EncodedBatch]]:
+    """:func:`split_by_key_group`'s plan and split in numpy (``fastpath.kg_blocks`` is the
+    same plan in C)."""
     counts = np.bincount(kg)
     # greedily, in key-group order: a block ends once it holds the rows per block, and a key
     # group with that many rows alone is a block of its own
-    target = rows / -(-rows // block_rows)
     starts: list[int] = []  # the first key group of each block but the first
     acc = 0
     for g in np.flatnonzero(counts).tolist():

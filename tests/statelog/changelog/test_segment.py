@@ -7,6 +7,7 @@ import random
 import struct
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -397,8 +398,6 @@ def test_the_message_ends_of_an_ipc_stream_are_found_and_anything_else_is_refuse
 def test_crc32_ranges_is_zlibs_crc_of_each_range_and_refuses_bad_bounds() -> None:
     import zlib
 
-    import numpy as np
-
     from statelog import _ext
 
     fastpath = _ext.load("fastpath")
@@ -418,3 +417,41 @@ def test_crc32_ranges_is_zlibs_crc_of_each_range_and_refuses_bad_bounds() -> Non
         fastpath.crc32_ranges(data, np.array([0, 5], np.int32), 0, b"")
     with pytest.raises(ValueError, match="CRC-32"):
         fastpath.crc32_ranges(data, bounds, 1 << 32, b"")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_key_group_split_in_c_is_the_numpy_split(seed: int) -> None:
+    """``fastpath.kg_blocks`` plans the blocks as ``_split_numpy`` does: the same blocks, rows,
+    key-group ranges and sequence numbers, for uniform, skewed and sparse key groups."""
+    from statelog.changelog import encoder as encoder_module
+
+    if encoder_module._kg_blocks is None:
+        pytest.skip("the C extension is not built")
+    rng = random.Random(seed)
+    enc = BlockEncoder()
+    shapes = [
+        [rng.randrange(128) for _ in range(500)],
+        [40] * 400 + [rng.randrange(128) for _ in range(100)],
+        [rng.choice([0, 7, 32767, 65535]) for _ in range(300)],
+    ]
+    for kgs in shapes:
+        seqs_a, cols_a = _records(9_000, kgs, 0)
+        seqs_b, cols_b = _records(6_000, kgs[::-1], 20_000)
+        batches = [enc.encode_batch("count", pa.int64(), None, False, seqs_a, cols_a),
+                   enc.encode_batch("count", pa.int64(), None, False, seqs_b, cols_b)]
+        table = pa.Table.from_batches([b.batch for b in batches])
+        kg = table.column(1).to_numpy()
+        for block_rows in (500, 4096, 20_000):
+            target = 15_000 / -(-15_000 // block_rows)
+            got = encoder_module.split_by_key_group(batches, 8192, block_rows)
+            want = encoder_module._split_numpy(batches, table, kg, target)
+            assert [[(e.batch, e.first_seq, e.last_seq, e.kg_min, e.kg_max) for e in bl] for bl in got] == [
+                [(e.batch, e.first_seq, e.last_seq, e.kg_min, e.kg_max) for e in bl] for bl in want
+            ]
+    fastpath = encoder_module._ext.load("fastpath")
+    assert fastpath.kg_blocks(np.array([5, 5, 5], np.uint16), 2.0) is None  # one key group: one block
+    assert fastpath.kg_blocks(np.array([], np.uint16), 2.0) is None
+    with pytest.raises(TypeError, match="uint16"):
+        fastpath.kg_blocks(np.array([1, 2], np.int32), 2.0)
+    with pytest.raises(ValueError, match="positive"):
+        fastpath.kg_blocks(np.array([1, 2], np.uint16), 0.0)
