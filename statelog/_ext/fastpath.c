@@ -743,7 +743,6 @@ enum { FOLD_SUM = 0, FOLD_MIN = 1, FOLD_MAX = 2 };
 #define HAD 1     /* the key had an entry before the call (its value in old[]) */
 #define WROTE 2   /* the call set the key's entry */
 
-/* obj's buffer as n native int64s in C order (writable when asked), or -1 with an error. */
 /* Whether a buffer (got with PyBUF_FORMAT) holds native int64s. */
 static int int64_format(const Py_buffer *view) {
     const char *f = view->format ? view->format : "B";
@@ -751,6 +750,7 @@ static int int64_format(const Py_buffer *view) {
     return view->itemsize == 8 && (f[0] == 'l' || f[0] == 'q') && f[1] == '\0';
 }
 
+/* obj's buffer as n native int64s in C order (writable when asked), or -1 with an error. */
 static int int64_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;

@@ -140,9 +140,7 @@ class BlockEncoder:
         Returns ``(stored_bytes, uncompressed_data_bytes, crc32)``.
         """
         schema = batches[0].batch.schema
-        rows = sum(b.batch.num_rows for b in batches)
-        # compression has a fixed cost per buffer; small blocks are stored uncompressed
-        compress = rows >= COMPRESS_MIN_ROWS and self._ipc_options is not None
+        compress = self._compresses(batches)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, schema, options=self._ipc_options if compress else None) as w:
             # one call for all batches: every write call releases the GIL, and getting it back
@@ -165,8 +163,9 @@ class BlockEncoder:
         C call (a batch fold of 50-100 ms), which made a flusher of 128 blocks per segment the
         bottleneck of a task at 10^7 keys (docs/performance.md, "Columnar")."""
         out: list[Any] = [None] * len(blocks)
-        compressed = [i for i, bl in enumerate(blocks) if self._compresses(bl)]
-        plain = [i for i, bl in enumerate(blocks) if not self._compresses(bl)]
+        flags = [self._compresses(bl) for bl in blocks]
+        compressed = [i for i, c in enumerate(flags) if c]
+        plain = [i for i, c in enumerate(flags) if not c]
         for idx, options in ((compressed, self._ipc_options), (plain, None)):
             together = self._write_together([blocks[i] for i in idx], options) if len(idx) > 1 else None
             for j, i in enumerate(idx):
@@ -178,6 +177,7 @@ class BlockEncoder:
         return out
 
     def _compresses(self, batches: list[EncodedBatch]) -> bool:
+        # compression has a fixed cost per buffer; small blocks are stored uncompressed
         return self._ipc_options is not None and sum(b.batch.num_rows for b in batches) >= COMPRESS_MIN_ROWS
 
     def _write_together(self, blocks: list[list[EncodedBatch]], options: Any) -> list[tuple[list[Any], int, int, int]] | None:
@@ -278,7 +278,7 @@ def _split_numpy(
     order = np.argsort(block, kind="stable")
     # one take and one combined batch, sliced per block (no Arrow or numpy call per block:
     # each releases the GIL, and taking it back can wait for a task thread's long C call)
-    sorted_batch = table.take(pa.array(order)).combine_chunks().to_batches()[0]
+    sorted_batch = table.take(numpy_integers(order)).combine_chunks().to_batches()[0]
     seq = sorted_batch.column(0).to_numpy()
     kgs = kg[order]
     sizes = np.bincount(block, minlength=len(starts) + 1)

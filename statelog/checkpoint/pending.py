@@ -81,8 +81,6 @@ class PendingCheckpoint:
             self._future.exception(timeout)
         except cf.TimeoutError:
             return False
-        except cf.CancelledError:
-            pass
         return True
 
     def error(self) -> BaseException | None:
