@@ -10,7 +10,6 @@ and entries at once; the tail replayed once at the end, with no hand-over betwee
 from __future__ import annotations
 
 import collections
-import concurrent.futures as cf
 import threading
 from collections.abc import Iterator
 
@@ -18,6 +17,7 @@ from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.ondemand.parts import LoaderParts
 from statelog.restore.ondemand.prepare import PreparedKeyGroup
 from statelog.restore.ondemand.progress import KeyGroupState
+from statelog.restore.threads import Workers
 
 __all__ = ["BulkLoader"]
 
@@ -30,6 +30,21 @@ class BulkLoader:
         self._files, self._slices, self._tail, self._builder = parts.files, parts.slices, parts.tail, parts.builder
         self._options = options
         self._raw_keys = raw_keys
+        self._threads: tuple[Workers, Workers] | None = None
+
+    def start_threads(self) -> None:
+        """Start the fetch and decode threads now (before the background thread keeps the
+        GIL busy: statelog/restore/threads.py), for a :meth:`take_all` later."""
+        if self._threads is None:
+            opts = self._options
+            self._threads = (Workers(opts.fetch_threads, "statelog-ondemand-fetch"),
+                             Workers(opts.decode_ahead, "statelog-ondemand-decode"))  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the threads (cancelling what they were not running yet)."""
+        threads, self._threads = self._threads, None
+        for workers in threads or ():
+            workers.close()
 
     def take_all(self) -> Iterator[PreparedKeyGroup]:
         """Every key group not handed out yet. The background thread claims no more key
@@ -58,9 +73,9 @@ class BulkLoader:
         # thread waits on a file's lock while it is being fetched)
         waves = files.waves(runs)
         ahead_n = opts.decode_ahead
-        fetcher = cf.ThreadPoolExecutor(opts.fetch_threads, thread_name_prefix="statelog-ondemand-fetch")
-        pool = cf.ThreadPoolExecutor(max(1, min(ahead_n, len(runs) + len(partial))),
-                                     thread_name_prefix="statelog-ondemand-decode")  # fmt: skip
+        self.start_threads()
+        assert self._threads is not None
+        fetcher, pool = self._threads
         try:
             files.fetch_wave(waves.popleft() if waves else [], fetcher)
             # the rest of key groups loaded by slices so far, decoded by the pool first
@@ -101,8 +116,7 @@ class BulkLoader:
             pr.fail(e)
             raise
         finally:
-            fetcher.shutdown(wait=True, cancel_futures=True)
-            pool.shutdown(wait=True, cancel_futures=True)
+            self.close()
 
     def _whole_tail(self, thread: threading.Thread) -> None:
         """Wait for the whole tail while the background thread reads it (in memory, the bases
