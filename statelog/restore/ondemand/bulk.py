@@ -10,7 +10,7 @@ and entries at once; the tail replayed once at the end, with no hand-over betwee
 from __future__ import annotations
 
 import collections
-import itertools
+import concurrent.futures as cf
 import threading
 from collections.abc import Iterator
 
@@ -18,7 +18,6 @@ from statelog.restore.ondemand.options import OnDemandOptions
 from statelog.restore.ondemand.parts import LoaderParts
 from statelog.restore.ondemand.prepare import PreparedKeyGroup
 from statelog.restore.ondemand.progress import KeyGroupState
-from statelog.restore.threads import Workers
 
 __all__ = ["BulkLoader"]
 
@@ -31,21 +30,6 @@ class BulkLoader:
         self._files, self._slices, self._tail, self._builder = parts.files, parts.slices, parts.tail, parts.builder
         self._options = options
         self._raw_keys = raw_keys
-        self._threads: tuple[Workers, Workers] | None = None
-
-    def start_threads(self) -> None:
-        """Start the fetch and decode threads now (before the background thread keeps the
-        GIL busy: statelog/restore/threads.py), for a :meth:`take_all` later."""
-        if self._threads is None:
-            opts = self._options
-            self._threads = (Workers(opts.fetch_threads, "statelog-ondemand-fetch"),
-                             Workers(opts.decode_ahead, "statelog-ondemand-decode"))  # fmt: skip
-
-    def close(self) -> None:
-        """Stop the threads (cancelling what they were not running yet)."""
-        threads, self._threads = self._threads, None
-        for workers in threads or ():
-            workers.close()
 
     def take_all(self) -> Iterator[PreparedKeyGroup]:
         """Every key group not handed out yet. The background thread claims no more key
@@ -69,15 +53,14 @@ class BulkLoader:
                 pr.mark(claimed, KeyGroupState.PREPARING)
                 if claimed:
                     runs.extend(files.units(claimed))
-        runs[:1] = _ramp(runs[0]) if runs else []
         # the files' bytes are fetched by fetch_threads threads in order, in waves of at most
         # fetch_ahead_bytes; a piece's decoding starts once its files are in (the decoding
         # thread waits on a file's lock while it is being fetched)
         waves = files.waves(runs)
         ahead_n = opts.decode_ahead
-        self.start_threads()
-        assert self._threads is not None
-        fetcher, pool = self._threads
+        fetcher = cf.ThreadPoolExecutor(opts.fetch_threads, thread_name_prefix="statelog-ondemand-fetch")
+        pool = cf.ThreadPoolExecutor(max(1, min(ahead_n, len(runs) + len(partial))),
+                                     thread_name_prefix="statelog-ondemand-decode")  # fmt: skip
         try:
             files.fetch_wave(waves.popleft() if waves else [], fetcher)
             # the rest of key groups loaded by slices so far, decoded by the pool first
@@ -118,7 +101,8 @@ class BulkLoader:
             pr.fail(e)
             raise
         finally:
-            self.close()
+            fetcher.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _whole_tail(self, thread: threading.Thread) -> None:
         """Wait for the whole tail while the background thread reads it (in memory, the bases
@@ -132,13 +116,3 @@ class BulkLoader:
             need_tail = self._tail.whole is None
         if need_tail:  # no background thread (stopped before it read the tail): read it here
             self._tail.read_whole()
-
-
-def _ramp(piece: list[int]) -> list[list[int]]:
-    """The first piece cut into growing ones (an eighth, an eighth, a quarter, a half of its
-    key groups): this thread waits for the first piece's decoding with nothing else to do (12
-    of 250 ms of a restore of 10^6 keys with pieces of 62,500 rows), for the later ones it
-    builds the entries of the piece before meanwhile."""
-    n = len(piece)
-    cuts = sorted({0, max(1, n // 8), max(1, n // 4), max(1, n // 2), n})
-    return [piece[a:b] for a, b in itertools.pairwise(cuts)]

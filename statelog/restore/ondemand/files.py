@@ -9,6 +9,7 @@ the row groups it needs) instead of waiting for the whole file.
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import threading
 from collections.abc import Callable
 
@@ -21,7 +22,6 @@ from statelog.materialization.ranged import RangedTableFile
 from statelog.materialization.table_reader import decode_table_file, fetch_table_file
 from statelog.restore.changes import BaseFile
 from statelog.restore.ondemand.options import OnDemandOptions
-from statelog.restore.threads import Workers
 from statelog.store.base import ObjectStore
 
 __all__ = ["FileEntry", "TableFiles"]
@@ -121,7 +121,7 @@ class TableFiles:
                 size += f.bytes
         return waves
 
-    def fetch_wave(self, wave: Wave, fetcher: Workers) -> None:
+    def fetch_wave(self, wave: Wave, fetcher: cf.Executor) -> None:
         """Start fetching ``wave``'s files. A fetch that fails leaves its file unfetched: the
         decoding that needs it fetches it again and raises the error (or, for a store that
         failed once, goes on)."""

@@ -100,7 +100,6 @@ class KeyGroupLoader:
         self.builder.check_keys = check_keys
         pause_gc_while_loading()
         self._gc_paused = True
-        self._bulk.start_threads()
         if self._background:
             self.background.start()
 
@@ -227,7 +226,6 @@ class KeyGroupLoader:
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join()
         pr.ready.clear()
-        self._bulk.close()
         self.tail.close()
         if self._gc_paused:
             self._gc_paused = False
