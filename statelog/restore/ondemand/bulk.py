@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import threading
+import time
 from collections.abc import Iterator
 
 from statelog.restore.ondemand.options import OnDemandOptions
@@ -82,6 +83,10 @@ class BulkLoader:
                 decoded = ahead.popleft().result()
                 if i + ahead_n < len(runs):
                     ahead.append(pool.submit(files.decode, runs[i + ahead_n]))
+                    # let the decoding thread take the GIL now, before this thread builds
+                    # the piece's entries in long C calls: else it waits for the switch
+                    # interval (5 ms) to start and may not be done when its piece is due
+                    time.sleep(0)
                 if self._raw_keys:  # a disk-backed working set: key group by key group, with its tail
                     prepared = self._builder.entries(run, decoded)
                 else:  # in memory: the base of a piece now, the tail once every base is in
