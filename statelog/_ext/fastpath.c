@@ -750,6 +750,13 @@ static int int64_format(const Py_buffer *view) {
     return view->itemsize == 8 && (f[0] == 'l' || f[0] == 'q') && f[1] == '\0';
 }
 
+/* Whether a buffer holds uint16s (numpy's to_numpy() of a key-group column). */
+static int uint16_format(const Py_buffer *view) {
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    return view->itemsize == 2 && f[0] == 'H' && f[1] == '\0';
+}
+
 /* obj's buffer as n native int64s in C order (writable when asked), or -1 with an error. */
 static int int64_view(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
@@ -1383,9 +1390,7 @@ static PyObject *kg_blocks(PyObject *module, PyObject *const *args, Py_ssize_t n
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    const char *f = view.format ? view.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') f++;
-    if (view.itemsize != 2 || f[0] != 'H' || f[1] != '\0') {
+    if (!uint16_format(&view)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_TypeError, "kg_blocks: key groups must be uint16s");
         return NULL;

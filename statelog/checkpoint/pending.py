@@ -132,7 +132,6 @@ class InflightCheckpoint:
     ) -> PendingCheckpoint:
         """Take the synchronous part now; wait for durability and publish on a thread."""
         self.wait_previous(timeout)
-        t0 = time.monotonic()
         try:
             started = publisher.begin(backends, sources, before_snapshot)
         except BaseException:
@@ -145,7 +144,7 @@ class InflightCheckpoint:
             except BaseException:
                 metrics.checkpoint_failed()
                 raise
-            metrics.checkpoint_completed(meta, time.monotonic() - t0)
+            metrics.checkpoint_completed(meta, time.monotonic() - started.t0)
             return meta
 
         def cancel() -> None:
