@@ -112,7 +112,7 @@ class CheckpointCoordinator:
     def tick(self, now: float) -> None:
         p = self.pending
         if p is not None and now - p.started > self.timeout_s:
-            self._fail(p, f"not completed within {self.timeout_s}s (waiting for tasks {sorted(p.waiting)})")
+            self._fail(p, self._timed_out(p))
         if self.pending is None and not self.suspended:
             due = self.next_trigger
             final = self.want_final and (self.final_gate is None or self.final_gate())
@@ -168,7 +168,13 @@ class CheckpointCoordinator:
                 self._fail(p, too_large(size, cap, f"from {len(p.task_stats)} task(s)"))
                 return
         if not p.waiting:
+            if time.monotonic() - p.started > self.timeout_s:  # expired before the tick that fails it ran
+                self._fail(p, self._timed_out(p))
+                return
             self._complete(p)
+
+    def _timed_out(self, p: PendingCheckpoint) -> str:
+        return f"not completed within {self.timeout_s}s (waiting for tasks {sorted(p.waiting)})"
 
     def decline(self, cid: int, task: str, reason: str) -> None:
         p = self.pending
