@@ -124,8 +124,9 @@ def _record_run(root: str, case: str, keys: np.ndarray, vals: np.ndarray, disk: 
 def _memory_per_key(nkeys: int, batch: bool) -> float:
     """Python heap held by the state per key after writing every key once (no changelog)."""
     keys = np.arange(nkeys, dtype=np.int64)
+    tmp = tempfile.mkdtemp(prefix="statelog-bench-mem-")
     tracemalloc.start()
-    job = statelog.open(Path(tempfile.mkdtemp(prefix="statelog-bench-mem-")).as_uri())
+    job = statelog.open(Path(tmp).as_uri())
     b = job.backend("mem", changelog=False)
     base = tracemalloc.get_traced_memory()[0]
     if batch:
@@ -141,6 +142,7 @@ def _memory_per_key(nkeys: int, batch: bool) -> float:
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     job.close()
+    shutil.rmtree(tmp, ignore_errors=True)
     return used / nkeys
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -33,7 +34,8 @@ WARM_UP = 20_000
 
 def main(argv: list[str]) -> None:
     keys, records, memory = int(argv[0]), int(argv[1]), argv[2]
-    job, b, v, m = _open(Path(tempfile.mkdtemp(prefix="statelog-zipf-phase-")).as_uri(), "disk", memory)
+    tmp = tempfile.mkdtemp(prefix="statelog-zipf-phase-")
+    job, b, v, m = _open(Path(tmp).as_uri(), "disk", memory)
     set_key, value, update, put, prefetch = b.set_current_key, v.value, v.update, m.put, b.prefetch
     for k in range(keys):
         set_key(k)
@@ -61,6 +63,7 @@ def main(argv: list[str]) -> None:
     stats = b._ws.stats()
     print({k: stats[k] for k in ("misses", "prefetched", "resident_keys", "evictions")}, file=sys.stderr)
     job.close()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

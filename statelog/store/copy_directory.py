@@ -1,5 +1,6 @@
 """The directory of local copies (:class:`LocalCopies`): verified copies of one root's
-write-once data objects within a size budget, least recently used evicted first. The store
+write-once data objects in a directory that any number of roots share, within a size budget
+for the whole directory, least recently used evicted first (of any root). The store
 that serves reads from it is :class:`statelog.store.local_copies.LocalCopyStore`; the
 layout is ``docs/format.md`` section 14."""
 
@@ -42,12 +43,15 @@ class CopyStats:
 
 
 class LocalCopies:
-    """The copies of one root in one directory, within a size budget (LRU eviction)."""
+    """The copies of one root in a directory shared by roots, within a size budget for the
+    whole directory (LRU eviction across roots)."""
 
     def __init__(self, directory: str | os.PathLike[str], root_url: str, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
             raise ConfigError(f"the local copies' budget must be an int of bytes >= 0, got {budget_bytes!r}")
-        self.base = Path(directory) / f"{zlib.crc32(root_url.encode()):08x}"
+        self.directory = Path(directory)
+        self._prefix = f"{zlib.crc32(root_url.encode()):08x}/"
+        self.base = self.directory / self._prefix
         try:
             self.base.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -58,16 +62,19 @@ class LocalCopies:
         self.budget = budget_bytes
         self.stats = CopyStats()
         self._lock = threading.Lock()
-        self._lru: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently used first
+        # every copy in the directory, of any root: path below the directory -> size, least
+        # recently used first (the budget bounds the directory, not one root's subdirectory)
+        self._lru: OrderedDict[str, int] = OrderedDict()
         self._size = 0
         self._verified: dict[str, tuple[int, int]] = {}  # key -> (size, mtime_ns) verified whole
-        for key, size in self._scan():
-            self._lru[key] = size
+        for rel, size in self._scan():
+            self._lru[rel] = size
             self._size += size
         # processes sharing the directory each account for what they found and what they copied
         # since: together they may have gone over the budget, which the next one to start restores
+        # (copies of roots that no longer exist age out the same way)
         for victim in self._over_budget():
-            self._unlink(victim)
+            self._unlink_rel(victim)
 
     @property
     def size_bytes(self) -> int:
@@ -80,11 +87,11 @@ class LocalCopies:
         return {**out, "size_bytes": self._size, "budget_bytes": self.budget}
 
     def _scan(self) -> Iterator[tuple[str, int]]:
-        """The copies already in the directory, oldest use first."""
+        """The copies already in the directory (of every root), oldest use first."""
         found: list[tuple[int, str, int]] = []
-        for dirpath, _, files in os.walk(self.base):
+        for dirpath, _, files in os.walk(self.directory):
             for name in files:
-                if not name.endswith(SIDECAR):
+                if not name.endswith(SIDECAR) or name.startswith("."):  # (".": being written)
                     continue
                 side = Path(dirpath) / name
                 data = side.with_name(name[: -len(SIDECAR)])
@@ -93,7 +100,7 @@ class LocalCopies:
                 except FileNotFoundError:
                     side.unlink(missing_ok=True)
                     continue
-                found.append((st.st_mtime_ns, data.relative_to(self.base).as_posix(), st.st_size))
+                found.append((st.st_mtime_ns, data.relative_to(self.directory).as_posix(), st.st_size))
         for _, key, size in sorted(found):
             yield key, size
 
@@ -119,7 +126,7 @@ class LocalCopies:
             log.warning("could not keep a local copy of %s in %s (%s): the object is read from the store "
                         "next time", key, self.base, e.strerror or e)
             with self._lock:
-                old = self._lru.pop(key, None)
+                old = self._lru.pop(self._prefix + key, None)
                 self._size -= old or 0
                 self._verified.pop(key, None)
                 self.stats.skipped += 1
@@ -129,27 +136,34 @@ class LocalCopies:
             self._unlink(key)
             return
         with self._lock:
-            old = self._lru.pop(key, None)
+            old = self._lru.pop(self._prefix + key, None)
             self._size += size - (old or 0)
-            self._lru[key] = size
+            self._lru[self._prefix + key] = size
             self._verified.pop(key, None)
             self.stats.copies_made += 1
             victims = self._over_budget()
         for victim in victims:
-            self._unlink(victim)
+            self._unlink_rel(victim)
 
     def _over_budget(self) -> list[str]:
+        """The least recently used copies (paths below the directory, of any root) to delete
+        to come within the budget; taken out of the accounting."""
         victims = []
         while self._size > self.budget and self._lru:
             victim, vsize = self._lru.popitem(last=False)
             self._size -= vsize
-            self._verified.pop(victim, None)
+            if victim.startswith(self._prefix):
+                self._verified.pop(victim[len(self._prefix) :], None)
             self.stats.evictions += 1
             victims.append(victim)
         return victims
 
     def _unlink(self, key: str) -> None:
-        path, side = self._paths(key)
+        self._unlink_rel(self._prefix + key)
+
+    def _unlink_rel(self, rel: str) -> None:
+        path = self.directory / rel
+        side = path.with_name(path.name + SIDECAR)
         for p in (side, path):
             try:
                 p.unlink(missing_ok=True)
@@ -158,7 +172,7 @@ class LocalCopies:
 
     def drop(self, key: str, reason: str | None = None) -> None:
         with self._lock:
-            size = self._lru.pop(key, None)
+            size = self._lru.pop(self._prefix + key, None)
             if size is not None:
                 self._size -= size
             self._verified.pop(key, None)
@@ -169,9 +183,10 @@ class LocalCopies:
         self._unlink(key)
 
     def _touch(self, key: str) -> None:
+        rel = self._prefix + key
         with self._lock:
-            if key in self._lru:
-                self._lru.move_to_end(key)
+            if rel in self._lru:
+                self._lru.move_to_end(rel)
 
     def _recorded(self, key: str) -> tuple[int, int] | None:
         _, side = self._paths(key)

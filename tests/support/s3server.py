@@ -288,6 +288,27 @@ def _wait_ready(server: S3Server, deadline: float) -> None:
     )
 
 
+# SeaweedFS's volume server takes no writes while its disk has under 1% free (``weed mini``
+# has no option to lower that); the suite writes up to ~2 GiB of its own besides
+MIN_FREE_FRACTION = 0.01
+SUITE_BYTES = 2 << 30
+
+
+def check_disk(base_dir: Path) -> None:
+    """Refuse to start on a disk that would fill up under the tests, saying how much to free:
+    SeaweedFS would otherwise fail every write later with "Not enough data nodes found"."""
+    base_dir.mkdir(parents=True, exist_ok=True)
+    usage = shutil.disk_usage(base_dir)
+    need = int(usage.total * MIN_FREE_FRACTION) + SUITE_BYTES
+    if usage.free < need:
+        gib = 1 << 30
+        raise RuntimeError(
+            f"the disk of {base_dir} has {usage.free / gib:.1f} GiB free of {usage.total / gib:.0f} GiB; "
+            f"SeaweedFS takes no writes under 1% free and the tests write up to {SUITE_BYTES // gib} GiB: "
+            f"free at least {(need - usage.free) / gib:.1f} GiB (e.g. old temporary directories) and run again"
+        )
+
+
 def start_seaweedfs(base_dir: Path, *, bucket: str = BUCKET, attempts: int = 3) -> S3Server:
     """Start ``weed mini`` under ``base_dir`` and return it once S3 works end to end.
 
@@ -295,6 +316,7 @@ def start_seaweedfs(base_dir: Path, *, bucket: str = BUCKET, attempts: int = 3) 
     with fresh ports, up to ``attempts`` times.
     """
     weed = find_weed()
+    check_disk(base_dir)
     secret = uuid.uuid4().hex + uuid.uuid4().hex
     started = time.monotonic()
     for attempt in range(1, attempts + 1):

@@ -87,6 +87,32 @@ def test_copies_stay_within_the_budget_least_recently_used_evicted_first(tmp_pat
     assert again.size_bytes == store.copies.size_bytes and again.get(keys[0]) == b"x" * 100
 
 
+def test_the_budget_bounds_the_directory_across_roots(tmp_path: Path) -> None:
+    """Copies of many roots share one budget: a root that is gone does not keep its copies."""
+    keys = [SEG.replace("0000000001", f"{i:010d}") for i in range(1, 4)]
+    directory = tmp_path / "copies"
+    old_roots = []
+    for n in range(3):  # three earlier roots, each 200 bytes of copies, then deleted
+        inner = open_store((tmp_path / f"gone{n}").as_uri())
+        old = LocalCopyStore(inner, LocalCopies(directory, inner.url, 1000))
+        for k in keys[:2]:
+            old.put(k, bytes([n]) * 100)
+        old_roots.append(old.copies.base)
+    # a process opening the directory with a 450-byte budget trims it to the budget, the
+    # least recently used copies (of the oldest roots) first
+    store, inner = copy_store(tmp_path, budget=450)
+    assert store.copies.size_bytes <= 450 and store.copies.stats.evictions == 2
+    assert not any(old_roots[0].rglob("*.seg")) and len(list(old_roots[2].rglob("*.seg"))) == 2
+    # its own new copies push out the remaining old ones, not each other
+    for k in keys:
+        store.put(k, b"n" * 100)
+    on_disk = sum(p.stat().st_size for p in directory.rglob("*.seg"))
+    assert on_disk == store.copies.size_bytes <= 450
+    assert all((store.copies.base / k).exists() for k in keys)
+    assert len(list(old_roots[2].rglob("*.seg"))) == 1 and not any(old_roots[1].rglob("*.seg"))
+    assert store.get(keys[0]) == b"n" * 100 and inner.calls.get("get", 0) == 0
+
+
 def test_a_restore_reads_nothing_this_host_wrote(tmp_path: Path) -> None:
     root = (tmp_path / "root").as_uri()
     store, _ = copy_store(tmp_path)
