@@ -343,6 +343,12 @@ def list_add_many(state: Any, keys: Any, values: Any) -> None:
     has = np.fromiter(map(operator.is_not, cur, repeat(None)), bool, len(cur))
     # extend the stored lists in place (copies of the new elements: the records keep theirs)
     list(map(list.extend, compress(cur, has), compress(pylists, has)))
+    if type(table) is not dict:
+        # a disk-backed view may have written an entry back and dropped it after handing it
+        # out (reading the batch's later keys made room): set every list, extended or new
+        table.update(zip(pykeys, [c if c is not None else list(p) for c, p in zip(cur, pylists, strict=True)],
+                         strict=True))
+        return _emit(state, _LIST_APPEND, kbs, kgs, pylists)
     new = ~has
     if new.any():
         table.update(zip(compress(pykeys, new), map(list, compress(pylists, new)), strict=False))

@@ -205,6 +205,11 @@ def test_batch_calls_on_the_disk_working_set(tmp_path, cache_entries):
     b = job.backend("op")
     s = b.get_state(ReducingStateDescriptor("s", pa.int64(), reduce_fn=operator.add))
     v = b.get_state(ValueStateDescriptor("v", pa.int64()))
+    lst = b.get_state(ListStateDescriptor("l", pa.string()))
+    for k in range(10):  # lists that exist before the batch, resident or written back by it
+        b.set_current_key(k)
+        lst.add(f"r{k}")
+    lst.add_many(list(range(700)) + [3, 3], [f"b{k}" for k in range(700)] + ["c", "d"])
     keys = pa.array(np.arange(3000) % 700)
     s.add_many(keys, pa.array(np.ones(3000, np.int64)))
     s.add_many(pa.array([1, 2]), [10, 10])
@@ -216,6 +221,8 @@ def test_batch_calls_on_the_disk_working_set(tmp_path, cache_entries):
     want_v = {k: 2 * k for k in range(1, 700, 2)}
     assert {k: x for k, _, x in s.entries()} == want_s
     assert v.get_many(pa.array(np.arange(700))).to_pylist() == [want_v.get(k) for k in range(700)]
+    want_l = {k: ([f"r{k}"] if k < 10 else []) + [f"b{k}"] + (["c", "d"] if k == 3 else []) for k in range(700)}
+    assert {k: x for k, _, x in lst.entries()} == want_l
     meta = job.checkpoint(sources={})
     job.close()
     job = statelog.open(tmp_path.as_uri(), state_store="disk")
@@ -224,6 +231,7 @@ def test_batch_calls_on_the_disk_working_set(tmp_path, cache_entries):
     rv = r.get_state(ValueStateDescriptor("v", pa.int64()))
     assert {k: x for k, _, x in rs.entries()} == want_s
     assert {k: x for k, _, x in rv.entries()} == want_v
+    assert {k: x for k, _, x in r.get_state(ListStateDescriptor("l", pa.string())).entries()} == want_l
     job.close()
 
 
