@@ -6,7 +6,7 @@ crashes and restores of every mode: ``tests/e2e/test_property.py``."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from statelog.restore.ondemand.options import OnDemandOptions
@@ -22,6 +22,11 @@ BATCH_STEPS = st.lists(st.tuples(st.lists(st.one_of(STATE_OPS, BATCH_OPS), max_s
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=BATCH_STEPS)
+# a batch of list appends whose later keys wrote an earlier key's list back on the disk-backed
+# working set (its cache of 6 entries) before the list was extended
+@example(steps=[([("key", 1), ("list_add", "a"), ("key", 2.0**80),
+                  ("batch_list_add", [(1, 25), ("b", 33), ("user-9", 77), (b"\x00k", 82), (2.0**80, 55), (2, 60), (0, 9),
+                                      (9, 73)], False)], ("checkpoint",))])
 @pytest.mark.parametrize("mode", ["eager", "touched", "disk"])
 def test_single_and_batch_calls_materialized_restore_equals_model(tmp_path_factory, monkeypatch, steps, mode):
     if mode == "touched":
