@@ -105,7 +105,12 @@ class LocalCopies:
             yield key, size
 
     def _paths(self, key: str) -> tuple[Path, Path]:
-        path = self.base / key
+        """This root's copy of ``key`` and its record."""
+        return self._rel_paths(self._prefix + key)
+
+    def _rel_paths(self, rel: str) -> tuple[Path, Path]:
+        """The copy at ``rel`` below the directory (of any root) and its record."""
+        path = self.directory / rel
         return path, path.with_name(path.name + SIDECAR)
 
     def add(self, key: str, data: bytes) -> None:
@@ -162,8 +167,7 @@ class LocalCopies:
         self._unlink_rel(self._prefix + key)
 
     def _unlink_rel(self, rel: str) -> None:
-        path = self.directory / rel
-        side = path.with_name(path.name + SIDECAR)
+        path, side = self._rel_paths(rel)
         for p in (side, path):
             try:
                 p.unlink(missing_ok=True)
