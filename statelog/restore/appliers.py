@@ -48,16 +48,26 @@ BULK_RECORDS = 1 << 16
 # table[key] = value for lists of keys and values in C with the dict's lines prefetched
 # (statelog/_ext/fastpath.c put_items), when built and STATELOG_PURE_PYTHON is not set
 _put_items = getattr(_ext.load("fastpath"), "put_items", None)
+_inttable = _ext.load("inttable")
+_IntTable = getattr(_inttable, "IntTable", None)
 
 
 def put_items(table: Any, keys: list[Any], values: list[Any]) -> None:
     """``table.update(zip(keys, values))`` a ``BULK_RECORDS`` at a time (other threads run
     between): for a dict in C, each key's slot in the dict prefetched a few keys ahead (a
-    restore's keys come in key-group order, random in the dict's index)."""
+    restore's keys come in key-group order, random in the dict's index), and for an
+    ``IntTable`` in int mode each key's slot the same way."""
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
     n = len(keys)
-    if _put_items is not None and type(table) is dict:
+    if type(table) is _IntTable and table.dict() is not None:
+        table = table.dict()
+    if type(table) is _IntTable:
+        for i in range(0, n, BULK_RECORDS):
+            if _inttable.put_items(table, keys, values, i, min(n, i + BULK_RECORDS)) is None:
+                # a key that is not an int64: the table turns into a dict at the first one
+                table.update(zip(keys[i : i + BULK_RECORDS], values[i : i + BULK_RECORDS], strict=True))
+    elif _put_items is not None and type(table) is dict:
         for i in range(0, n, BULK_RECORDS):
             _put_items(table, keys, values, i, min(n, i + BULK_RECORDS))
     else:

@@ -63,6 +63,9 @@ _KNOWN: dict[Any, BatchReduction] = {operator.add: SUM, min: MIN, max: MAX}
 # built and STATELOG_PURE_PYTHON is not set; else None (the Arrow path of add_many).
 _fastpath = _ext.load("fastpath")
 _add_into = getattr(_fastpath, "add_into", None)
+# ... and into the in-memory store's IntTable (statelog/_ext/inttable.c)
+_inttable = _ext.load("inttable")
+_IntTable = getattr(_inttable, "IntTable", None)
 _radix_sort = getattr(_fastpath, "radix_sort", None)
 _RADIX_MIN = 1 << 10  # smaller batches: numpy's sort (the radix sort's passes cost more)
 # the integer types whose values are all int64s: numpy dtype, lowest and highest value
@@ -125,12 +128,21 @@ def fold_into_dict(
     :data:`MIN` and :data:`MAX` it takes ``p``.
 
     ``None`` with ``table`` unchanged when this does not apply: the extension is not built
-    (or STATELOG_PURE_PYTHON is set), ``table`` is not a dict (the disk-backed working set's
-    view of keys that are not all resident), another reduction, a value type other than the
+    (or STATELOG_PURE_PYTHON is set), ``table`` is neither a dict nor an ``IntTable`` (the
+    disk-backed working set's view of keys that are not all resident), keys given as a list
+    to an ``IntTable`` in int mode, another reduction, a value type other than the
     integer types within int64, a stored value that is not an int of ``vt``, or a result
     outside ``vt`` (int64 overflow included). The caller's Arrow path then folds the batch,
     and raises its errors."""
-    if _add_into is None or type(table) is not dict:
+    if _add_into is None:
+        return None
+    if type(table) is _IntTable:
+        # an IntTable folds int64 keys itself; in dict mode it folds through its dict
+        if table.dict() is not None:
+            table = table.dict()
+        elif not isinstance(pykeys, np.ndarray):
+            return None
+    elif type(table) is not dict:
         return None
     if isinstance(pykeys, np.ndarray):
         pykeys = np.ascontiguousarray(pykeys, np.int64)
@@ -141,7 +153,8 @@ def fold_into_dict(
     dtype, lo, hi = kind
     p = np.ascontiguousarray(integer_numpy(partial), np.int64)
     out = np.empty(len(p), np.int64)
-    if not _add_into(table, pykeys, p, out, fold, lo, hi):
+    add_into = _inttable.add_into if type(table) is _IntTable else _add_into
+    if not add_into(table, pykeys, p, out, fold, lo, hi):
         return None
     return numpy_integers(out if dtype == np.int64 else out.astype(dtype))
 

@@ -1,8 +1,11 @@
-"""The in-memory store: every state's entries in Python dicts (``state_store="memory"``).
+"""The in-memory store: every state's entries in memory (``state_store="memory"``).
 
-A table is a ``dict`` ``{key: entry}`` per state and namespace; the key cache maps each
-key seen to its encoding and key group, and is cleared when it reaches
-:data:`KEY_CACHE_LIMIT` keys (it only saves encoding a key again).
+A table is ``{key: entry}`` per state and namespace: an ``IntTable``
+(``statelog/_ext/inttable.c``), which keeps int64 keys in one flat array and behaves as a
+dict for every key (it turns into one at the first key of another kind), or a ``dict`` when
+the C extension is not built. The key cache maps each key seen to its encoding and key
+group, and is cleared when it reaches :data:`KEY_CACHE_LIMIT` keys (it only saves encoding
+a key again).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
+from statelog import _ext
 from statelog.keys.encoding import decode_key
 from statelog.state.tables.base import (
     KeyInfo,
@@ -21,13 +25,15 @@ from statelog.state.tables.base import (
 )
 
 KEY_CACHE_LIMIT = 1 << 20
+# the table of int keys in C, or dict (the reference) when the extension is not built
+_TABLE: Callable[[], Any] = getattr(_ext.load("inttable"), "IntTable", dict)
 
 
 class MemoryStateTables(StateTables):
-    """A state's tables in memory: plain dicts."""
+    """A state's tables in memory: ``IntTable`` or ``dict``."""
 
-    def new_table(self, nsb: bytes) -> dict[Any, Any]:
-        return {}
+    def new_table(self, nsb: bytes) -> Any:
+        return _TABLE()
 
     def stored(self, tables: Mapping[bytes, Table], namespaces: Mapping[bytes, Any]) -> Iterator[tuple[Any, Any, Any]]:
         for nsb, table in tables.items():

@@ -1,0 +1,179 @@
+"""IntTable (statelog/_ext/inttable.c): the in-memory table of int keys behaves as a dict for
+every key and operation, including the switch to dict mode, and its batch fold and bulk load
+are all or nothing as fastpath's dict versions are."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+from statelog import _ext
+
+inttable = _ext.load("inttable")
+pytestmark = pytest.mark.skipif(inttable is None, reason="the C extension is not built")
+
+KEYS = [0, 1, -1, 2, 7, 8, 15, 16, 1 << 20, 2**63 - 1, -(2**63), 123456789]
+OTHER = [2**63, -(2**63) - 1, 1.0, 2.5, True, False, "a", b"b", None, (1, 2)]
+
+
+def _same(t, d):
+    assert len(t) == len(d)
+    assert bool(t) == bool(d)
+    assert dict(t.items()) == d
+    assert sorted(map(repr, t)) == sorted(map(repr, d))
+    assert sorted(map(repr, t.values())) == sorted(map(repr, d.values()))
+    assert t == d and not (t != d)
+    for k in d:
+        assert k in t and t[k] is d[k] and t.get(k) is d[k]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_operations_equal_a_dict(seed):
+    rng = random.Random(seed)
+    pool = [rng.randrange(-(2**63), 2**63) for _ in range(40)] + KEYS + list(range(200))
+    if seed % 3 == 0:
+        pool += OTHER  # some runs switch to dict mode part way
+    t, d = inttable.IntTable(), {}
+    other = False  # whether any operation got a key that is not an int64 (dict mode from then)
+
+    def is_other(key):
+        return type(key) is not int or not -(2**63) <= key < 2**63
+
+    for step in range(3000):
+        k = rng.choice(pool)
+        op = rng.randrange(9)
+        other = other or (op < 8 and is_other(k))
+        v = object() if rng.random() < 0.3 else rng.randrange(1000)
+        if op <= 2:
+            t[k] = v
+            d[k] = v
+        elif op == 3:
+            assert t.get(k, "no") is d.get(k, "no")
+        elif op == 4:
+            assert (k in t) == (k in d)
+        elif op == 5:
+            assert t.pop(k, "gone") is d.pop(k, "gone")
+        elif op == 6:
+            if k in d:
+                del t[k]
+                del d[k]
+            else:
+                with pytest.raises(KeyError):
+                    del t[k]
+        elif op == 7:
+            assert t.setdefault(k, v) is d.setdefault(k, v)
+        else:
+            pairs = [(rng.choice(pool), rng.randrange(9)) for _ in range(rng.randrange(5))]
+            other = other or any(is_other(p[0]) for p in pairs)
+            t.update(pairs)
+            d.update(pairs)
+        if step % 500 == 0:
+            _same(t, d)
+    _same(t, d)
+    assert (t.dict() is not None) == other
+
+
+def test_dict_semantics_for_equal_keys_of_other_types():
+    t = inttable.IntTable({1: "one", 2: "two"})
+    assert t.dict() is None
+    assert t[1.0] == "one" and t[True] == "one"  # as in a dict: 1 == 1.0 == True
+    assert t.dict() is not None  # the first other key moved the entries into a dict
+    t["a"] = 3
+    assert t == {1: "one", 2: "two", "a": 3}
+    t.clear()
+    assert t.dict() is None and len(t) == 0 and not t
+    t[5] = 1
+    assert t == {5: 1}
+
+
+def test_missing_keys_raise_key_error_as_a_dict():
+    t = inttable.IntTable()
+    with pytest.raises(KeyError) as e:
+        t[3]
+    assert e.value.args == (3,)
+    with pytest.raises(KeyError):
+        t.pop(3)
+    with pytest.raises(TypeError):
+        t[[1]] = 2  # unhashable: the dict's error
+
+
+def test_growth_deletion_and_iteration():
+    t = inttable.IntTable()
+    n = 100_000
+    for k in range(n):
+        t[k * 7919] = k
+    for k in range(0, n, 2):
+        del t[k * 7919]
+    assert len(t) == n // 2
+    assert sorted(t.keys()) == [k * 7919 for k in range(1, n, 2)]
+    for k in range(n, n + 1000):
+        t[k] = k
+    assert t[1001 * 7919] == 1001 and 1000 * 7919 not in t
+    with pytest.raises(RuntimeError):
+        for k in t:
+            t[-k - 10**12] = 0  # a new key while iterating: as a dict
+    it = iter(t.items())
+    first = next(it)
+    t[first[0]] = "replaced"  # a value may change, as in a dict
+    assert sum(1 for _ in it) == len(t) - 1
+
+
+def test_copy_pickle_repr_and_sizeof():
+    t = inttable.IntTable([(1, [1]), (2, "x")])
+    c = t.copy()
+    assert c == t and c is not t and c[1] is t[1]
+    assert pickle.loads(pickle.dumps(t)) == {1: [1], 2: "x"}
+    assert repr(t) in ("IntTable({1: [1], 2: 'x'})", "IntTable({2: 'x', 1: [1]})")
+    assert t.__sizeof__() > 0
+
+
+def _fold(keys, partial, op, lo=-(2**63), hi=2**63 - 1, table=None):
+    t = table if table is not None else inttable.IntTable()
+    out = np.empty(len(keys), np.int64)
+    ok = inttable.add_into(t, np.asarray(keys, np.int64), np.asarray(partial, np.int64), out, op, lo, hi)
+    return t, ok, out
+
+
+def test_add_into_folds_as_the_dict_reference():
+    rng = np.random.default_rng(5)
+    t, d = inttable.IntTable(), {}
+    for _ in range(20):
+        keys = np.unique(rng.integers(-50_000, 50_000, 20_000))
+        rng.shuffle(keys)
+        partial = rng.integers(-1000, 1000, len(keys))
+        for op, f in ((inttable.FOLD_SUM, lambda a, b: a + b), (inttable.FOLD_MIN, min), (inttable.FOLD_MAX, max)):
+            _, ok, out = _fold(keys, partial, op, table=t)
+            assert ok is True
+            for k, p, o in zip(keys.tolist(), partial.tolist(), out.tolist(), strict=True):
+                d[k] = p if k not in d else f(d[k], p)
+                assert o == d[k]
+    assert t == d
+
+
+def test_add_into_is_all_or_nothing():
+    t = inttable.IntTable({1: 10, 2: "not an int", 3: 2**62})
+    before = dict(t.items())
+    _, ok, _ = _fold([5, 1, 2], [1, 1, 1], inttable.FOLD_SUM, table=t)  # a stored str
+    assert ok is False and t == before
+    _, ok, _ = _fold([6, 1, 3], [1, 1, 2**62], inttable.FOLD_SUM, table=t)  # int64 overflow
+    assert ok is False and t == before
+    _, ok, _ = _fold([7, 1], [1, 200], inttable.FOLD_SUM, lo=-128, hi=127, table=t)  # outside int8
+    assert ok is False and t == before and 7 not in t
+    _, ok, out = _fold([7, 1], [1, 5], inttable.FOLD_SUM, table=t)
+    assert ok is True and out.tolist() == [1, 15] and t[7] == 1 and t[1] == 15
+    t["k"] = 0  # dict mode: the caller folds through the dict
+    _, ok, _ = _fold([7], [1], inttable.FOLD_SUM, table=t)
+    assert ok is None and t[7] == 1
+
+
+def test_put_items_loads_in_order_and_declines_other_keys():
+    t = inttable.IntTable({4: "old"})
+    keys, values = [1, 2, 4, 1], ["a", "b", "c", "d"]
+    assert inttable.put_items(t, keys, values, 0, 4) is True
+    assert t == {1: "d", 2: "b", 4: "c"}
+    assert inttable.put_items(t, [9, "s"], [1, 2], 0, 2) is None and 9 not in t  # nothing done
+    with pytest.raises(ValueError):
+        inttable.put_items(t, [1], [], 0, 1)
