@@ -644,7 +644,8 @@ static PyObject *it_items(IntTable *t, PyObject *Py_UNUSED(ignored)) { return ma
 /* -- add_into and put_items -------------------------------------------------------------- */
 
 enum { FOLD_SUM = 0, FOLD_MIN = 1, FOLD_MAX = 2 };
-#define PF_AHEAD 16
+#define PF_AHEAD 16 /* keys ahead whose slot is prefetched */
+#define PF_VALUE 6  /* keys ahead whose stored value object is prefetched */
 
 static int int64_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t n, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
@@ -715,9 +716,16 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
     Slot *slots = t->slots;
     Py_ssize_t i;
     int declined = 0;
+    const size_t mask = ((size_t)1 << log2) - 1;
     for (i = 0; i < n && i < PF_AHEAD; i++) __builtin_prefetch(&slots[home(keys[i], log2)], 1);
     for (i = 0; i < n; i++) {
         if (i + PF_AHEAD < n) __builtin_prefetch(&slots[home(keys[i + PF_AHEAD], log2)], 1);
+        if (i + PF_VALUE < n) {
+            /* the stored value of a later key, whose slot line came in meanwhile (only its
+             * first slot: a key further along its probe is found without the hint) */
+            const Slot *ps = &slots[home(keys[i + PF_VALUE], log2) & mask];
+            if (ps->key == keys[i + PF_VALUE] && LIVE(ps->value)) __builtin_prefetch(ps->value);
+        }
         int found;
         size_t s = find_or_free(t, keys[i], &found);
         int64_t p = partial[i], x = p;

@@ -41,7 +41,7 @@ import pyarrow as pa
 from statelog.changelog.ops import Op
 from statelog.compute import pc
 from statelog.errors import SerializationError, StateTypeError
-from statelog.keys.batch import as_key_array, encode_keys
+from statelog.keys.batch import as_key_array, encode_keys, int64_keys
 from statelog.state.batch_reductions import (
     COUNT,
     MAX,
@@ -49,6 +49,7 @@ from statelog.state.batch_reductions import (
     SUM,
     BatchReduction,
     CountAggregate,
+    IntTable,
     SumAggregate,
     batch_reduction_of,
     fold_into_dict,
@@ -286,6 +287,8 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
     table = _table(state, pykeys)
     try:
         partial = partial.cast(vt)
+        if type(table) is IntTable and isinstance(pykeys, np.ndarray) and state._stream is not None:
+            pykeys, kbs, kgs, partial = _by_key_group(pykeys, kbs, kgs, partial)
         # in C when it applies (it stores the new values), else with Arrow
         folded = None if state._ttl else fold_into_dict(table, pykeys, red, partial, vt)
         if folded is None and isinstance(pykeys, np.ndarray):
@@ -296,6 +299,19 @@ def add_many(state: Any, red: BatchReduction | None, keys: Any, values: Any, cal
     exp = None if folded is not None else _store_values(state, table, pykeys, _pylist(new))
     _emit(state, _PUT, kbs, kgs, new, exp)
     return None
+
+
+def _by_key_group(pykeys: np.ndarray, kbs: pa.Array, kgs: np.ndarray, partial: pa.Array) -> tuple[Any, ...]:
+    """A batch's distinct keys (and their key bytes, key groups and values) in key-group
+    order, for a fold into an ``IntTable``, whose slots no key order makes adjacent: the
+    flusher sorts a segment's records by key group (docs/format.md 4.2), and parts already in
+    that order make its gather a merge of sequential runs instead of a random read per
+    record."""
+    order = np.argsort(kgs, kind="stable")  # a radix sort for 16-bit key groups
+    ints = pykeys[order]
+    # the key bytes of an int column's keys are int64_keys of the ints: encoded again in
+    # the new order, 8x faster than gathering a binary column
+    return ints, int64_keys(ints), kgs[order], partial.take(pa.array(order))
 
 
 def _fold(state: Any, red: BatchReduction, table: Any, pykeys: list[Any], partial: pa.Array, vt: Any) -> pa.Array:

@@ -66,6 +66,7 @@ _add_into = getattr(_fastpath, "add_into", None)
 # ... and into the in-memory store's IntTable (statelog/_ext/inttable.c)
 _inttable = _ext.load("inttable")
 _IntTable = getattr(_inttable, "IntTable", None)
+IntTable: Any = _IntTable if _IntTable is not None else type(None)  # (no table is of NoneType)
 _radix_sort = getattr(_fastpath, "radix_sort", None)
 _RADIX_MIN = 1 << 10  # smaller batches: numpy's sort (the radix sort's passes cost more)
 # the integer types whose values are all int64s: numpy dtype, lowest and highest value

@@ -25,7 +25,8 @@ def _same(t, d):
     assert dict(t.items()) == d
     assert sorted(map(repr, t)) == sorted(map(repr, d))
     assert sorted(map(repr, t.values())) == sorted(map(repr, d.values()))
-    assert t == d and not (t != d)
+    assert t == d
+    assert (t != d) is False
     for k in d:
         assert k in t and t[k] is d[k] and t.get(k) is d[k]
 
