@@ -12,12 +12,13 @@ array or a Python sequence, in the state's current namespace:
   read in one batched read (``ctx.batch_keys``, set by the backend);
 * the entries are read and written with ``map``/``dict.update`` over the table (C loops, no
   Python function per key) and the values computed with pyarrow compute; the int sums,
-  counts, minima and maxima of a state without TTL whose table is a dict are folded in
-  one C pass instead (:func:`~statelog.state.batch_reductions.fold_into_dict`: each key
-  looked up once and set while its entry is in the cache, the new values in a numpy buffer
-  that becomes the changelog's value column), which leaves to this Arrow path, unchanged,
-  any batch with a stored value or a result it does not handle (so the errors are this
-  path's);
+  counts, minima and maxima of a state without TTL whose table is a dict or an
+  ``IntTable`` are folded in one C pass instead
+  (:func:`~statelog.state.batch_reductions.fold_into_dict`: each key looked up once and set
+  while its entry is in the cache, the new values in a numpy buffer that becomes the
+  changelog's value column; into an ``IntTable`` the keys go in key-group order, the
+  flusher's order), which leaves to this Arrow path, unchanged, any batch with a stored
+  value or a result it does not handle (so the errors are this path's);
 * the change records of the call go to the state's changelog stream as one block part of
   Arrow columns (:meth:`ChangelogStream.append_columns
   <statelog.changelog.stream.ChangelogStream.append_columns>`), the same records, in the same

@@ -1,7 +1,8 @@
 """The reductions that ``add_many`` vectorizes (:class:`BatchReduction`), the aggregate
 functions that have one, the grouping of a batch's int keys in numpy, and the fold of a
-batch's int sums, counts, minima and maxima into a dict in C (:func:`fold_into_dict`,
-``add_into`` of ``statelog/_ext/fastpath.c``); :mod:`statelog.state.batch` uses them."""
+batch's int sums, counts, minima and maxima into a table in C (:func:`fold_into_dict`:
+``add_into`` of ``statelog/_ext/fastpath.c`` for a dict, of ``statelog/_ext/inttable.c`` for
+an ``IntTable``); :mod:`statelog.state.batch` uses them."""
 
 from __future__ import annotations
 
