@@ -37,6 +37,7 @@ static PyObject deleted_marker; /* only its address is used */
 #define DELETED (&deleted_marker)
 #define LIVE(v) ((v) != NULL && (v) != DELETED)
 #define MIN_LOG2 3
+#define RS_AHEAD 16 /* a resize's prefetch distance, in old slots */
 
 typedef struct {
     PyObject_HEAD
@@ -45,14 +46,27 @@ typedef struct {
     Py_ssize_t used;   /* live entries */
     Py_ssize_t fill;   /* live and deleted slots */
     uint64_t version;  /* bumped when the set of keys changes (iterators check it) */
+    uint64_t seed;     /* mixed into each key's hash (home_of) */
     PyObject *dict;    /* dict mode: every entry here, slots freed */
 } IntTable;
 
 static PyTypeObject IntTableType;
 
-static inline size_t home(int64_t key, int log2) {
-    return (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ull) >> (64 - log2));
+/* A key's first slot: the top log2 bits of a strong mix (splitmix64's finalizer) of the key
+ * and the table's own seed. Without the seed, one table's iteration order (its slot order)
+ * would be another table's home order, and copying one into another while it grows would
+ * pile every key onto the first slots (quadratic probing); with it, the orders of two
+ * tables are unrelated. */
+static inline size_t home_of(uint64_t seed, int64_t key, int log2) {
+    uint64_t z = (uint64_t)key ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (size_t)(z >> (64 - log2));
 }
+#define home(key, log2) home_of(t->seed, (key), (log2))
+
+static uint64_t seeds = 0; /* tables made so far: each table's seed is a mix of its number */
 
 /* 1 and the key's int64 for an exact int within int64, 0 for any other key (no error). */
 static inline int as_i64(PyObject *key, int64_t *out) {
@@ -113,7 +127,13 @@ static int reserve(IntTable *t, Py_ssize_t more) {
         return -1;
     }
     size_t mask = ((size_t)1 << log2) - 1;
+    /* the old slots in order, each entry's new place prefetched RS_AHEAD old slots ahead
+     * (the new places are random: each would be a cache miss of its own) */
     for (size_t j = 0; j < cap; j++) {
+        if (j + RS_AHEAD < cap) {
+            const Slot *a = &t->slots[j + RS_AHEAD];
+            if (LIVE(a->value)) __builtin_prefetch(&slots[home(a->key, log2)], 1);
+        }
         Slot *s = &t->slots[j];
         if (!LIVE(s->value)) continue;
         size_t i = home(s->key, log2);
@@ -226,6 +246,7 @@ static IntTable *new_table(void) {
     t->used = t->fill = 0;
     t->version = 0;
     t->dict = NULL;
+    t->seed = home_of(0x243F6A8885A308D3ull, (int64_t)++seeds, 64);
     return t;
 }
 
@@ -403,6 +424,7 @@ static PyObject *it_update(IntTable *t, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *src = NULL;
     if (Py_IS_TYPE(other, &IntTableType)) {
+        if (t->dict == NULL && reserve(t, it_len((IntTable *)other)) < 0) return NULL;
         src = it_items((IntTable *)other, NULL);
         if (src == NULL) return NULL;
         PyObject *lst = PySequence_List(src); /* (other may be t) */
@@ -471,13 +493,31 @@ static PyObject *it_clear(IntTable *t, PyObject *Py_UNUSED(ignored)) {
 static PyObject *it_copy(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     IntTable *c = new_table();
     if (c == NULL) return NULL;
-    PyObject *arg = t->dict ? t->dict : (PyObject *)t;
-    PyObject *r = it_update(c, &arg, 1);
-    if (r == NULL) {
-        Py_DECREF(c);
-        return NULL;
+    if (t->dict != NULL) {
+        PyObject *r = it_update(c, &t->dict, 1);
+        if (r == NULL) {
+            Py_DECREF(c);
+            return NULL;
+        }
+        Py_DECREF(r);
+        return (PyObject *)c;
     }
-    Py_DECREF(r);
+    /* the same slots and seed: deleted slots stay deleted (an empty one would cut a probe) */
+    size_t cap = (size_t)1 << t->log2;
+    Slot *slots = PyMem_Malloc(cap * sizeof(Slot));
+    if (slots == NULL) {
+        Py_DECREF(c);
+        return PyErr_NoMemory();
+    }
+    memcpy(slots, t->slots, cap * sizeof(Slot));
+    for (size_t j = 0; j < cap; j++)
+        if (LIVE(slots[j].value)) Py_INCREF(slots[j].value);
+    PyMem_Free(c->slots);
+    c->slots = slots;
+    c->log2 = t->log2;
+    c->used = t->used;
+    c->fill = t->fill;
+    c->seed = t->seed;
     return (PyObject *)c;
 }
 
@@ -540,6 +580,20 @@ static PyObject *it_reduce(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     if (d == NULL) return NULL;
     PyObject *r = Py_BuildValue("(O(N))", (PyObject *)Py_TYPE(t), d);
     return r;
+}
+
+/* The longest distance of a key from its first slot (the tests' check of the hash). */
+static PyObject *it_longest_probe(IntTable *t, PyObject *Py_UNUSED(ignored)) {
+    size_t longest = 0;
+    if (t->dict == NULL) {
+        size_t cap = (size_t)1 << t->log2, mask = cap - 1;
+        for (size_t j = 0; j < cap; j++) {
+            if (!LIVE(t->slots[j].value)) continue;
+            size_t d = (j - home(t->slots[j].key, t->log2)) & mask;
+            if (d > longest) longest = d;
+        }
+    }
+    return PyLong_FromSize_t(longest);
 }
 
 static PyObject *it_sizeof(IntTable *t, PyObject *Py_UNUSED(ignored)) {
@@ -871,6 +925,7 @@ static PyMethodDef it_methods[] = {
     {"dict", (PyCFunction)it_dict, METH_NOARGS, "the table's dict in dict mode, else None"},
     {"__reduce__", (PyCFunction)it_reduce, METH_NOARGS, NULL},
     {"__sizeof__", (PyCFunction)it_sizeof, METH_NOARGS, NULL},
+    {"_longest_probe", (PyCFunction)it_longest_probe, METH_NOARGS, "the longest distance of a key from its first slot"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -122,6 +122,24 @@ def test_growth_deletion_and_iteration():
     assert sum(1 for _ in it) == len(t) - 1
 
 
+def test_copying_one_table_into_another_keeps_probes_short():
+    # each table hashes with its own seed: inserting one table's keys in its iteration order
+    # into a growing table (without the seed, every key piled onto the first slots) keeps
+    # every key near its first slot, as for keys in random order
+    src = inttable.IntTable()
+    src.update((k, k) for k in range(200_000))
+    assert src._longest_probe() < 100
+    for dst in (inttable.IntTable(), inttable.IntTable()):
+        longest = 0
+        for i, (k, v) in enumerate(src.items()):
+            dst[k] = v
+            if i % 5_000 == 0:  # (part way: the whole table spreads out again at its last growth)
+                longest = max(longest, dst._longest_probe())
+        assert longest < 100
+        assert dst == src
+    assert src.copy()._longest_probe() == src._longest_probe()
+
+
 def test_copy_pickle_repr_and_sizeof():
     t = inttable.IntTable([(1, [1]), (2, "x")])
     c = t.copy()
