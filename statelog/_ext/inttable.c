@@ -4,9 +4,9 @@
  * table. A dict of millions of int keys costs three cache misses per lookup (its index
  * slot, its entry, the stored key object to compare) and a key object of 32 bytes per entry.
  * An IntTable keeps each entry as one 16-byte slot {int64 key, value object} in an open
- * addressing array (linear probing, a Fibonacci hash of the key, at most 2/3 full), so a
- * lookup misses the cache once, a slot's address is known from the key alone (a batch's
- * folds prefetch it a few keys ahead), and no key object is kept.
+ * addressing array (linear probing, a hash of the key mixed with the table's seed, at most
+ * 2/3 full), so a lookup misses the cache once, a slot's address is known from the key
+ * alone (a batch's folds prefetch it a few keys ahead), and no key object is kept.
  *
  * It behaves as a dict does for every key: while every key it was given is an exact int
  * within int64 (bool is not), it is in int mode; the first other key (a str, a float, True,
