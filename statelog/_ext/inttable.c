@@ -582,6 +582,19 @@ static PyObject *it_reduce(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     return r;
 }
 
+/* reserve(n): room for n more keys without a resize (a restore that knows how many rows
+ * come); nothing in dict mode. */
+static PyObject *it_reserve(IntTable *t, PyObject *arg) {
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "reserve(n): n must be >= 0");
+        return NULL;
+    }
+    if (t->dict == NULL && reserve(t, n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* The longest distance of a key from its first slot (the tests' check of the hash). */
 static PyObject *it_longest_probe(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     size_t longest = 0;
@@ -925,6 +938,7 @@ static PyMethodDef it_methods[] = {
     {"dict", (PyCFunction)it_dict, METH_NOARGS, "the table's dict in dict mode, else None"},
     {"__reduce__", (PyCFunction)it_reduce, METH_NOARGS, NULL},
     {"__sizeof__", (PyCFunction)it_sizeof, METH_NOARGS, NULL},
+    {"reserve", (PyCFunction)it_reserve, METH_O, "reserve(n): room for n more keys without a resize"},
     {"_longest_probe", (PyCFunction)it_longest_probe, METH_NOARGS, "the longest distance of a key from its first slot"},
     {NULL, NULL, 0, NULL},
 };

@@ -22,6 +22,7 @@ from statelog.arrays import binary_array
 from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.keys.columns import decode_key_array, first_legacy_key
+from statelog.keys.encoding import encode_key
 from statelog.restore.appliers import BULK_RECORDS, put_items
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.collector import gc_paused
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from statelog.state.tables.disk import DiskWorkingSet
 
 log = logging.getLogger(__name__)
+
+NONE_NS = encode_key(None)  # the default namespace
 
 __all__ = ["StateInstaller"]
 
@@ -66,6 +69,7 @@ class StateInstaller:
         self._stash: dict[str, list[tuple[list[Entries], list[Record]]]] = {}  # loaded, state not registered
         self._decoded_keys: dict[bytes, Any] = {}
         self.stats: dict[str, Any] = {"on_demand": False}  # (the backend's restore_stats)
+        self._expected: dict[str, int] = {}  # state -> rows a bulk load of all key groups brings
         self._opened = 0.0
 
     def check_compatible(self, descriptor: StateDescriptor) -> None:
@@ -124,6 +128,7 @@ class StateInstaller:
 
     def load_all(self, loader: KeyGroupLoader) -> None:
         """Load every key group not loaded yet, on this thread, and close the loader."""
+        self._expected = _expected_rows(loader)
         for p in loader.take_all():
             self.install(p)
             # dropped before the collector resumes (in _loaded): the last part is the whole
@@ -175,7 +180,10 @@ class StateInstaller:
 
     def _load_base(self, state: KeyedState) -> None:
         """Bulk-load the materialized rows of ``state`` (before its changelog tail is replayed)."""
-        for table in self.restored.base.pop(state.name, ()):
+        tables = self.restored.base.pop(state.name, ())
+        if self._disk is None and len(tables) > 1:
+            self._expected[state.name] = sum(t.num_rows for t in tables)
+        for table in tables:
             self.check_keys(state.name, table.column("key"))
             if self._disk is not None:
                 kbs, nss, values = base_entries(state.info, table, raw_keys=True)
@@ -183,10 +191,13 @@ class StateInstaller:
             else:
                 self._put_entries(state, *base_entries(state.info, table))
 
-    @staticmethod
-    def _put_entries(state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
+    def _put_entries(self, state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
         if nss and nss.count(nss[0]) == len(nss):  # one namespace: bulk updates of BULK_RECORDS
-            put_items(state._table_for(nss[0]), keys, values)
+            table = state._table_for(nss[0])
+            expected = self._expected.pop(state.name, 0) if nss[0] == NONE_NS else 0
+            if expected > len(keys) and not table and hasattr(table, "reserve"):
+                table.reserve(expected)  # (an IntTable: room for the rows to come, no resizes)
+            put_items(table, keys, values)
         else:
             table_for = state._table_for
             for key, nsb, v in zip(keys, nss, values, strict=True):
@@ -205,3 +216,16 @@ class StateInstaller:
         state.apply_many(records, known)
         if self._disk is not None and len(known) > 1 << 16:
             known.clear()  # bounded with a disk-backed working set
+
+
+def _expected_rows(loader: KeyGroupLoader) -> dict[str, int]:
+    """The materialized rows of each state within the loader's key groups (a file's rows in
+    proportion to the key groups it shares with them)."""
+    rows: dict[str, int] = {}
+    seen: set[str] = set()
+    for parts in loader.files.of.values():
+        for (info, f, mine), _entry in parts:
+            if f.path not in seen:
+                seen.add(f.path)
+                rows[info.name] = rows.get(info.name, 0) + f.rows * len(mine) // max(1, len(f.key_groups))
+    return rows

@@ -196,3 +196,19 @@ def test_put_items_loads_in_order_and_declines_other_keys():
     assert inttable.put_items(t, [9, "s"], [1, 2], 0, 2) is None and 9 not in t  # nothing done
     with pytest.raises(ValueError):
         inttable.put_items(t, [1], [], 0, 1)
+
+
+def test_reserve_makes_room_without_a_resize():
+    t = inttable.IntTable()
+    t.reserve(10_000)
+    size = t.__sizeof__()
+    for k in range(10_000):
+        t[k * 31] = k
+    assert t.__sizeof__() == size and len(t) == 10_000
+    t[-1] = 0  # one more than reserved may grow it, and everything stays
+    assert all(t[k * 31] == k for k in range(10_000))
+    with pytest.raises(ValueError):
+        t.reserve(-1)
+    t["s"] = 1
+    t.reserve(10**6)  # dict mode: nothing to reserve
+    assert t["s"] == 1 and len(t) == 10_002
