@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml statelog/_ext/fastpath.c statelog/_ext/inttable.c statelog/_ext/workingset.c statelog/_ext/keyenc.h statelog/_ext/reccodec.h
+$(STAMP): pyproject.toml statelog/_ext/fastpath.c statelog/_ext/inttable.c statelog/_ext/workingset.c statelog/_ext/keyenc.h statelog/_ext/reccodec.h statelog/_ext/bulkargs.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark]'

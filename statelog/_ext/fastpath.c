@@ -49,9 +49,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <limits.h>
+#include "bulkargs.h"
+#include "keyenc.h"
 #ifndef Py_T_OBJECT_EX /* before Python 3.12 the member types are in structmember.h */
 #include "structmember.h"
-#include "keyenc.h"
 #define Py_T_OBJECT_EX T_OBJECT_EX
 #endif
 
@@ -739,7 +740,6 @@ static PyObject *make_update(PyObject *module, PyObject *args) {
 /* ---------------------------------------------------------------------------------------- */
 /* add_into: the read-modify-write of a batch reduction                                     */
 
-enum { FOLD_SUM = 0, FOLD_MIN = 1, FOLD_MAX = 2 };
 #define HAD 1     /* the key had an entry before the call (its value in old[]) */
 #define WROTE 2   /* the call set the key's entry */
 
@@ -1012,16 +1012,9 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "add_into: table must be a dict");
         return NULL;
     }
-    long op = PyLong_AsLong(args[4]);
-    if (op == -1 && PyErr_Occurred()) return NULL;
-    if (op < FOLD_SUM || op > FOLD_MAX) {
-        PyErr_Format(PyExc_ValueError, "add_into: unknown fold %ld", op);
-        return NULL;
-    }
-    long long lo = PyLong_AsLongLong(args[5]);
-    if (lo == -1 && PyErr_Occurred()) return NULL;
-    long long hi = PyLong_AsLongLong(args[6]);
-    if (hi == -1 && PyErr_Occurred()) return NULL;
+    long op;
+    long long lo, hi;
+    if (fold_args(args, &op, &lo, &hi) < 0) return NULL;
     Py_buffer kv = {0}, pv, ov;
     const int64_t *ikeys = NULL;
     Py_ssize_t n;
@@ -1135,24 +1128,11 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
  * key group's (or a piece's) keys in key-group order, which is random in the dict's index,
  * so each key's slot would otherwise be a cache miss of its own. */
 static PyObject *put_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "put_items(table: dict, keys: list, values: list, start, stop)");
+    Py_ssize_t start, stop;
+    if (bulk_range(args, nargs, nargs == 5 && PyDict_CheckExact(args[0]),
+                   "put_items(table: dict, keys: list, values: list, start, stop)", &start, &stop) < 0)
         return NULL;
-    }
     PyObject *table = args[0], *keys = args[1], *values = args[2];
-    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
-    if (start == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t stop = PyLong_AsSsize_t(args[4]);
-    if (stop == -1 && PyErr_Occurred()) return NULL;
-    if (PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) {
-        PyErr_Format(PyExc_ValueError, "put_items: %zd keys but %zd values", PyList_GET_SIZE(keys),
-                     PyList_GET_SIZE(values));
-        return NULL;
-    }
-    if (start < 0 || stop < start || stop > PyList_GET_SIZE(keys)) {
-        PyErr_SetString(PyExc_ValueError, "put_items: start and stop must be within the lists");
-        return NULL;
-    }
     Prefetch pf;
     Py_ssize_t n = stop - start;
     for (Py_ssize_t i = -PF_INDEX; i < n; i++) {

@@ -27,6 +27,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "bulkargs.h"
 
 typedef struct {
     int64_t key;
@@ -148,10 +149,10 @@ static int reserve(IntTable *t, Py_ssize_t more) {
     return 0;
 }
 
-/* Dict mode from now on: every entry moved into a dict (the first key that is not an int64). */
-static int to_dict(IntTable *t) {
+/* A new dict of the live slots' entries, or NULL with an error. */
+static PyObject *slots_dict(IntTable *t) {
     PyObject *d = PyDict_New();
-    if (d == NULL) return -1;
+    if (d == NULL) return NULL;
     size_t cap = (size_t)1 << t->log2;
     for (size_t j = 0; j < cap; j++) {
         Slot *s = &t->slots[j];
@@ -160,10 +161,18 @@ static int to_dict(IntTable *t) {
         if (k == NULL || PyDict_SetItem(d, k, s->value) < 0) {
             Py_XDECREF(k);
             Py_DECREF(d);
-            return -1;
+            return NULL;
         }
         Py_DECREF(k);
     }
+    return d;
+}
+
+/* Dict mode from now on: every entry moved into a dict (the first key that is not an int64). */
+static int to_dict(IntTable *t) {
+    PyObject *d = slots_dict(t);
+    if (d == NULL) return -1;
+    size_t cap = (size_t)1 << t->log2;
     for (size_t j = 0; j < cap; j++)
         if (LIVE(t->slots[j].value)) Py_DECREF(t->slots[j].value);
     PyMem_Free(t->slots);
@@ -401,6 +410,31 @@ static int merge_pair(IntTable *t, PyObject *item) {
 
 static PyObject *it_items(IntTable *t, PyObject *Py_UNUSED(ignored));
 
+/* Set each item of iterable src: (key, value) pairs, or with a mapping its keys and their
+ * values in it (dict.update's two forms). 0, or -1 with an error. */
+static int set_each(IntTable *t, PyObject *src, PyObject *mapping) {
+    PyObject *it = PyObject_GetIter(src);
+    if (it == NULL) return -1;
+    PyObject *item;
+    while ((item = PyIter_Next(it)) != NULL) {
+        int rc;
+        if (mapping != NULL) {
+            PyObject *v = PyObject_GetItem(mapping, item);
+            rc = v == NULL ? -1 : it_ass_subscript(t, item, v);
+            Py_XDECREF(v);
+        } else {
+            rc = merge_pair(t, item);
+        }
+        Py_DECREF(item);
+        if (rc < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *it_update(IntTable *t, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
         if (nargs == 0) Py_RETURN_NONE;
@@ -433,42 +467,18 @@ static PyObject *it_update(IntTable *t, PyObject *const *args, Py_ssize_t nargs)
     } else if (PyObject_HasAttrString(other, "keys")) {
         PyObject *keys = PyObject_CallMethod(other, "keys", NULL);
         if (keys == NULL) return NULL;
-        PyObject *it = PyObject_GetIter(keys);
+        int rc = set_each(t, keys, other);
         Py_DECREF(keys);
-        if (it == NULL) return NULL;
-        PyObject *k;
-        while ((k = PyIter_Next(it)) != NULL) {
-            PyObject *v = PyObject_GetItem(other, k);
-            int rc = v == NULL ? -1 : it_ass_subscript(t, k, v);
-            Py_XDECREF(v);
-            Py_DECREF(k);
-            if (rc < 0) {
-                Py_DECREF(it);
-                return NULL;
-            }
-        }
-        Py_DECREF(it);
-        if (PyErr_Occurred()) return NULL;
+        if (rc < 0) return NULL;
         Py_RETURN_NONE;
     } else {
         src = other;
         Py_INCREF(src);
     }
     if (src == NULL) return NULL;
-    PyObject *it = PyObject_GetIter(src);
+    int rc = set_each(t, src, NULL);
     Py_DECREF(src);
-    if (it == NULL) return NULL;
-    PyObject *item;
-    while ((item = PyIter_Next(it)) != NULL) {
-        int rc = merge_pair(t, item);
-        Py_DECREF(item);
-        if (rc < 0) {
-            Py_DECREF(it);
-            return NULL;
-        }
-    }
-    Py_DECREF(it);
-    if (PyErr_Occurred()) return NULL;
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -522,22 +532,7 @@ static PyObject *it_copy(IntTable *t, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *it_as_dict(IntTable *t) {
-    if (t->dict) return PyDict_Copy(t->dict);
-    PyObject *d = PyDict_New();
-    if (d == NULL) return NULL;
-    size_t cap = (size_t)1 << t->log2;
-    for (size_t j = 0; j < cap; j++) {
-        Slot *s = &t->slots[j];
-        if (!LIVE(s->value)) continue;
-        PyObject *k = PyLong_FromLongLong(s->key);
-        if (k == NULL || PyDict_SetItem(d, k, s->value) < 0) {
-            Py_XDECREF(k);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(k);
-    }
-    return d;
+    return t->dict ? PyDict_Copy(t->dict) : slots_dict(t);
 }
 
 static PyObject *it_dict(IntTable *t, PyObject *Py_UNUSED(ignored)) {
@@ -710,7 +705,6 @@ static PyObject *it_items(IntTable *t, PyObject *Py_UNUSED(ignored)) { return ma
 
 /* -- add_into and put_items -------------------------------------------------------------- */
 
-enum { FOLD_SUM = 0, FOLD_MIN = 1, FOLD_MAX = 2 };
 #define PF_AHEAD 16 /* keys ahead whose slot is prefetched */
 #define PF_VALUE 6  /* keys ahead whose stored value object is prefetched */
 
@@ -744,16 +738,9 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     IntTable *t = (IntTable *)args[0];
     if (t->dict != NULL) Py_RETURN_NONE;
-    long op = PyLong_AsLong(args[4]);
-    if (op == -1 && PyErr_Occurred()) return NULL;
-    if (op < FOLD_SUM || op > FOLD_MAX) {
-        PyErr_Format(PyExc_ValueError, "add_into: unknown fold %ld", op);
-        return NULL;
-    }
-    long long lo = PyLong_AsLongLong(args[5]);
-    if (lo == -1 && PyErr_Occurred()) return NULL;
-    long long hi = PyLong_AsLongLong(args[6]);
-    if (hi == -1 && PyErr_Occurred()) return NULL;
+    long op;
+    long long lo, hi;
+    if (fold_args(args, &op, &lo, &hi) < 0) return NULL;
     Py_buffer kv, pv, ov;
     if (int64_buffer(args[1], &kv, -1, 0, "add_into: keys") < 0) return NULL;
     Py_ssize_t n = kv.len / 8;
@@ -866,25 +853,12 @@ done:
  * key-group order, random in the array). None, with nothing done, when the table is in dict
  * mode or a key of the range is not an int64 (the caller then updates the table itself). */
 static PyObject *put_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !Py_IS_TYPE(args[0], &IntTableType) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "put_items(table: IntTable, keys: list, values: list, start, stop)");
+    Py_ssize_t start, stop;
+    if (bulk_range(args, nargs, nargs == 5 && Py_IS_TYPE(args[0], &IntTableType),
+                   "put_items(table: IntTable, keys: list, values: list, start, stop)", &start, &stop) < 0)
         return NULL;
-    }
     IntTable *t = (IntTable *)args[0];
     PyObject *keys = args[1], *values = args[2];
-    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
-    if (start == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t stop = PyLong_AsSsize_t(args[4]);
-    if (stop == -1 && PyErr_Occurred()) return NULL;
-    if (PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) {
-        PyErr_Format(PyExc_ValueError, "put_items: %zd keys but %zd values", PyList_GET_SIZE(keys),
-                     PyList_GET_SIZE(values));
-        return NULL;
-    }
-    if (start < 0 || stop < start || stop > PyList_GET_SIZE(keys)) {
-        PyErr_SetString(PyExc_ValueError, "put_items: start and stop must be within the lists");
-        return NULL;
-    }
     if (t->dict != NULL) Py_RETURN_NONE;
     Py_ssize_t n = stop - start;
     int64_t *ik = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
