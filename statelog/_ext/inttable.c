@@ -283,6 +283,15 @@ static PyObject *it_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static Py_ssize_t it_len(IntTable *t) { return t->dict ? PyDict_GET_SIZE(t->dict) : t->used; }
 
+/* KeyError(key), as a dict raises it (the key in a tuple: a tuple key stays one argument). */
+static void key_error(PyObject *key) {
+    PyObject *tup = PyTuple_Pack(1, key);
+    if (tup) {
+        PyErr_SetObject(PyExc_KeyError, tup);
+        Py_DECREF(tup);
+    }
+}
+
 /* A new reference to the value of key, NULL without an error when absent. */
 static PyObject *lookup(IntTable *t, PyObject *key) {
     int64_t k;
@@ -302,13 +311,7 @@ static PyObject *lookup(IntTable *t, PyObject *key) {
 
 static PyObject *it_subscript(IntTable *t, PyObject *key) {
     PyObject *v = lookup(t, key);
-    if (v == NULL && !PyErr_Occurred()) {
-        PyObject *tup = PyTuple_Pack(1, key);
-        if (tup) {
-            PyErr_SetObject(PyExc_KeyError, tup);
-            Py_DECREF(tup);
-        }
-    }
+    if (v == NULL && !PyErr_Occurred()) key_error(key);
     return v;
 }
 
@@ -319,11 +322,7 @@ static int it_ass_subscript(IntTable *t, PyObject *key, PyObject *value) {
     if (r == 0) return value ? PyDict_SetItem(t->dict, key, value) : PyDict_DelItem(t->dict, key);
     if (value != NULL) return set_i64(t, k, value);
     if (del_i64(t, k, NULL)) return 0;
-    PyObject *tup = PyTuple_Pack(1, key);
-    if (tup) {
-        PyErr_SetObject(PyExc_KeyError, tup);
-        Py_DECREF(tup);
-    }
+    key_error(key);
     return -1;
 }
 
@@ -368,11 +367,7 @@ static PyObject *it_pop(IntTable *t, PyObject *const *args, Py_ssize_t nargs) {
         Py_INCREF(args[1]);
         return args[1];
     }
-    PyObject *tup = PyTuple_Pack(1, args[0]);
-    if (tup) {
-        PyErr_SetObject(PyExc_KeyError, tup);
-        Py_DECREF(tup);
-    }
+    key_error(args[0]);
     return NULL;
 }
 

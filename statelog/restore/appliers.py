@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from statelog import _ext
+from statelog._ext import IntTable, inttable, plain_table
 from statelog.changelog.format import TIMER_STATES
 from statelog.changelog.ops import Op, op_label
 from statelog.descriptors import StateInfo, StateKind
@@ -48,8 +49,6 @@ BULK_RECORDS = 1 << 16
 # table[key] = value for lists of keys and values in C with the dict's lines prefetched
 # (statelog/_ext/fastpath.c put_items), when built and STATELOG_PURE_PYTHON is not set
 _put_items = getattr(_ext.load("fastpath"), "put_items", None)
-_inttable = _ext.load("inttable")
-_IntTable = getattr(_inttable, "IntTable", None)
 
 
 def put_items(table: Any, keys: list[Any], values: list[Any]) -> None:
@@ -60,11 +59,10 @@ def put_items(table: Any, keys: list[Any], values: list[Any]) -> None:
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
     n = len(keys)
-    if type(table) is _IntTable and table.dict() is not None:
-        table = table.dict()
-    if type(table) is _IntTable:
+    table = plain_table(table)
+    if type(table) is IntTable:
         for i in range(0, n, BULK_RECORDS):
-            if _inttable.put_items(table, keys, values, i, min(n, i + BULK_RECORDS)) is None:
+            if inttable.put_items(table, keys, values, i, min(n, i + BULK_RECORDS)) is None:
                 # a key that is not an int64: the table turns into a dict at the first one
                 table.update(zip(keys[i : i + BULK_RECORDS], values[i : i + BULK_RECORDS], strict=True))
     elif _put_items is not None and type(table) is dict:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from statelog._ext import IntTable
 from statelog.changelog.ops import Op
 from statelog.compute import pc
 from statelog.errors import SerializationError, StateTypeError
@@ -50,7 +51,6 @@ from statelog.state.batch_reductions import (
     SUM,
     BatchReduction,
     CountAggregate,
-    IntTable,
     SumAggregate,
     batch_reduction_of,
     fold_into_dict,

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from statelog import _ext
+from statelog._ext import IntTable, inttable, plain_table
 from statelog.arrays import integer_numpy, numpy_integers
 from statelog.compute import pc
 
@@ -64,10 +65,6 @@ _KNOWN: dict[Any, BatchReduction] = {operator.add: SUM, min: MIN, max: MAX}
 # built and STATELOG_PURE_PYTHON is not set; else None (the Arrow path of add_many).
 _fastpath = _ext.load("fastpath")
 _add_into = getattr(_fastpath, "add_into", None)
-# ... and into the in-memory store's IntTable (statelog/_ext/inttable.c)
-_inttable = _ext.load("inttable")
-_IntTable = getattr(_inttable, "IntTable", None)
-IntTable: Any = _IntTable if _IntTable is not None else type(None)  # (no table is of NoneType)
 _radix_sort = getattr(_fastpath, "radix_sort", None)
 _RADIX_MIN = 1 << 10  # smaller batches: numpy's sort (the radix sort's passes cost more)
 # the integer types whose values are all int64s: numpy dtype, lowest and highest value
@@ -138,11 +135,9 @@ def fold_into_dict(
     and raises its errors."""
     if _add_into is None:
         return None
-    if type(table) is _IntTable:
-        # an IntTable folds int64 keys itself; in dict mode it folds through its dict
-        if table.dict() is not None:
-            table = table.dict()
-        elif not isinstance(pykeys, np.ndarray):
+    table = plain_table(table)  # (an IntTable in dict mode folds through its dict)
+    if type(table) is IntTable:
+        if not isinstance(pykeys, np.ndarray):
             return None
     elif type(table) is not dict:
         return None
@@ -155,7 +150,7 @@ def fold_into_dict(
     dtype, lo, hi = kind
     p = np.ascontiguousarray(integer_numpy(partial), np.int64)
     out = np.empty(len(p), np.int64)
-    add_into = _inttable.add_into if type(table) is _IntTable else _add_into
+    add_into = inttable.add_into if type(table) is IntTable else _add_into
     if not add_into(table, pykeys, p, out, fold, lo, hi):
         return None
     return numpy_integers(out if dtype == np.int64 else out.astype(dtype))

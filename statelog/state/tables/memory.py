@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from statelog import _ext
+from statelog._ext import IntTable
 from statelog.keys.encoding import decode_key
 from statelog.state.tables.base import (
     KeyInfo,
@@ -25,15 +25,13 @@ from statelog.state.tables.base import (
 )
 
 KEY_CACHE_LIMIT = 1 << 20
-# the table of int keys in C, or dict (the reference) when the extension is not built
-_TABLE: Callable[[], Any] = getattr(_ext.load("inttable"), "IntTable", dict)
 
 
 class MemoryStateTables(StateTables):
     """A state's tables in memory: ``IntTable`` or ``dict``."""
 
     def new_table(self, nsb: bytes) -> Any:
-        return _TABLE()
+        return IntTable() if IntTable is not None else {}
 
     def stored(self, tables: Mapping[bytes, Table], namespaces: Mapping[bytes, Any]) -> Iterator[tuple[Any, Any, Any]]:
         for nsb, table in tables.items():
