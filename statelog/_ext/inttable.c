@@ -27,6 +27,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "bulkargs.h"
 
 typedef struct {
@@ -52,6 +53,38 @@ typedef struct {
 } IntTable;
 
 static PyTypeObject IntTableType;
+
+/* Slot arrays. A large one (HUGE_MIN bytes and more) is its own mapping, aligned to 2 MiB and
+ * advised to use huge pages where the kernel offers them: a restore or a batch of 10^7 keys
+ * touches slots at random all over hundreds of MiB, and with 4 KiB pages nearly every touch
+ * is a TLB miss as well as a cache miss. Small arrays come from Python's allocator. */
+#define HUGE_ALIGN ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
+
+static size_t slots_bytes(int log2) { return ((size_t)1 << log2) * sizeof(Slot); }
+
+static Slot *slots_new(int log2) {
+    size_t bytes = slots_bytes(log2);
+    if (bytes < HUGE_MIN) return PyMem_Calloc((size_t)1 << log2, sizeof(Slot));
+    /* (bytes is a multiple of 2 MiB: a power of two of at least 4 MiB) */
+    char *raw = mmap(NULL, bytes + HUGE_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)raw + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + HUGE_ALIGN > p) munmap(p + bytes, (size_t)(raw + HUGE_ALIGN - p));
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE); /* (advice: ignored where huge pages are off) */
+#endif
+    return (Slot *)p; /* anonymous pages read as zeros: every slot empty */
+}
+
+static void slots_free(Slot *slots, int log2) {
+    if (slots == NULL) return;
+    if (slots_bytes(log2) < HUGE_MIN)
+        PyMem_Free(slots);
+    else
+        munmap(slots, slots_bytes(log2));
+}
 
 /* A key's first slot: the top log2 bits of a strong mix (splitmix64's finalizer) of the key
  * and the table's own seed. Without the seed, one table's iteration order (its slot order)
@@ -116,13 +149,13 @@ static inline size_t find_or_free(const IntTable *t, int64_t key, int *found) {
 static int reserve(IntTable *t, Py_ssize_t more) {
     size_t cap = (size_t)1 << t->log2;
     if ((size_t)(t->fill + more) * 3 <= cap * 2) return 0;
-    int log2 = MIN_LOG2;
-    while (((size_t)(t->used + more) * 2 > ((size_t)1 << log2))) log2++;
+    int log2 = MIN_LOG2; /* the smallest that holds them at most 2/3 full (a growing table doubles) */
+    while ((size_t)(t->used + more) * 3 > ((size_t)1 << log2) * 2) log2++;
     if (log2 > 40) {
         PyErr_NoMemory();
         return -1;
     }
-    Slot *slots = PyMem_Calloc((size_t)1 << log2, sizeof(Slot));
+    Slot *slots = slots_new(log2);
     if (slots == NULL) {
         PyErr_NoMemory();
         return -1;
@@ -141,7 +174,7 @@ static int reserve(IntTable *t, Py_ssize_t more) {
         while (slots[i].value != NULL) i = (i + 1) & mask;
         slots[i] = *s;
     }
-    PyMem_Free(t->slots);
+    slots_free(t->slots, t->log2);
     t->slots = slots;
     t->log2 = log2;
     t->fill = t->used;
@@ -175,7 +208,7 @@ static int to_dict(IntTable *t) {
     size_t cap = (size_t)1 << t->log2;
     for (size_t j = 0; j < cap; j++)
         if (LIVE(t->slots[j].value)) Py_DECREF(t->slots[j].value);
-    PyMem_Free(t->slots);
+    slots_free(t->slots, t->log2);
     t->slots = NULL;
     t->log2 = 0;
     t->used = t->fill = 0;
@@ -236,7 +269,7 @@ static void it_dealloc(IntTable *t) {
         size_t cap = (size_t)1 << t->log2;
         for (size_t j = 0; j < cap; j++)
             if (LIVE(t->slots[j].value)) Py_DECREF(t->slots[j].value);
-        PyMem_Free(t->slots);
+        slots_free(t->slots, t->log2);
     }
     Py_XDECREF(t->dict);
     Py_TYPE(t)->tp_free((PyObject *)t);
@@ -245,7 +278,7 @@ static void it_dealloc(IntTable *t) {
 static IntTable *new_table(void) {
     IntTable *t = PyObject_New(IntTable, &IntTableType);
     if (t == NULL) return NULL;
-    t->slots = PyMem_Calloc((size_t)1 << MIN_LOG2, sizeof(Slot));
+    t->slots = slots_new(MIN_LOG2);
     if (t->slots == NULL) {
         t->dict = NULL;
         Py_DECREF(t);
@@ -478,10 +511,11 @@ static PyObject *it_update(IntTable *t, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *it_clear(IntTable *t, PyObject *Py_UNUSED(ignored)) {
-    Slot *fresh = PyMem_Calloc((size_t)1 << MIN_LOG2, sizeof(Slot));
+    Slot *fresh = slots_new(MIN_LOG2);
     if (fresh == NULL) return PyErr_NoMemory();
     Slot *slots = t->slots;
-    size_t cap = slots ? (size_t)1 << t->log2 : 0;
+    int log2 = t->log2;
+    size_t cap = slots ? (size_t)1 << log2 : 0;
     PyObject *d = t->dict;
     t->slots = fresh;
     t->log2 = MIN_LOG2;
@@ -490,7 +524,7 @@ static PyObject *it_clear(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     t->version++;
     for (size_t j = 0; j < cap; j++)
         if (LIVE(slots[j].value)) Py_DECREF(slots[j].value);
-    PyMem_Free(slots);
+    slots_free(slots, log2);
     Py_XDECREF(d);
     Py_RETURN_NONE;
 }
@@ -509,7 +543,7 @@ static PyObject *it_copy(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     }
     /* the same slots and seed: deleted slots stay deleted (an empty one would cut a probe) */
     size_t cap = (size_t)1 << t->log2;
-    Slot *slots = PyMem_Malloc(cap * sizeof(Slot));
+    Slot *slots = slots_new(t->log2);
     if (slots == NULL) {
         Py_DECREF(c);
         return PyErr_NoMemory();
@@ -517,7 +551,7 @@ static PyObject *it_copy(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     memcpy(slots, t->slots, cap * sizeof(Slot));
     for (size_t j = 0; j < cap; j++)
         if (LIVE(slots[j].value)) Py_INCREF(slots[j].value);
-    PyMem_Free(c->slots);
+    slots_free(c->slots, c->log2);
     c->slots = slots;
     c->log2 = t->log2;
     c->used = t->used;
@@ -892,6 +926,73 @@ static PyObject *put_items(PyObject *module, PyObject *const *args, Py_ssize_t n
     Py_RETURN_TRUE;
 }
 
+/* put_arrays(table, keys, values, start, stop) -> True or None: table[keys[i]] = values[i]
+ * for i in [start, stop), keys a buffer of int64s (an Arrow or numpy column: no key objects),
+ * values a buffer of int64s (each boxed here) or a list. Each key's slot is prefetched
+ * PF_AHEAD keys ahead. None, with nothing done, when the table is in dict mode. */
+static PyObject *put_arrays(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !Py_IS_TYPE(args[0], &IntTableType)) {
+        PyErr_SetString(PyExc_TypeError, "put_arrays(table: IntTable, keys: int64 buffer, values, start, stop)");
+        return NULL;
+    }
+    IntTable *t = (IntTable *)args[0];
+    if (t->dict != NULL) Py_RETURN_NONE;
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]), stop;
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    stop = PyLong_AsSsize_t(args[4]);
+    if (stop == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer kv, vv;
+    if (int64_buffer(args[1], &kv, -1, 0, "put_arrays' keys") < 0) return NULL;
+    Py_ssize_t len = kv.len / 8;
+    int boxed = PyList_CheckExact(args[2]);
+    if (!boxed && int64_buffer(args[2], &vv, len, 0, "put_arrays' values") < 0) {
+        PyBuffer_Release(&kv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (boxed && PyList_GET_SIZE(args[2]) != len) {
+        PyErr_Format(PyExc_ValueError, "put_arrays: %zd keys but %zd values", len, PyList_GET_SIZE(args[2]));
+        goto done;
+    }
+    if (start < 0 || stop < start || stop > len) {
+        PyErr_SetString(PyExc_ValueError, "put_arrays: start and stop must be within the arrays");
+        goto done;
+    }
+    if (reserve(t, stop - start) < 0) goto done;
+    const int64_t *keys = (const int64_t *)kv.buf, *ints = boxed ? NULL : (const int64_t *)vv.buf;
+    /* (no Python code runs below but the release of replaced values, whose finalizers could:
+     * the table is checked after each) */
+    for (Py_ssize_t i = start; i < stop && i < start + PF_AHEAD; i++)
+        __builtin_prefetch(&t->slots[home(keys[i], t->log2)], 1);
+    for (Py_ssize_t i = start; i < stop; i++) {
+        if (i + PF_AHEAD < stop) __builtin_prefetch(&t->slots[home(keys[i + PF_AHEAD], t->log2)], 1);
+        if (t->dict != NULL || t->slots == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "put_arrays: the table changed");
+            goto done;
+        }
+        PyObject *v;
+        if (boxed) {
+            if (i >= PyList_GET_SIZE(args[2])) {
+                PyErr_SetString(PyExc_RuntimeError, "put_arrays: the list changed");
+                goto done;
+            }
+            v = PyList_GET_ITEM(args[2], i);
+            Py_INCREF(v);
+        } else if ((v = PyLong_FromLongLong(ints[i])) == NULL) {
+            goto done;
+        }
+        int rc = set_i64(t, keys[i], v);
+        Py_DECREF(v);
+        if (rc < 0) goto done;
+    }
+    result = Py_True;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&kv);
+    if (!boxed) PyBuffer_Release(&vv);
+    return result;
+}
+
 /* -- module ------------------------------------------------------------------------------ */
 
 static PyMethodDef it_methods[] = {
@@ -944,6 +1045,9 @@ static PyMethodDef module_methods[] = {
      "add_into(table, keys, partial, out, op, lo, hi): fold a batch into an IntTable."},
     {"put_items", (PyCFunction)(void (*)(void))put_items, METH_FASTCALL,
      "put_items(table, keys, values, start, stop): table[keys[i]] = values[i], prefetched."},
+    {"put_arrays", (PyCFunction)(void (*)(void))put_arrays, METH_FASTCALL,
+     "put_arrays(table, keys, values, start, stop): table[keys[i]] = values[i], keys an int64 buffer, "
+     "values an int64 buffer or a list."},
     {NULL, NULL, 0, NULL},
 };
 

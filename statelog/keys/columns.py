@@ -65,11 +65,9 @@ def _decode_key_chunk(arr: Any) -> list[Any]:
             return [decode_key(b) for b in arr.to_pylist()]  # (raises: an encoded key is never empty)
         raw = arr.buffers()[2]
         if lo == hi == 9:  # int64 keys if every tag byte is TAG_INT64
-            data = memoryview(raw)[int(offs[0]) : int(offs[0]) + 9 * n]
-            if data[::9].tobytes().count(TAG_INT64) == n:
-                # big-endian value + 2^63: flipping the top bit gives the two's complement
-                biased = np.frombuffer(data, dtype=_INT64_KEY)["value"].astype("<u8")
-                return (biased ^ np.uint64(INT64_BIAS)).view("<i8").tolist()
+            ints = _int64_keys(raw, int(offs[0]), n)
+            if ints is not None:
+                return ints.tolist()
         data = np.frombuffer(raw, np.uint8)
         tags = data[offs[:-1]]
         if lo >= 2 and hi <= 129 and bool((tags == TAG_STR).all()):  # one-byte varint length: the rest is the string
@@ -88,6 +86,43 @@ def _decode_key_chunk(arr: Any) -> list[Any]:
     return [decode_key(b) for b in arr.to_pylist()]
 
 
+def _int64_keys(raw: Any, start: int, n: int) -> np.ndarray | None:
+    """The ``n`` 9-byte keys from ``start`` of ``raw`` as int64s, or ``None`` unless every
+    one is tagged int64."""
+    data = memoryview(raw)[start : start + 9 * n]
+    if data[::9].tobytes().count(TAG_INT64) != n:
+        return None
+    # big-endian value + 2^63: flipping the top bit gives the two's complement
+    biased = np.frombuffer(data, dtype=_INT64_KEY)["value"].astype("<u8")
+    return (biased ^ np.uint64(INT64_BIAS)).view("<i8")
+
+
+def int64_key_array(arr: Any) -> np.ndarray | None:
+    """A column of encoded keys (``binary``, one chunk or several) as an int64 numpy array when
+    every key is an int64 (no key objects), else ``None``."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if arr.type != pa.binary() or arr.null_count:
+        return None
+    if n == 0:
+        return np.empty(0, np.int64)
+    offs = binary_offsets(arr)
+    if int(offs[-1]) - int(offs[0]) != 9 * n or not bool((np.diff(offs) == 9).all()):
+        return None
+    return _int64_keys(arr.buffers()[2], int(offs[0]), n)
+
+
+def encode_int64_keys(keys: np.ndarray) -> pa.Array:
+    """int64 keys as their encoded bytes (a ``binary`` array): :func:`int64_key_array`'s inverse."""
+    n = len(keys)
+    out = np.empty(n, dtype=_INT64_KEY)
+    out["tag"] = TAG_INT64
+    out["value"] = np.asarray(keys, np.int64).view("<u8") ^ np.uint64(INT64_BIAS)
+    offsets = np.arange(0, 9 * n + 1, 9, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())])
+
+
 _LEGACY_TAGS = (TAG_FALSE, TAG_TRUE, TAG_FLOAT, TAG_TUPLE)
 
 
@@ -98,7 +133,7 @@ def first_legacy_key(arr: Any) -> bytes | None:
     One Arrow pass over the tag bytes; only keys tagged bool, float or tuple are decoded.
     """
 
-    if len(arr) == 0:
+    if len(arr) == 0 or pa.types.is_integer(arr.type):  # (a table image's decoded int keys)
         return None
     if arr.type != pa.binary() or arr.null_count:
         tags = pc.binary_slice(arr, 0, 1)

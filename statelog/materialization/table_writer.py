@@ -33,6 +33,7 @@ from statelog.materialization.manifest import (
     TableFile,
     load_manifest,
 )
+from statelog.materialization.table_image import keep_image
 from statelog.materialization.table_merge import merge_last_wins, merge_python
 from statelog.materialization.table_reader import read_table_file
 from statelog.materialization.table_schema import MIN_ROW_GROUP_ROWS, ROW_GROUP_ROWS, encode_parquet
@@ -383,9 +384,12 @@ class StateTableWriter:
         kgr, table = piece
         data = encode_parquet(table, self.options.row_group_rows, self.options.min_row_group_rows)
         path = table_file_key(dir_, op_idx, info.name, kgr)
-        out.append(TableFile.of(path, kgr, table.num_rows, data))
+        f = TableFile.of(path, kgr, table.num_rows, data)
+        out.append(f)
         stats["files_written"] += 1
         stats["bytes_written"] += len(data)
         stats["rows"] += table.num_rows
         assert self._pool is not None
         futures.append(self._pool.submit(self.store.put, path, data))
+        if self.store.local_copies is not None:  # this host's next restore maps the rows decoded
+            futures.append(self._pool.submit(keep_image, self.store, table, f))

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
+
 from statelog import _ext
 from statelog._ext import IntTable, inttable, plain_table
 from statelog.changelog.format import TIMER_STATES
@@ -51,15 +53,34 @@ BULK_RECORDS = 1 << 16
 _put_items = getattr(_ext.load("fastpath"), "put_items", None)
 
 
-def put_items(table: Any, keys: list[Any], values: list[Any]) -> None:
+def as_list(xs: Any) -> list[Any]:
+    """``xs`` as a list (a numpy array's items as Python ints and floats)."""
+    return xs.tolist() if isinstance(xs, np.ndarray) else xs
+
+
+def put_items(table: Any, keys: Any, values: Any) -> None:
     """``table.update(zip(keys, values))`` a ``BULK_RECORDS`` at a time (other threads run
     between): for a dict in C, each key's slot in the dict prefetched a few keys ahead (a
     restore's keys come in key-group order, random in the dict's index), and for an
-    ``IntTable`` in int mode each key's slot the same way."""
+    ``IntTable`` in int mode each key's slot the same way. ``keys`` may be an int64 numpy
+    array (an ``IntTable`` takes them without key objects) and ``values`` one of int64s."""
     if len(keys) != len(values):
         raise ValueError(f"{len(keys)} keys but {len(values)} values")
     n = len(keys)
     table = plain_table(table)
+    if isinstance(keys, np.ndarray):
+        done = 0
+        if type(table) is IntTable:
+            keys = np.ascontiguousarray(keys, np.int64)
+            if isinstance(values, np.ndarray):
+                values = np.ascontiguousarray(values, np.int64)
+            while done < n and inttable.put_arrays(table, keys, values, done, min(n, done + BULK_RECORDS)):
+                done = min(n, done + BULK_RECORDS)
+        if done == n:
+            return
+        keys, values = keys[done:].tolist(), as_list(values[done:])  # (a table in dict mode, or a dict)
+        n = len(keys)
+    values = as_list(values)
     if type(table) is IntTable:
         for i in range(0, n, BULK_RECORDS):
             if inttable.put_items(table, keys, values, i, min(n, i + BULK_RECORDS)) is None:

@@ -41,24 +41,27 @@ def read_changes(
     key_groups: KeyGroupRange,
     manifests: dict[str, Manifest] | None = None,
     job_id: str | None = None,
+    images: bool = False,
 ) -> RestoredChanges:
     """Read what ``handles`` hold in ``key_groups`` (:func:`~statelog.restore.plan.plan_reads`,
     then :meth:`RestoredChanges.load`); with ``job_id``, the manifests they build on must
-    belong to that job."""
+    belong to that job; ``images``: tables from their local table images where there are any
+    (decoded int64 keys: for a backend)."""
     out, files, ranges = plan_reads(reader, handles, key_groups, manifests, job_id)
-    out.load(reader, files, ranges)
+    out.load(reader, files, ranges, images)
     return out
 
 
 def read_restored(
-    store: ObjectStore, meta: CheckpointMetadata, operator_uid: str, kgr: KeyGroupRange, manifests: dict[str, Manifest]
+    store: ObjectStore, meta: CheckpointMetadata, operator_uid: str, kgr: KeyGroupRange, manifests: dict[str, Manifest],
+    images: bool = False,
 ) -> RestoredChanges:
     """Everything ``operator_uid`` holds in key groups ``kgr`` at ``meta`` (a checkpoint or a
-    savepoint), read at once."""
+    savepoint), read at once; ``images``: as :func:`read_changes`."""
     handles = handles_of(meta, operator_uid, kgr)
     t0 = time.monotonic()
     with gc_paused():
-        restored = read_changes(SegmentReader(store), handles, kgr, manifests, job_id=meta.job_id)
+        restored = read_changes(SegmentReader(store), handles, kgr, manifests, job_id=meta.job_id, images=images)
     if meta.kind == "checkpoint":
         restored.checkpoint_id = meta.checkpoint_id
     log.info(

@@ -23,7 +23,7 @@ from statelog.descriptors import StateDescriptor
 from statelog.errors import ConfigError
 from statelog.keys.columns import decode_key_array, first_legacy_key
 from statelog.keys.encoding import encode_key
-from statelog.restore.appliers import BULK_RECORDS, put_items
+from statelog.restore.appliers import BULK_RECORDS, as_list, put_items
 from statelog.restore.changes import RestoredChanges, base_entries
 from statelog.restore.collector import gc_paused
 from statelog.restore.ondemand.loader import KeyGroupLoader
@@ -85,7 +85,7 @@ class StateInstaller:
 
     def check_keys(self, state: str, arr: Any) -> None:
         """Refuse version-1 keys a writing backend restores (a read-only one reads them)."""
-        if self._ctx.changelog_enabled:
+        if self._ctx.changelog_enabled and not pa.types.is_integer(arr.type):  # (int: a table image's keys)
             if isinstance(arr, pa.ChunkedArray):
                 arr = arr.combine_chunks()
             kb = first_legacy_key(arr)
@@ -191,7 +191,7 @@ class StateInstaller:
             else:
                 self._put_entries(state, *base_entries(state.info, table))
 
-    def _put_entries(self, state: KeyedState, keys: list[Any], nss: list[bytes], values: list[Any]) -> None:
+    def _put_entries(self, state: KeyedState, keys: Any, nss: list[bytes], values: Any) -> None:
         if nss and nss.count(nss[0]) == len(nss):  # one namespace: bulk updates of BULK_RECORDS
             table = state._table_for(nss[0])
             expected = self._expected.pop(state.name, 0) if nss[0] == NONE_NS else 0
@@ -200,6 +200,7 @@ class StateInstaller:
             put_items(table, keys, values)
         else:
             table_for = state._table_for
+            keys, values = as_list(keys), as_list(values)  # (numpy arrays of int64s: ints)
             for key, nsb, v in zip(keys, nss, values, strict=True):
                 table_for(nsb)[key] = v
 

@@ -53,4 +53,4 @@ def start_restore(
         return plan_restored(
             store, meta, operator_uid, kgr, manifests, disk=disk, background=background, options=options
         )
-    return read_restored(store, meta, operator_uid, kgr, manifests), None
+    return read_restored(store, meta, operator_uid, kgr, manifests, images=True), None

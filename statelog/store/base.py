@@ -14,6 +14,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from statelog.store.copy_directory import LocalCopies
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,12 @@ class ObjectStore(abc.ABC):
         (``statelog.store.local_copies``) serves its copy only if it matches them, else drops
         it and reads the store."""
         return self.get(key)
+
+    @property
+    def local_copies(self) -> LocalCopies | None:
+        """The local copies this store serves reads from (``statelog.store.local_copies``),
+        if any: where decoded copies of state tables (table images) are kept too."""
+        return None
 
     @abc.abstractmethod
     def get_range(self, key: str, offset: int, length: int) -> bytes:

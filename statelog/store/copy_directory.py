@@ -36,6 +36,8 @@ class CopyStats:
     evictions: int = 0
     dropped: int = 0  # copies that failed verification
     skipped: int = 0  # copies not made: the disk refused them (full, read-only)
+    images_made: int = 0  # decoded copies of state tables written (table images)
+    image_hits: int = 0  # state tables restored from their image (also counted in hits)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, int]:
@@ -113,11 +115,12 @@ class LocalCopies:
         path = self.directory / rel
         return path, path.with_name(path.name + SIDECAR)
 
-    def add(self, key: str, data: bytes) -> None:
-        """Keep a copy of ``key`` (the bytes the store holds); evict others to fit the budget."""
+    def add(self, key: str, data: bytes) -> bool:
+        """Keep a copy of ``key`` (the bytes the store holds); evict others to fit the budget.
+        Returns whether the copy was made."""
         size = len(data)
         if size > self.budget:
-            return
+            return False
         path, side = self._paths(key)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
@@ -139,7 +142,7 @@ class LocalCopies:
                 with contextlib.suppress(OSError):
                     leftover.unlink(missing_ok=True)
             self._unlink(key)
-            return
+            return False
         with self._lock:
             old = self._lru.pop(self._prefix + key, None)
             self._size += size - (old or 0)
@@ -149,6 +152,7 @@ class LocalCopies:
             victims = self._over_budget()
         for victim in victims:
             self._unlink_rel(victim)
+        return True
 
     def _over_budget(self) -> list[str]:
         """The least recently used copies (paths below the directory, of any root) to delete

@@ -10,8 +10,12 @@ are passed through unchanged. The lease's own objects are written through the in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from statelog.store.base import ObjectInfo, ObjectStore
+
+if TYPE_CHECKING:
+    from statelog.store.copy_directory import LocalCopies
 
 
 class FencedStore(ObjectStore):
@@ -45,6 +49,10 @@ class FencedStore(ObjectStore):
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         return self.inner.get_range(key, offset, length)
+
+    @property
+    def local_copies(self) -> LocalCopies | None:
+        return self.inner.local_copies
 
     def head(self, key: str) -> ObjectInfo | None:
         return self.inner.head(key)

@@ -113,6 +113,10 @@ class LocalCopyStore(ObjectStore):
             self.copies.add(key, data)
         return data
 
+    @property
+    def local_copies(self) -> LocalCopies:
+        return self.copies
+
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         if not self.copied(key):
             return self.inner.get_range(key, offset, length)

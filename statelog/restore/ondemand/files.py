@@ -3,7 +3,9 @@
 Each file is fetched and verified against the size and CRC-32 its manifest recorded once,
 its bytes kept until its last key group was prepared; each preparation decodes only the row
 groups of its key groups. A first touch of a large file reads it in ranges (its footer, then
-the row groups it needs) instead of waiting for the whole file.
+the row groups it needs) instead of waiting for the whole file. A file with a table image in
+the local copies (``statelog.materialization.table_image``) is read from it instead: its
+rows with the keys decoded, nothing to fetch or decode.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from statelog.descriptors import StateInfo
 from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import TableFile
 from statelog.materialization.ranged import RangedTableFile
+from statelog.materialization.table_image import image_rows, load_image
 from statelog.materialization.table_reader import decode_table_file, fetch_table_file
 from statelog.restore.changes import BaseFile
 from statelog.restore.ondemand.options import OnDemandOptions
@@ -32,13 +35,15 @@ class FileEntry:
     until its last key group was prepared; each preparation decodes only the row groups of
     its key groups."""
 
-    __slots__ = ("lock", "data", "left", "ranged")
+    __slots__ = ("lock", "data", "left", "ranged", "image", "image_tried")
 
     def __init__(self, left: int) -> None:
         self.lock = threading.Lock()
         self.data: bytes | None = None
         self.left = left
         self.ranged: RangedTableFile | None = None  # its footer and the row groups read so far
+        self.image: pa.Table | None = None  # its rows from its table image in the local copies
+        self.image_tried = False
 
 
 # a wave of table files take_all fetches at once: (entry, file, index of the first run needing it)
@@ -111,7 +116,7 @@ class TableFiles:
         limit = self._options.fetch_ahead_bytes
         for i, run in enumerate(runs):
             for (_info, f, _mine), entry in self.of.get(run[0], ()):
-                if id(entry) in seen or entry.data is not None:
+                if id(entry) in seen or entry.data is not None or entry.image is not None:
                     continue
                 seen.add(id(entry))
                 if not waves or size + f.bytes > limit:
@@ -156,9 +161,21 @@ class TableFiles:
                 self.fetched += 1
         return entry.data
 
+    def image(self, entry: FileEntry, f: TableFile) -> pa.Table | None:
+        """The file's rows from its table image in the local copies (decoded int64 keys, read
+        once), or ``None`` when it has none (call it with ``entry.lock`` held)."""
+        if not entry.image_tried:
+            entry.image_tried = True
+            entry.image = load_image(self.store, f)
+            if entry.image is not None:
+                with self._lock:
+                    self.bytes_read += entry.image.nbytes
+                    self.fetched += 1
+        return entry.image
+
     def _fetch_ahead(self, entry: FileEntry, f: TableFile) -> None:
         with entry.lock:
-            if entry.left > 0:  # (else every key group of it was decoded)
+            if entry.left > 0 and self.image(entry, f) is None:  # (left 0: every key group of it was decoded)
                 self.fetch(entry, f)
 
     def decode(self, kgs: list[int]) -> list[tuple[StateInfo, pa.Table]]:
@@ -168,12 +185,18 @@ class TableFiles:
         for (info, f, _mine), entry in self.of.get(kgs[0], ()):
             self._pause()
             with entry.lock:
+                image = self.image(entry, f)
                 # one key group: its row groups only, unless the file is held; a run: the file
-                data = self.source(entry, f) if len(kgs) == 1 else self.fetch(entry, f)
+                data = None if image is not None else self.source(entry, f) if len(kgs) == 1 else self.fetch(entry, f)
                 entry.left -= len(kgs)
                 if entry.left == 0:
-                    entry.data = entry.ranged = None  # its last key group: the file's memory goes
+                    entry.data = entry.ranged = entry.image = None  # its last key group: the file's memory goes
             holes = kgs[-1] - kgs[0] + 1 != len(kgs)  # a run with holes: only its own key groups
-            rows = decode_table_file(data, f, KeyGroupRange(kgs[0], kgs[-1]), info, kgs if holes else None)
+            span = KeyGroupRange(kgs[0], kgs[-1])
+            if image is not None:
+                rows = image_rows(image, span, kgs if holes else None)
+            else:
+                assert data is not None
+                rows = decode_table_file(data, f, span, info, kgs if holes else None)
             out.append((info, rows))
         return out

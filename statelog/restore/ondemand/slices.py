@@ -15,8 +15,10 @@ import concurrent.futures as cf
 
 import pyarrow as pa
 
+from statelog.arrays import integer_numpy
 from statelog.compute import pc
 from statelog.descriptors import StateInfo
+from statelog.keys.columns import encode_int64_keys
 from statelog.materialization.key_slices import decode_key_range, key_range_mask, key_slices
 from statelog.restore.ondemand.files import TableFiles
 from statelog.restore.ondemand.prepare import EntryBuilder, PreparedKeyGroup
@@ -96,6 +98,8 @@ class Slices:
         out = []
         for info, rows in decoded:
             keys = rows.column("key")
+            if keys.type == pa.int64():  # a table image's decoded keys: compared as their bytes
+                keys = encode_int64_keys(integer_numpy(keys))
             drop = None
             for i in taken:
                 m = key_range_mask(keys, *self.key_range(kg, i))

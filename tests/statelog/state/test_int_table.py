@@ -212,3 +212,42 @@ def test_reserve_makes_room_without_a_resize():
     t["s"] = 1
     t.reserve(10**6)  # dict mode: nothing to reserve
     assert t["s"] == 1 and len(t) == 10_002
+
+
+def test_put_arrays_takes_int64_arrays_and_lists_of_values():
+    t = inttable.IntTable({4: "old", 7: "kept"})
+    keys = np.array([1, 2, 4, 1, 2**63 - 1, -(2**63)], np.int64)
+    assert inttable.put_arrays(t, keys, np.array([10, 20, 30, 40, -5, 2**63 - 1], np.int64), 0, 6) is True
+    assert t == {1: 40, 2: 20, 4: 30, 7: "kept", 2**63 - 1: -5, -(2**63): 2**63 - 1}
+    assert all(type(v) is int for k, v in t.items() if k != 7)
+    assert inttable.put_arrays(t, keys, ["a", "b", "c", "d", "e", "f"], 2, 4) is True  # a range, boxed values
+    assert t[4] == "c" and t[1] == "d" and t[2] == 20
+    with pytest.raises(TypeError):
+        inttable.put_arrays(t, np.array([1.0]), [1], 0, 1)  # keys must be int64s
+    with pytest.raises(TypeError):
+        inttable.put_arrays(t, keys, np.array([1], np.int64), 0, 1)  # as many values as keys
+    with pytest.raises(ValueError):
+        inttable.put_arrays(t, keys, [1] * 6, 3, 9)
+    t["s"] = 1  # dict mode: declined, nothing done
+    assert inttable.put_arrays(t, keys, [0] * 6, 0, 6) is None and t[1] == "d"
+
+
+def test_large_tables_in_their_own_mapping_behave_the_same():
+    # tables of 4 MiB of slots and more are mappings of their own (huge pages where offered)
+    n = 400_000
+    keys = np.random.default_rng(3).permutation(10 * n)[:n].astype(np.int64)
+    t = inttable.IntTable()
+    t.reserve(n)
+    assert t.__sizeof__() >= 4 << 20
+    assert inttable.put_arrays(t, keys, keys * 2, 0, n) is True
+    c = t.copy()
+    assert len(c) == n and all(c[int(k)] == 2 * int(k) for k in keys[:: n // 1000])
+    assert t._longest_probe() < 64
+    for k in keys[: n // 2].tolist():
+        del t[k]
+    assert len(t) == n // 2 and c == {int(k): 2 * int(k) for k in keys}
+    t.clear()
+    assert len(t) == 0 and t.__sizeof__() < 1 << 20
+    t.update({1: 2})
+    c["x"] = 1  # to dict mode from a large mapping
+    assert len(c) == n + 1 and t == {1: 2}
