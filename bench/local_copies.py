@@ -2,11 +2,12 @@
 
 ``python -m bench local_copies --json [--quick]`` (also ``python -m bench.recovery
 --local-copies``). For each store (a ``file://`` root and a SeaweedFS ``s3://`` root started
-here), a ``ValueState<int64>`` of N int keys is written through a
-:class:`~statelog.store.local_copies.LocalCopyStore` (so this host has copies of everything
-it wrote), checkpointed, materialized (tables written through the same copies), 1 % of the
-keys changed, checkpointed again. Then, in fresh processes and alternating within each
-round, a backend restores that checkpoint:
+here), a ``ValueState<int64>`` of N int keys (0..N-1; the largest N also random ids) is
+written through a :class:`~statelog.store.local_copies.LocalCopyStore` (so this host has
+copies of everything it wrote, and table images of its tables), checkpointed, materialized
+(tables written through the same copies), 1 % of the keys changed, checkpointed again.
+Then, in fresh processes and alternating within each round, a backend restores that
+checkpoint:
 
 * ``remote``: without local copies (every object from the store);
 * ``local``: with the copies directory the writer filled.
@@ -105,22 +106,36 @@ def _throttled_store(root: str, options: dict[str, Any]) -> ThrottledStore:
     return ThrottledStore(open_store(root, options), THROTTLE_LATENCY_S, THROTTLE_BYTES_PER_S)
 
 
-def build(root: str, options: dict[str, Any], n: int, copies: Path) -> int:
-    """Write the state through local copies in ``copies``; return the checkpoint's id."""
+def state_keys(n: int, keys: str) -> list[int]:
+    """The ``n`` keys of a case: ``"sequential"`` 0..n-1 (the table files compress to about
+    4 bytes a row), ``"random"`` distinct random ints below 2^62 in magnitude (ids: about 16
+    bytes a row, keys and values alike incompressible)."""
+    if keys == "sequential":
+        return list(range(n))
+    rng, out = random.Random(n), set()
+    while len(out) < n:
+        out.add(rng.randrange(-(1 << 62), 1 << 62))
+    return sorted(out)
+
+
+def build(root: str, options: dict[str, Any], n: int, copies: Path, keys: str = "sequential") -> int:
+    """Write the state (key k: value k, then -k for the tail's keys) through local copies in
+    ``copies``; return the checkpoint's id."""
     import statelog
     from materializer.build import materialize
 
     desc = _descriptor()
     setting = {"directory": str(copies), "budget_bytes": BUDGET_BYTES}
+    ks = state_keys(n, keys)
     with statelog.open(root, store_options=options, local_copies=setting,
                        writer_options={"max_buffered_records": 1 << 20}) as job:  # fmt: skip
         b = job.backend(UID)
         state = b.get_state(desc)
-        for k in range(n):
+        for k in ks:
             b.set_current_key(k)
             state.update(k)
         materialize(job.store, job.checkpoint())
-        for k in random.Random(1).sample(range(n), int(n * TAIL_SHARE)):
+        for k in random.Random(1).sample(ks, int(n * TAIL_SHARE)):
             b.set_current_key(k)
             state.update(-k)
         return job.checkpoint().checkpoint_id
@@ -180,16 +195,20 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
     tmp = Path(tempfile.mkdtemp(prefix="bench-local-copies-"))
     try:
         with _stores(root, s3) as stores:
+            # the largest size also with random keys (ids): the files do not compress, so the
+            # transfer a copy saves is 4x larger than with sequential keys
+            cases = [(n, "sequential") for n in sizes] + ([(max(sizes), "random")] if not quick else [])
             for store, base, options in stores:
-                for n in sizes:
-                    url = f"{base.rstrip('/')}/copies-n{n}"
-                    copies = tmp / f"{store}-{n}"
+                for n, keys in cases:
+                    tag = "" if keys == "sequential" else f"_{keys}"
+                    url = f"{base.rstrip('/')}/copies-n{n}{tag}"
+                    copies = tmp / f"{store}-{n}{tag}"
                     t0 = time.monotonic()
-                    cid = build(url, options, n, copies)
+                    cid = build(url, options, n, copies, keys)
                     if progress:
-                        print(f"  built {n:,} keys on {store} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+                        print(f"  built {n:,} {keys} keys on {store} in {time.monotonic() - t0:.1f}s", file=sys.stderr)
                     footprint = sum(p.stat().st_size for p in copies.rglob("*") if p.is_file())
-                    key = random.Random(n).randrange(n)
+                    key = random.Random(n).choice(state_keys(n, keys))
                     variants = [("", False), ("", True)] if store == "s3" else [("", False)]
                     for label, throttled in ((("throttled" if t else "plain"), t) for _, t in variants):
                         runs: dict[str, list[dict[str, float]]] = {}
@@ -202,10 +221,10 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
                                     m = _child(args)
                                     runs.setdefault(f"{mode}_{'on_demand' if on_demand else 'eager'}", []).append(m)
                                     if progress:
-                                        print(f"  {store} {label} n={n:,} {mode} {'on-demand' if on_demand else 'eager'}: "
+                                        print(f"  {store} {label}{tag} n={n:,} {mode} {'on-demand' if on_demand else 'eager'}: "
                                               f"first {m['first_record_s']:.3f}s full {m['fully_loaded_s']:.3f}s "
                                               f"remote objects {m['objects_remote']}", file=sys.stderr)  # fmt: skip
-                        prefix = f"{store}_{label}_n{n}"
+                        prefix = f"{store}_{label}_n{n}{tag}"
                         result[f"{prefix}_local_fully_loaded_s"] = _median([m["fully_loaded_s"] for m in runs["local_eager"]])
                         result[f"{prefix}_remote_fully_loaded_s"] = _median([m["fully_loaded_s"] for m in runs["remote_eager"]])
                         result[f"{prefix}_local_first_record_s"] = _median([m["first_record_s"] for m in runs["local_on_demand"]])
@@ -223,8 +242,9 @@ def run(quick: bool = False, root: str | None = None, progress: bool = True, rou
                         local_runs = runs["local_eager"] + runs["local_on_demand"]
                         result[f"{prefix}_local_objects_remote_max"] = max(m["objects_remote"] for m in local_runs)
                         result[f"{prefix}_local_objects_local_median"] = statistics.median(m["objects_local"] for m in local_runs)
-                    result[f"{store}_n{n}_copies_bytes"] = footprint
-                    result[f"{store}_n{n}_copies_budget_bytes"] = BUDGET_BYTES
+                    result[f"{store}_n{n}{tag}_copies_bytes"] = footprint
+                    result[f"{store}_n{n}{tag}_copies_budget_bytes"] = BUDGET_BYTES
+                    shutil.rmtree(copies, ignore_errors=True)  # (the next case's copies in its own budget)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result

@@ -195,8 +195,10 @@ class StateInstaller:
         if nss and nss.count(nss[0]) == len(nss):  # one namespace: bulk updates of BULK_RECORDS
             table = state._table_for(nss[0])
             expected = self._expected.pop(state.name, 0) if nss[0] == NONE_NS else 0
-            if expected > len(keys) and not table and hasattr(table, "reserve"):
-                table.reserve(expected)  # (an IntTable: room for the rows to come, no resizes)
+            if expected > len(keys) and hasattr(table, "reserve"):
+                # (an IntTable: room for the rows to come, no resizes; some may be in already,
+                # from key groups loaded on first use)
+                table.reserve(expected)
             put_items(table, keys, values)
         else:
             table_for = state._table_for
