@@ -144,6 +144,8 @@ LOCAL_COPY_COUNTERS = (
     ("copies_made", "local_copies_made", "local copies written"),
     ("bytes_local", "local_copies_read_bytes", "bytes read from local copies"),
     ("bytes_remote", "local_copies_remote_read_bytes", "bytes of copied object kinds read from the store"),
+    ("images_made", "local_copies_images_made", "table images written (state tables kept decoded)"),
+    ("image_hits", "local_copies_image_hits", "state tables restored from their table image (also counted in hits)"),
 )
 
 

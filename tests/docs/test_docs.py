@@ -26,7 +26,7 @@ CODE_PATH = re.compile(r"`([\w./-]+\.(?:md|py|c|toml))(?:::[\w\[\]-]+)?`")
 CODE_NAME = re.compile(r"`((?:statelog|materializer|runtime|tools)(?:\.[A-Za-z_]\w*)+)(?:\(\)|\[\w+\])?`")
 # dotted names in the docs that are not Python names: Kafka header names of the dead-letter
 # topic, Parquet key-value metadata keys, and benchmark JSON fields
-NOT_CODE = re.compile(r"^statelog\.(dlq\.\w+|kind|table|user_key_encoding|value_encoding)$|^runtime\.\w+_p\d+$|\.py$")
+NOT_CODE = re.compile(r"^statelog\.(dlq\.\w+|kind|table|user_key_encoding|value_encoding|source\w*)$|^runtime\.\w+_p\d+$|\.py$")
 
 
 def python_blocks(doc: Path) -> list[tuple[int, str]]:

@@ -195,14 +195,16 @@ def test_the_loops_metrics_show_the_local_copies(tmp_path: Path) -> None:
         b = job.backend("op")
         b.set_current_key(1)
         b.get_state(COUNT).update(5)
-        job.checkpoint()
+        materialize(job.store, job.checkpoint())  # (its table of int keys: a table image too)
         assert job.metrics.url is not None
         with urllib.request.urlopen(job.metrics.url + "/metrics", timeout=30) as r:
             text = r.read().decode()
     made = [line for line in text.splitlines() if line.startswith("statelog_job_local_copies_made_total{")]
     assert made and float(made[0].split()[-1]) >= 1, made
+    images = [line for line in text.splitlines() if line.startswith("statelog_job_local_copies_images_made_total{")]
+    assert images and float(images[0].split()[-1]) >= 1, images
     for name in ("local_copies_hits_total", "local_copies_misses_total", "local_copies_evictions_total",
-                 "local_copies_bytes{", "local_copies_budget_bytes{"):  # fmt: skip
+                 "local_copies_bytes{", "local_copies_budget_bytes{", "local_copies_image_hits_total"):  # fmt: skip
         assert f"statelog_job_{name}" in text, name
     budget = [line for line in text.splitlines() if line.startswith("statelog_job_local_copies_budget_bytes{")]
     assert float(budget[0].split()[-1]) == 1 << 24
