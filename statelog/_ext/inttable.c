@@ -38,6 +38,45 @@ typedef struct {
 static PyObject deleted_marker; /* only its address is used */
 #define DELETED (&deleted_marker)
 #define LIVE(v) ((v) != NULL && (v) != DELETED)
+
+/* A slot's value is a reference to the value object, or, for an exact int within 62 bits, the
+ * int itself, inline: (x << 1) | 1 (an object's address is even). Inline ints cost no object:
+ * a bulk load of 10^7 int values allocates nothing for them, and a fold of ints writes its
+ * results in place. Reading one makes a new int object (an int equal to the one stored, not
+ * the same object: ints are compared by value). */
+#define INLINE(v) (((uintptr_t)(v)) & 1)
+#define INLINE_MIN (-((int64_t)1 << 62))
+#define INLINE_MAX (((int64_t)1 << 62) - 1)
+
+static inline PyObject *tag_int(int64_t x) { return (PyObject *)(uintptr_t)(((uint64_t)x << 1) | 1); }
+static inline int64_t untag(PyObject *v) { return ((int64_t)(intptr_t)v) >> 1; }
+
+/* What a slot keeps for value: the int inline, else a new reference. Never fails. */
+static inline PyObject *store_of(PyObject *value) {
+    if (PyLong_CheckExact(value)) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (x == -1 && PyErr_Occurred()) PyErr_Clear();
+        else if (!overflow && x >= INLINE_MIN && x <= INLINE_MAX) return tag_int(x);
+    }
+    Py_INCREF(value);
+    return value;
+}
+
+/* The value object of what a slot keeps: a new reference (NULL with MemoryError). */
+static inline PyObject *load(PyObject *stored) {
+    if (INLINE(stored)) return PyLong_FromLongLong(untag(stored));
+    Py_INCREF(stored);
+    return stored;
+}
+
+static inline void release(PyObject *stored) {
+    if (!INLINE(stored)) Py_DECREF(stored);
+}
+
+static inline void retain(PyObject *stored) {
+    if (!INLINE(stored)) Py_INCREF(stored);
+}
 #define MIN_LOG2 3
 #define RS_AHEAD 16 /* a resize's prefetch distance, in old slots */
 
@@ -190,13 +229,15 @@ static PyObject *slots_dict(IntTable *t) {
     for (size_t j = 0; j < cap; j++) {
         Slot *s = &t->slots[j];
         if (!LIVE(s->value)) continue;
-        PyObject *k = PyLong_FromLongLong(s->key);
-        if (k == NULL || PyDict_SetItem(d, k, s->value) < 0) {
+        PyObject *k = PyLong_FromLongLong(s->key), *v = k ? load(s->value) : NULL;
+        if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
             Py_XDECREF(k);
+            Py_XDECREF(v);
             Py_DECREF(d);
             return NULL;
         }
         Py_DECREF(k);
+        Py_DECREF(v);
     }
     return d;
 }
@@ -207,7 +248,7 @@ static int to_dict(IntTable *t) {
     if (d == NULL) return -1;
     size_t cap = (size_t)1 << t->log2;
     for (size_t j = 0; j < cap; j++)
-        if (LIVE(t->slots[j].value)) Py_DECREF(t->slots[j].value);
+        if (LIVE(t->slots[j].value)) release(t->slots[j].value);
     slots_free(t->slots, t->log2);
     t->slots = NULL;
     t->log2 = 0;
@@ -224,27 +265,31 @@ static inline int key_of(IntTable *t, PyObject *key, int64_t *out) {
     return to_dict(t) < 0 ? -1 : 0;
 }
 
-static int set_i64(IntTable *t, int64_t key, PyObject *value) {
+/* Put what a slot keeps (store_of's, owned) under key; -1 with an error (it released). */
+static int set_stored(IntTable *t, int64_t key, PyObject *stored) {
     int found;
     size_t i = find_or_free(t, key, &found);
     if (found) {
         PyObject *old = t->slots[i].value;
-        Py_INCREF(value);
-        t->slots[i].value = value;
-        Py_DECREF(old);
+        t->slots[i].value = stored;
+        release(old);
         return 0;
     }
     Slot *before = t->slots;
-    if (reserve(t, 1) < 0) return -1;
+    if (reserve(t, 1) < 0) {
+        release(stored);
+        return -1;
+    }
     if (t->slots != before) i = find_or_free(t, key, &found); /* resized: its place moved */
     if (t->slots[i].value == NULL) t->fill++;
-    Py_INCREF(value);
     t->slots[i].key = key;
-    t->slots[i].value = value;
+    t->slots[i].value = stored;
     t->used++;
     t->version++;
     return 0;
 }
+
+static int set_i64(IntTable *t, int64_t key, PyObject *value) { return set_stored(t, key, store_of(value)); }
 
 /* Remove key (int mode): 1 done (the value handed to *old when asked, else released), 0 absent. */
 static int del_i64(IntTable *t, int64_t key, PyObject **old) {
@@ -254,8 +299,8 @@ static int del_i64(IntTable *t, int64_t key, PyObject **old) {
     t->slots[i].value = DELETED;
     t->used--;
     t->version++;
-    if (old) *old = v;
-    else Py_DECREF(v);
+    if (old) *old = load(v); /* (NULL with MemoryError: the entry is gone all the same) */
+    release(v);
     return 1;
 }
 
@@ -268,7 +313,7 @@ static void it_dealloc(IntTable *t) {
     if (t->slots != NULL) {
         size_t cap = (size_t)1 << t->log2;
         for (size_t j = 0; j < cap; j++)
-            if (LIVE(t->slots[j].value)) Py_DECREF(t->slots[j].value);
+            if (LIVE(t->slots[j].value)) release(t->slots[j].value);
         slots_free(t->slots, t->log2);
     }
     Py_XDECREF(t->dict);
@@ -325,7 +370,7 @@ static void key_error(PyObject *key) {
     }
 }
 
-/* A new reference to the value of key, NULL without an error when absent. */
+/* A new reference to the value of key, NULL without an error when absent (with one: no memory). */
 static PyObject *lookup(IntTable *t, PyObject *key) {
     int64_t k;
     int r = key_of(t, key, &k);
@@ -337,9 +382,7 @@ static PyObject *lookup(IntTable *t, PyObject *key) {
     }
     Py_ssize_t i = find(t, k);
     if (i < 0) return NULL;
-    PyObject *v = t->slots[i].value;
-    Py_INCREF(v);
-    return v;
+    return load(t->slots[i].value);
 }
 
 static PyObject *it_subscript(IntTable *t, PyObject *key) {
@@ -395,7 +438,7 @@ static PyObject *it_pop(IntTable *t, PyObject *const *args, Py_ssize_t nargs) {
         return res;
     }
     PyObject *old;
-    if (del_i64(t, k, &old)) return old;
+    if (del_i64(t, k, &old)) return old; /* (NULL: no memory for the int) */
     if (nargs == 2) {
         Py_INCREF(args[1]);
         return args[1];
@@ -523,7 +566,7 @@ static PyObject *it_clear(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     t->dict = NULL; /* back to int mode: the table is empty */
     t->version++;
     for (size_t j = 0; j < cap; j++)
-        if (LIVE(slots[j].value)) Py_DECREF(slots[j].value);
+        if (LIVE(slots[j].value)) release(slots[j].value);
     slots_free(slots, log2);
     Py_XDECREF(d);
     Py_RETURN_NONE;
@@ -550,7 +593,7 @@ static PyObject *it_copy(IntTable *t, PyObject *Py_UNUSED(ignored)) {
     }
     memcpy(slots, t->slots, cap * sizeof(Slot));
     for (size_t j = 0; j < cap; j++)
-        if (LIVE(slots[j].value)) Py_INCREF(slots[j].value);
+        if (LIVE(slots[j].value)) retain(slots[j].value);
     slots_free(c->slots, c->log2);
     c->slots = slots;
     c->log2 = t->log2;
@@ -678,20 +721,17 @@ static PyObject *iter_next(TableIter *it) {
     while (it->pos < cap) {
         Slot *s = &t->slots[it->pos++];
         if (!LIVE(s->value)) continue;
-        if (it->kind == ITER_VALUES) {
-            Py_INCREF(s->value);
-            return s->value;
-        }
+        if (it->kind == ITER_VALUES) return load(s->value);
         PyObject *k = PyLong_FromLongLong(s->key);
         if (k == NULL || it->kind == ITER_KEYS) return k;
-        PyObject *pair = PyTuple_New(2);
+        PyObject *v = load(s->value), *pair = v ? PyTuple_New(2) : NULL;
         if (pair == NULL) {
             Py_DECREF(k);
+            Py_XDECREF(v);
             return NULL;
         }
-        Py_INCREF(s->value);
         PyTuple_SET_ITEM(pair, 0, k);
-        PyTuple_SET_ITEM(pair, 1, s->value);
+        PyTuple_SET_ITEM(pair, 1, v);
         return pair;
     }
     it->table = NULL;
@@ -807,7 +847,7 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
             /* the stored value of a later key, whose slot line came in meanwhile (only its
              * first slot: a key further along its probe is found without the hint) */
             const Slot *ps = &slots[home(keys[i + PF_VALUE], log2) & mask];
-            if (ps->key == keys[i + PF_VALUE] && LIVE(ps->value)) __builtin_prefetch(ps->value);
+            if (ps->key == keys[i + PF_VALUE] && LIVE(ps->value) && !INLINE(ps->value)) __builtin_prefetch(ps->value);
         }
         int found;
         size_t s = find_or_free(t, keys[i], &found);
@@ -815,8 +855,8 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
         PyObject *cur = found ? slots[s].value : NULL;
         if (cur != NULL) {
             int of = 0;
-            long long y = PyLong_CheckExact(cur) ? PyLong_AsLongLongAndOverflow(cur, &of) : 0;
-            if (!PyLong_CheckExact(cur) || of || y < lo || y > hi) { declined = 1; break; }
+            long long y = INLINE(cur) ? untag(cur) : PyLong_CheckExact(cur) ? PyLong_AsLongLongAndOverflow(cur, &of) : 0;
+            if (!(INLINE(cur) || PyLong_CheckExact(cur)) || of || y < lo || y > hi) { declined = 1; break; }
             if (op == FOLD_SUM) {
                 if ((p > 0 && y > INT64_MAX - p) || (p < 0 && y < INT64_MIN - p)) { declined = 1; break; }
                 x = y + p;
@@ -827,13 +867,13 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
             where[i] = s;
             olds[i] = NULL; /* unchanged: nothing to put back */
             if (x == y) continue;
-            PyObject *v = PyLong_FromLongLong(x);
+            PyObject *v = x >= INLINE_MIN && x <= INLINE_MAX ? tag_int(x) : PyLong_FromLongLong(x);
             if (v == NULL) break;
             olds[i] = cur; /* (owned by olds now) */
             slots[s].value = v;
         } else {
             if (x < lo || x > hi) { declined = 1; break; }
-            PyObject *v = PyLong_FromLongLong(x);
+            PyObject *v = x >= INLINE_MIN && x <= INLINE_MAX ? tag_int(x) : PyLong_FromLongLong(x);
             if (v == NULL) break;
             out[i] = x;
             where[i] = s;
@@ -846,7 +886,7 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     if (i == n) {
         for (Py_ssize_t j = 0; j < n; j++)
-            if (olds[j] != NULL && olds[j] != DELETED) Py_DECREF(olds[j]);
+            if (olds[j] != NULL && olds[j] != DELETED) release(olds[j]);
         t->version++;
         result = Py_True;
     } else {
@@ -856,7 +896,7 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
             PyObject *o = olds[j];
             if (o == NULL) continue;
             Slot *sl = &slots[where[j]];
-            Py_DECREF(sl->value);
+            release(sl->value);
             if (o == DELETED) {
                 sl->value = DELETED;
                 t->used--;
@@ -970,20 +1010,19 @@ static PyObject *put_arrays(PyObject *module, PyObject *const *args, Py_ssize_t 
             PyErr_SetString(PyExc_RuntimeError, "put_arrays: the table changed");
             goto done;
         }
-        PyObject *v;
+        PyObject *stored;
         if (boxed) {
             if (i >= PyList_GET_SIZE(args[2])) {
                 PyErr_SetString(PyExc_RuntimeError, "put_arrays: the list changed");
                 goto done;
             }
-            v = PyList_GET_ITEM(args[2], i);
-            Py_INCREF(v);
-        } else if ((v = PyLong_FromLongLong(ints[i])) == NULL) {
+            stored = store_of(PyList_GET_ITEM(args[2], i));
+        } else if (ints[i] >= INLINE_MIN && ints[i] <= INLINE_MAX) {
+            stored = tag_int(ints[i]);
+        } else if ((stored = PyLong_FromLongLong(ints[i])) == NULL) {
             goto done;
         }
-        int rc = set_i64(t, keys[i], v);
-        Py_DECREF(v);
-        if (rc < 0) goto done;
+        if (set_stored(t, keys[i], stored) < 0) goto done;
     }
     result = Py_True;
     Py_INCREF(result);

@@ -17,6 +17,14 @@ pytestmark = pytest.mark.skipif(inttable is None, reason="the C extension is not
 
 KEYS = [0, 1, -1, 2, 7, 8, 15, 16, 1 << 20, 2**63 - 1, -(2**63), 123456789]
 OTHER = [2**63, -(2**63) - 1, 1.0, 2.5, True, False, "a", b"b", None, (1, 2)]
+# values around the limit of ints kept inline (62 bits), and beyond int64
+BIG = [2**62 - 1, 2**62, -(2**62), -(2**62) - 1, 2**63 - 1, -(2**63), 2**64, -(2**70), 1.5, True]
+
+
+def _is(a, b):
+    """``a is b``, but equal ints count as the same: an IntTable keeps ints within 62 bits as
+    numbers, not objects, and makes a new int object for each read."""
+    return a is b or (type(a) is int and type(b) is int and a == b)
 
 
 def _same(t, d):
@@ -28,7 +36,7 @@ def _same(t, d):
     assert t == d
     assert (t != d) is False
     for k in d:
-        assert k in t and t[k] is d[k] and t.get(k) is d[k]
+        assert k in t and _is(t[k], d[k]) and _is(t.get(k), d[k])
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -47,16 +55,17 @@ def test_random_operations_equal_a_dict(seed):
         k = rng.choice(pool)
         op = rng.randrange(9)
         other = other or (op < 8 and is_other(k))
-        v = object() if rng.random() < 0.3 else rng.randrange(1000)
+        r = rng.random()  # objects, small ints, and ints on both sides of the inline limit (2^62)
+        v = object() if r < 0.3 else rng.choice(BIG) if r < 0.45 else rng.randrange(1000)
         if op <= 2:
             t[k] = v
             d[k] = v
         elif op == 3:
-            assert t.get(k, "no") is d.get(k, "no")
+            assert _is(t.get(k, "no"), d.get(k, "no"))
         elif op == 4:
             assert (k in t) == (k in d)
         elif op == 5:
-            assert t.pop(k, "gone") is d.pop(k, "gone")
+            assert _is(t.pop(k, "gone"), d.pop(k, "gone"))
         elif op == 6:
             if k in d:
                 del t[k]
@@ -65,7 +74,7 @@ def test_random_operations_equal_a_dict(seed):
                 with pytest.raises(KeyError):
                     del t[k]
         elif op == 7:
-            assert t.setdefault(k, v) is d.setdefault(k, v)
+            assert _is(t.setdefault(k, v), d.setdefault(k, v))
         else:
             pairs = [(rng.choice(pool), rng.randrange(9)) for _ in range(rng.randrange(5))]
             other = other or any(is_other(p[0]) for p in pairs)
@@ -143,7 +152,7 @@ def test_copying_one_table_into_another_keeps_probes_short():
 def test_copy_pickle_repr_and_sizeof():
     t = inttable.IntTable([(1, [1]), (2, "x")])
     c = t.copy()
-    assert c == t and c is not t and c[1] is t[1]
+    assert c == t and c is not t and _is(c[1], t[1])
     assert pickle.loads(pickle.dumps(t)) == {1: [1], 2: "x"}
     assert repr(t) in ("IntTable({1: [1], 2: 'x'})", "IntTable({2: 'x', 1: [1]})")
     assert t.__sizeof__() > 0
@@ -251,3 +260,22 @@ def test_large_tables_in_their_own_mapping_behave_the_same():
     t.update({1: 2})
     c["x"] = 1  # to dict mode from a large mapping
     assert len(c) == n + 1 and t == {1: 2}
+
+
+def test_ints_inline_and_as_objects_read_back_equal_and_fold_across_the_limit():
+    t = inttable.IntTable()
+    for k, v in enumerate(BIG):
+        t[k] = v
+    assert [t[k] for k in range(len(BIG))] == BIG
+    assert [type(t[k]) for k in range(len(BIG))] == [type(v) for v in BIG]  # True stays a bool
+    assert sorted(map(repr, t.values())) == sorted(map(repr, BIG))
+    # sums that cross 2^62 (inline -> object) and come back, and new keys past it
+    _, ok, out = _fold([0, 2, 100], [1, -1, 2**62 + 5], inttable.FOLD_SUM, table=t)
+    assert ok is True and out.tolist() == [2**62, -(2**62) - 1, 2**62 + 5]
+    assert t[0] == 2**62 and t[2] == -(2**62) - 1 and t[100] == 2**62 + 5
+    _, ok, out = _fold([0, 100], [-1, -(2**62)], inttable.FOLD_SUM, table=t)
+    assert ok is True and t[0] == 2**62 - 1 and t[100] == 5
+    c = t.copy()
+    del t[0]
+    assert c[0] == 2**62 - 1 and t.pop(1) == 2**62 and t.pop(100) == 5
+    assert pickle.loads(pickle.dumps(c)) == dict(c.items())
