@@ -8,6 +8,11 @@
  * 2/3 full), so a lookup misses the cache once, a slot's address is known from the key
  * alone (a batch's folds prefetch it a few keys ahead), and no key object is kept.
  *
+ * A value that is an exact int within 62 bits is kept in the slot itself, not as an object
+ * (see INLINE below): reading it makes a new int object, equal to the one stored but not the
+ * same object (ints are compared by value; `table[k] is v` may be False for an int v, as it
+ * may for an int that went through any arithmetic).
+ *
  * It behaves as a dict does for every key: while every key it was given is an exact int
  * within int64 (bool is not), it is in int mode; the first other key (a str, a float, True,
  * a larger int, for any operation) moves every entry into a dict it keeps from then on

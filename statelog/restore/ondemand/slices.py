@@ -13,10 +13,10 @@ from __future__ import annotations
 import bisect
 import concurrent.futures as cf
 
+import numpy as np
 import pyarrow as pa
 
-from statelog.arrays import integer_numpy
-from statelog.compute import pc
+from statelog.arrays import booleans, integer_numpy
 from statelog.descriptors import StateInfo
 from statelog.keys.columns import encode_int64_keys
 from statelog.materialization.key_slices import decode_key_range, key_range_mask, key_slices
@@ -100,11 +100,10 @@ class Slices:
             keys = rows.column("key")
             if keys.type == pa.int64():  # a table image's decoded keys: compared as their bytes
                 keys = encode_int64_keys(integer_numpy(keys))
-            drop = None
+            drop = np.zeros(len(keys), bool)
             for i in taken:
-                m = key_range_mask(keys, *self.key_range(kg, i))
-                drop = m if drop is None else pc.or_(drop, m)
-            out.append((info, rows.filter(pc.invert(drop))))
+                drop |= key_range_mask(keys, *self.key_range(kg, i))
+            out.append((info, rows.filter(booleans(~drop))))
         return out
 
     def _tail_of_slices(self, kg: int, tail: Records, slices: set[int], inside: bool) -> Records:
