@@ -79,14 +79,10 @@ def _namespaces(col: pa.ChunkedArray) -> list[bytes]:
     (as in a state without namespaces: no object per row)."""
     n = len(col)
     if pa.types.is_dictionary(col.type):  # (a table image's: the distinct namespaces and an index a row)
-        out: list[bytes] = []
-        for chunk in col.chunks:
-            names = chunk.dictionary.to_pylist()
-            if len(names) == 1 and chunk.null_count == 0:
-                out.extend([names[0]] * len(chunk))
-            else:
-                out.extend(chunk.to_pylist())
-        return [out[0]] * n if n and out.count(out[0]) == n else out
+        names = {ns for chunk in col.chunks if len(chunk) for ns in chunk.dictionary.to_pylist()}
+        if len(names) == 1 and col.null_count == 0:  # (one namespace, as a state without namespaces has)
+            return [names.pop()] * n
+        return col.to_pylist()
     if n and col.null_count == 0:
         first = col[0].as_py()
         if all_equal_bytes(col, first):
