@@ -29,6 +29,7 @@ from statelog.keys.columns import int64_key_array
 from statelog.keys.groups import KeyGroupRange
 from statelog.materialization.manifest import TableFile
 from statelog.store.base import ObjectStore
+from statelog.store.copy_directory import IMAGE_SUFFIX
 
 __all__ = [
     "IMAGE_SUFFIX", "IMAGE_VERSION", "decode_image", "encode_image", "image_key", "image_rows", "is_image",
@@ -38,7 +39,6 @@ __all__ = [
 log = logging.getLogger("statelog.store.local_copies")  # (the local copies' logger)
 
 IMAGE_VERSION = 1
-IMAGE_SUFFIX = ".image"
 META_IMAGE = b"statelog.table-image"
 META_SOURCE = b"statelog.source"
 META_SOURCE_BYTES = b"statelog.source_bytes"

@@ -21,6 +21,7 @@ from statelog.errors import ConfigError
 log = logging.getLogger("statelog.store.local_copies")  # one logger for the copies and their store
 
 SIDECAR = ".copy"
+IMAGE_SUFFIX = ".image"  # a state table's decoded copy: <table key>.image (statelog.materialization.table_image)
 DEFAULT_BUDGET_BYTES = 1 << 30
 
 

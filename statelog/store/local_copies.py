@@ -33,7 +33,13 @@ from typing import Any
 from statelog.errors import ConfigError
 from statelog.layout import ObjectKind, parse_key
 from statelog.store.base import ObjectInfo, ObjectStore
-from statelog.store.copy_directory import DEFAULT_BUDGET_BYTES, SIDECAR, CopyStats, LocalCopies
+from statelog.store.copy_directory import (
+    DEFAULT_BUDGET_BYTES,
+    IMAGE_SUFFIX,
+    SIDECAR,
+    CopyStats,
+    LocalCopies,
+)
 
 __all__ = [
     "COPIED_KINDS", "DEFAULT_BUDGET_BYTES", "DIRECTORY_ENV", "SIDECAR", "CopyStats", "LocalCopies",
@@ -143,6 +149,7 @@ class LocalCopyStore(ObjectStore):
         self.inner.delete(key)
         if self.copied(key):
             self.copies.drop(key)
+            self.copies.drop(key + IMAGE_SUFFIX)  # (a table's image, if it has one)
 
     def reopen(self) -> LocalCopyStore | None:
         """The inner store reopened, with the same copies (a background materializer's tables

@@ -165,6 +165,17 @@ def test_a_restore_from_images_equals_one_from_the_files(tmp_path: Path, on_dema
     assert st.image_hits > 0 and st.misses == 0 and st.dropped == 0, st
 
 
+def test_deleting_a_table_file_deletes_its_image(tmp_path: Path) -> None:
+    root, copies = (tmp_path / "root").as_uri(), tmp_path / "copies"
+    _write(root, copies, [COUNT])
+    image = next(copies.rglob("*" + IMAGE_SUFFIX))
+    base = next(copies.iterdir())
+    table_key = image.relative_to(base).as_posix()[: -len(IMAGE_SUFFIX)]
+    with statelog.open(root, create=False, writer_lease=False, local_copies={"directory": str(copies)}) as job:
+        job.store.delete(table_key)  # (as GC deletes a table no checkpoint references)
+    assert not image.exists() and not (base / table_key).exists()
+
+
 def test_images_of_several_namespaces_and_of_ttl_states(tmp_path: Path) -> None:
     root, copies = (tmp_path / "root").as_uri(), tmp_path / "copies"
     ttl = ValueStateDescriptor("count", pa.int64(), default=0, ttl=TtlConfig(3_600_000))
