@@ -168,8 +168,8 @@ class TableFiles:
             entry.image_tried = True
             entry.image = load_image(self.store, f)
             if entry.image is not None:
-                with self._lock:
-                    self.bytes_read += entry.image.nbytes
+                with self._lock:  # (counted as the file it stands for, as an eager restore does)
+                    self.bytes_read += f.bytes
                     self.fetched += 1
         return entry.image
 
