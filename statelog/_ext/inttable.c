@@ -104,6 +104,7 @@ static PyTypeObject IntTableType;
  * is a TLB miss as well as a cache miss. Small arrays come from Python's allocator. */
 #define HUGE_ALIGN ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)4 << 20)
+#define TRACE_DOMAIN 0x1A7AB1Eu /* the mappings' tracemalloc domain (Python's allocator traces the rest) */
 
 static size_t slots_bytes(int log2) { return ((size_t)1 << log2) * sizeof(Slot); }
 
@@ -119,6 +120,7 @@ static Slot *slots_new(int log2) {
 #ifdef MADV_HUGEPAGE
     madvise(p, bytes, MADV_HUGEPAGE); /* (advice: ignored where huge pages are off) */
 #endif
+    PyTraceMalloc_Track(TRACE_DOMAIN, (uintptr_t)p, bytes); /* (tracemalloc counts it: -2 when off) */
     return (Slot *)p; /* anonymous pages read as zeros: every slot empty */
 }
 
@@ -126,8 +128,10 @@ static void slots_free(Slot *slots, int log2) {
     if (slots == NULL) return;
     if (slots_bytes(log2) < HUGE_MIN)
         PyMem_Free(slots);
-    else
+    else {
+        PyTraceMalloc_Untrack(TRACE_DOMAIN, (uintptr_t)slots);
         munmap(slots, slots_bytes(log2));
+    }
 }
 
 /* A key's first slot: the top log2 bits of a strong mix (splitmix64's finalizer) of the key

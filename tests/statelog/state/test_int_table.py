@@ -279,3 +279,20 @@ def test_ints_inline_and_as_objects_read_back_equal_and_fold_across_the_limit():
     del t[0]
     assert c[0] == 2**62 - 1 and t.pop(1) == 2**62 and t.pop(100) == 5
     assert pickle.loads(pickle.dumps(c)) == dict(c.items())
+
+
+def test_tracemalloc_counts_a_large_tables_mapping():
+    # (the memory benchmarks measure with tracemalloc: a mapping of its own must show in it)
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        t = inttable.IntTable()
+        t.reserve(1_000_000)
+        held = tracemalloc.get_traced_memory()[0] - before
+        assert held >= t.__sizeof__() - 4096 >= 16 << 20
+        del t
+        assert tracemalloc.get_traced_memory()[0] - before < 1 << 20
+    finally:
+        tracemalloc.stop()
