@@ -68,6 +68,11 @@ static inline PyObject *store_of(PyObject *value) {
     return value;
 }
 
+/* What a slot keeps for the int x: x inline, else a new int object (NULL with MemoryError). */
+static inline PyObject *stored_int(int64_t x) {
+    return x >= INLINE_MIN && x <= INLINE_MAX ? tag_int(x) : PyLong_FromLongLong(x);
+}
+
 /* The value object of what a slot keeps: a new reference (NULL with MemoryError). */
 static inline PyObject *load(PyObject *stored) {
     if (INLINE(stored)) return PyLong_FromLongLong(untag(stored));
@@ -876,13 +881,13 @@ static PyObject *add_into(PyObject *module, PyObject *const *args, Py_ssize_t na
             where[i] = s;
             olds[i] = NULL; /* unchanged: nothing to put back */
             if (x == y) continue;
-            PyObject *v = x >= INLINE_MIN && x <= INLINE_MAX ? tag_int(x) : PyLong_FromLongLong(x);
+            PyObject *v = stored_int(x);
             if (v == NULL) break;
             olds[i] = cur; /* (owned by olds now) */
             slots[s].value = v;
         } else {
             if (x < lo || x > hi) { declined = 1; break; }
-            PyObject *v = x >= INLINE_MIN && x <= INLINE_MAX ? tag_int(x) : PyLong_FromLongLong(x);
+            PyObject *v = stored_int(x);
             if (v == NULL) break;
             out[i] = x;
             where[i] = s;
@@ -926,6 +931,35 @@ done:
     return result;
 }
 
+/* table[keys[i]] = the i-th value for i in [0, n): values[vstart + i] of the list values,
+ * else ints[i]; room made first, each key's slot prefetched PF_AHEAD keys ahead. 0, or -1
+ * with an error. (No Python code runs but the release of replaced values, whose finalizers
+ * could: the table and the list are checked before each.) */
+static int put_run(IntTable *t, const int64_t *keys, PyObject *values, Py_ssize_t vstart, const int64_t *ints,
+                   Py_ssize_t n, const char *name) {
+    if (reserve(t, n) < 0) return -1;
+    for (Py_ssize_t i = 0; i < n && i < PF_AHEAD; i++) __builtin_prefetch(&t->slots[home(keys[i], t->log2)], 1);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PF_AHEAD < n) __builtin_prefetch(&t->slots[home(keys[i + PF_AHEAD], t->log2)], 1);
+        if (t->dict != NULL || t->slots == NULL) {
+            PyErr_Format(PyExc_RuntimeError, "%s: the table changed", name);
+            return -1;
+        }
+        PyObject *stored;
+        if (values != NULL) {
+            if (vstart + i >= PyList_GET_SIZE(values)) {
+                PyErr_Format(PyExc_RuntimeError, "%s: the list of values changed", name);
+                return -1;
+            }
+            stored = store_of(PyList_GET_ITEM(values, vstart + i));
+        } else if ((stored = stored_int(ints[i])) == NULL) {
+            return -1;
+        }
+        if (set_stored(t, keys[i], stored) < 0) return -1;
+    }
+    return 0;
+}
+
 /* put_items(table, keys, values, start, stop) -> True or None: table[keys[i]] = values[i] for
  * i in [start, stop), in order, each key's slot prefetched ahead (a restore's keys come in
  * key-group order, random in the array). None, with nothing done, when the table is in dict
@@ -947,31 +981,9 @@ static PyObject *put_items(PyObject *module, PyObject *const *args, Py_ssize_t n
             Py_RETURN_NONE;
         }
     }
-    if (reserve(t, n) < 0) {
-        PyMem_Free(ik);
-        return NULL;
-    }
-    /* (nothing below runs Python code: no resize, no key compare, only releases of old values,
-     * whose finalizers could; the lists were read above) */
-    for (Py_ssize_t i = 0; i < n && i < PF_AHEAD; i++) __builtin_prefetch(&t->slots[home(ik[i], t->log2)], 1);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PF_AHEAD < n) __builtin_prefetch(&t->slots[home(ik[i + PF_AHEAD], t->log2)], 1);
-        if (start + i >= PyList_GET_SIZE(values)) {
-            PyMem_Free(ik);
-            PyErr_SetString(PyExc_RuntimeError, "put_items: the lists changed");
-            return NULL;
-        }
-        if (t->dict != NULL || t->slots == NULL) {
-            PyMem_Free(ik);
-            PyErr_SetString(PyExc_RuntimeError, "put_items: the table changed");
-            return NULL;
-        }
-        if (set_i64(t, ik[i], PyList_GET_ITEM(values, start + i)) < 0) {
-            PyMem_Free(ik);
-            return NULL;
-        }
-    }
+    int rc = put_run(t, ik, values, start, NULL, n, "put_items");
     PyMem_Free(ik);
+    if (rc < 0) return NULL;
     Py_RETURN_TRUE;
 }
 
@@ -1007,32 +1019,9 @@ static PyObject *put_arrays(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_ValueError, "put_arrays: start and stop must be within the arrays");
         goto done;
     }
-    if (reserve(t, stop - start) < 0) goto done;
-    const int64_t *keys = (const int64_t *)kv.buf, *ints = boxed ? NULL : (const int64_t *)vv.buf;
-    /* (no Python code runs below but the release of replaced values, whose finalizers could:
-     * the table is checked after each) */
-    for (Py_ssize_t i = start; i < stop && i < start + PF_AHEAD; i++)
-        __builtin_prefetch(&t->slots[home(keys[i], t->log2)], 1);
-    for (Py_ssize_t i = start; i < stop; i++) {
-        if (i + PF_AHEAD < stop) __builtin_prefetch(&t->slots[home(keys[i + PF_AHEAD], t->log2)], 1);
-        if (t->dict != NULL || t->slots == NULL) {
-            PyErr_SetString(PyExc_RuntimeError, "put_arrays: the table changed");
-            goto done;
-        }
-        PyObject *stored;
-        if (boxed) {
-            if (i >= PyList_GET_SIZE(args[2])) {
-                PyErr_SetString(PyExc_RuntimeError, "put_arrays: the list changed");
-                goto done;
-            }
-            stored = store_of(PyList_GET_ITEM(args[2], i));
-        } else if (ints[i] >= INLINE_MIN && ints[i] <= INLINE_MAX) {
-            stored = tag_int(ints[i]);
-        } else if ((stored = PyLong_FromLongLong(ints[i])) == NULL) {
-            goto done;
-        }
-        if (set_stored(t, keys[i], stored) < 0) goto done;
-    }
+    if (put_run(t, (const int64_t *)kv.buf + start, boxed ? args[2] : NULL, start,
+                boxed ? NULL : (const int64_t *)vv.buf + start, stop - start, "put_arrays") < 0)
+        goto done;
     result = Py_True;
     Py_INCREF(result);
 done:

@@ -133,7 +133,7 @@ def first_legacy_key(arr: Any) -> bytes | None:
     One Arrow pass over the tag bytes; only keys tagged bool, float or tuple are decoded.
     """
 
-    if len(arr) == 0 or pa.types.is_integer(arr.type):  # (a table image's decoded int keys)
+    if len(arr) == 0:
         return None
     if arr.type != pa.binary() or arr.null_count:
         tags = pc.binary_slice(arr, 0, 1)

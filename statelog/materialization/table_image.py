@@ -32,7 +32,7 @@ from statelog.store.base import ObjectStore
 from statelog.store.copy_directory import IMAGE_SUFFIX
 
 __all__ = [
-    "IMAGE_SUFFIX", "IMAGE_VERSION", "decode_image", "encode_image", "image_key", "image_rows", "is_image",
+    "IMAGE_SUFFIX", "IMAGE_VERSION", "decode_image", "encode_image", "image_key", "image_rows",
     "keep_image", "load_image",
 ]  # fmt: skip
 
@@ -50,11 +50,6 @@ _COLUMNS = ["key_group", "key", "namespace", "value", "expires_ms"]
 def image_key(table_key: str) -> str:
     """The local copies' key of the image of table file ``table_key``."""
     return table_key + IMAGE_SUFFIX
-
-
-def is_image(table: pa.Table) -> bool:
-    """Whether ``table`` holds an image's rows (int64 keys, not encoded key bytes)."""
-    return table.schema.field("key").type == pa.int64()
 
 
 def encode_image(table: pa.Table, path: str, size: int, crc32: int) -> bytes | None:

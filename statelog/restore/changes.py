@@ -26,7 +26,6 @@ from statelog.materialization.table_image import image_rows, load_image
 from statelog.materialization.table_reader import read_table_file
 from statelog.materialization.table_schema import decode_values
 from statelog.store.base import ObjectStore
-from statelog.types import PICKLE
 
 __all__ = ["BaseFile", "RestoredChanges", "base_entries"]
 
@@ -53,7 +52,7 @@ def base_entries(info: StateInfo, table: pa.Table, raw_keys: bool = False) -> tu
     values: Any
     value_col = table.column("value")
     if (
-        not raw_keys and info.ttl is None and info.kind is StateKind.VALUE and info.value_type is not PICKLE
+        not raw_keys and info.ttl is None and info.kind is StateKind.VALUE
         and value_col.type == pa.int64() and value_col.null_count == 0
     ):  # fmt: skip
         values = integer_numpy(value_col)

@@ -186,8 +186,9 @@ class TableFiles:
             self._pause()
             with entry.lock:
                 image = self.image(entry, f)
-                # one key group: its row groups only, unless the file is held; a run: the file
-                data = None if image is not None else self.source(entry, f) if len(kgs) == 1 else self.fetch(entry, f)
+                data = None
+                if image is None:  # one key group: its row groups only, unless the file is held; a run: the file
+                    data = self.source(entry, f) if len(kgs) == 1 else self.fetch(entry, f)
                 entry.left -= len(kgs)
                 if entry.left == 0:
                     entry.data = entry.ranged = entry.image = None  # its last key group: the file's memory goes
